@@ -1,0 +1,23 @@
+# Detects the CUDA toolkit and NCCL. CUDA is optional: with DDP_WITH_CUDA=AUTO the build
+# uses it when both are found and works without them otherwise. We only link the CUDA
+# runtime API and NCCL from C++; no .cu files, so no CUDA compiler is needed.
+set(DDP_HAVE_CUDA OFF)
+if(NOT DDP_WITH_CUDA STREQUAL "OFF")
+  if(NOT CUDAToolkit_ROOT AND EXISTS /usr/local/cuda)
+    set(CUDAToolkit_ROOT /usr/local/cuda)
+  endif()
+  find_package(CUDAToolkit QUIET)
+  find_path(NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS} /usr/local/cuda/include)
+  find_library(NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR} /usr/local/cuda/lib64)
+  if(CUDAToolkit_FOUND AND NCCL_INCLUDE_DIR AND NCCL_LIBRARY)
+    set(DDP_HAVE_CUDA ON)
+    add_library(ddp_nccl INTERFACE)
+    target_include_directories(ddp_nccl SYSTEM INTERFACE ${NCCL_INCLUDE_DIR})
+    target_link_libraries(ddp_nccl INTERFACE ${NCCL_LIBRARY} CUDA::cudart)
+    message(STATUS "ddp: CUDA ${CUDAToolkit_VERSION} and NCCL found: NCCL backend enabled")
+  elseif(DDP_WITH_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "DDP_WITH_CUDA=ON but the CUDA toolkit or NCCL was not found")
+  else()
+    message(STATUS "ddp: CUDA or NCCL not found: building without the NCCL backend")
+  endif()
+endif()

@@ -1,0 +1,1 @@
+#include "ddp/launcher/launch_config.hpp"

@@ -1,0 +1,2 @@
+#pragma once
+// libddp: the umbrella header for worker programs.

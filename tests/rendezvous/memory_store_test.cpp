@@ -1,0 +1,42 @@
+#include <catch2/catch.hpp>
+#include <thread>
+
+#include "ddp/store/memory_store.hpp"
+
+using namespace std::chrono_literals;
+using ddp::store::MemoryStore;
+
+TEST_CASE("memory store: set, get, add as decimal text") {
+  MemoryStore store;
+  store.set("a", "1");
+  CHECK(store.get("a") == "1");
+  CHECK(store.add("n", 5) == 5);
+  CHECK(store.add("n", -2) == 3);
+  CHECK(store.get("n") == "3");
+  store.set("text", "x");
+  CHECK_THROWS_AS(store.add("text", 1), ddp::store::StoreError);
+  CHECK(store.num_keys() == 3);
+  CHECK(store.delete_key("a"));
+  CHECK_FALSE(store.delete_key("a"));
+}
+
+TEST_CASE("memory store: compare_set follows PyTorch's missing-key rules") {
+  MemoryStore store;
+  CHECK(store.compare_set("k", "x", "y") == "x");  // missing, non-empty expected: no store
+  CHECK_FALSE(store.check({"k"}));
+  CHECK(store.compare_set("k", "", "y") == "y");   // missing, empty expected: store
+  CHECK(store.compare_set("k", "y", "z") == "z");  // equal: replace
+  CHECK(store.compare_set("k", "q", "w") == "z");  // different: current value
+}
+
+TEST_CASE("memory store: wait wakes when the last key is set, and times out naming keys") {
+  MemoryStore store;
+  std::thread setter([&] {
+    store.set("a", "1");
+    store.set("b", "2");
+  });
+  store.wait({"a", "b"}, 10s);
+  setter.join();
+  CHECK(store.multi_get({"a", "b"}) == std::vector<std::string>{"1", "2"});
+  CHECK_THROWS_WITH(store.wait({"a", "missing"}, 10ms), Catch::Contains("'missing'"));
+}
