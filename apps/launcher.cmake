@@ -1,0 +1,1 @@
+# ddprun and its sample workers

@@ -1,0 +1,1 @@
+# example programs and ddp-reducer-bench

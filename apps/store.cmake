@@ -1,0 +1,1 @@
+# ddpstore and ddpstore-bench
