@@ -1,2 +1,14 @@
 #pragma once
 // libddp: the umbrella header for worker programs.
+//
+//   ddp::Context ctx = ddp::init();          // rank, world, store, communicator
+//   ctx.allreduce(std::span<float>(v), ddp::ReduceOp::Sum);
+//
+// See docs/runtime.md for a complete training loop with ddp::Reducer.
+
+#include "ddp/communicator.hpp"
+#include "ddp/context.hpp"
+#include "ddp/half.hpp"
+#include "ddp/launch_env.hpp"
+#include "ddp/types.hpp"
+#include "ddp/work.hpp"
