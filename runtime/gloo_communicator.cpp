@@ -1,5 +1,6 @@
 #include "gloo_communicator.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <vector>
 
@@ -169,8 +170,32 @@ void GlooCommunicator::run_allreduce(void* data, std::size_t count, DType dtype,
   });
 }
 
+void GlooCommunicator::run_compressed_allreduce(float* data, std::size_t count, DType wire,
+                                                ReduceOp op) {
+  dispatch(wire, [&](auto tag_value) {
+    using T = decltype(tag_value);
+    if constexpr (is_half<T>) {
+      std::vector<T> scratch(count);
+      for (std::size_t i = 0; i < count; ++i) scratch[i] = narrow<T>(data[i]);
+      run_allreduce(scratch.data(), count, wire, op);
+      for (std::size_t i = 0; i < count; ++i) data[i] = widen(scratch[i]);
+    }
+  });
+}
+
 Work GlooCommunicator::allreduce(void* data, std::size_t count, DType dtype, ReduceOp op,
-                                 const CollectiveOptions&) {
+                                 const CollectiveOptions& options) {
+  if (options.wire_dtype && *options.wire_dtype != dtype) {
+    const DType wire = *options.wire_dtype;
+    if (dtype != DType::F32 || (wire != DType::F16 && wire != DType::BF16)) {
+      throw Unsupported(std::string("allreduce of ") + to_string(dtype) + " through " +
+                        to_string(wire) + ": only f32 through f16 or bf16" + where(rank_));
+    }
+    CallDescriptor call{CallKind::Allreduce, wire, count, static_cast<std::int64_t>(op)};
+    return enqueue(call, [=, this] {
+      run_compressed_allreduce(static_cast<float*>(data), count, wire, op);
+    });
+  }
   CallDescriptor call{CallKind::Allreduce, dtype, count, static_cast<std::int64_t>(op)};
   return enqueue(call, [=, this] { run_allreduce(data, count, dtype, op); });
 }
@@ -222,6 +247,16 @@ Work GlooCommunicator::reduce_scatter(const void* in, void* out, std::size_t cou
     run_allreduce(scratch.data(), count * world_size_, dtype, op);
     std::memcpy(out, scratch.data() + bytes * rank_, bytes);
   });
+}
+
+std::shared_ptr<void> GlooCommunicator::allocate(std::size_t bytes) {
+  // Zeroed host memory; the aliasing pointer keeps the owning vector alive.
+  auto owner = std::make_shared<std::vector<std::byte>>(std::max<std::size_t>(bytes, 1));
+  return std::shared_ptr<void>(owner, owner->data());
+}
+
+void GlooCommunicator::fill_zero(void* data, std::size_t bytes, void*) {
+  std::memset(data, 0, bytes);
 }
 
 Work GlooCommunicator::barrier() {

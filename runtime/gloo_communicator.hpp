@@ -44,6 +44,8 @@ class GlooCommunicator : public Communicator {
   Work reduce_scatter(const void* in, void* out, std::size_t count, DType dtype, ReduceOp op,
                       const CollectiveOptions& options) override;
   Work barrier() override;
+  std::shared_ptr<void> allocate(std::size_t bytes) override;
+  void fill_zero(void* data, std::size_t bytes, void* stream) override;
   void set_mismatch_check(MismatchCheck check) override { policy_.set(check); }
 
  private:
@@ -51,6 +53,8 @@ class GlooCommunicator : public Communicator {
   Work enqueue(const CallDescriptor& call, std::function<void()> body);
   void check_call(const CallDescriptor& call);
   void run_allreduce(void* data, std::size_t count, DType dtype, ReduceOp op);
+  // All-reduces F32 data through a 16-bit copy (F16 or BF16).
+  void run_compressed_allreduce(float* data, std::size_t count, DType wire, ReduceOp op);
   std::uint32_t next_tag() { return next_tag_++; }
 
   const int rank_;

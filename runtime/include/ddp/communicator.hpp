@@ -7,6 +7,8 @@
 // operations run in issue order. Buffers must stay alive until the returned Work completed.
 
 #include <cstddef>
+#include <memory>
+#include <optional>
 #include "ddp/types.hpp"
 #include "ddp/work.hpp"
 
@@ -17,6 +19,9 @@ struct CollectiveOptions {
   // GPU only: a cudaStream_t whose queued work must finish before the collective starts
   // (ordered by an event, never a host sync). nullptr: the default stream.
   void* after_stream = nullptr;
+  // allreduce of F32 data only: reduce in this 16-bit type (F16 or BF16) to halve the
+  // traffic; the result is converted back into the F32 buffer. Unset: reduce in F32.
+  std::optional<DType> wire_dtype;
 };
 
 // When calls are compared across ranks (a cheap collective of a few integers).
@@ -47,6 +52,12 @@ class Communicator {
   virtual Work reduce_scatter(const void* in, void* out, std::size_t count, DType dtype,
                               ReduceOp op, const CollectiveOptions& options = {}) = 0;
   virtual Work barrier() = 0;
+
+  // Zeroed memory of the kind the collectives work on (host for Gloo, device for NCCL),
+  // freed when the last copy of the pointer goes.
+  virtual std::shared_ptr<void> allocate(std::size_t bytes) = 0;
+  // Zeroes bytes at data, ordered on `stream` (GPU) or at once (CPU).
+  virtual void fill_zero(void* data, std::size_t bytes, void* stream = nullptr) = 0;
 
   // Sets when calls are compared across ranks (see MismatchCheck).
   virtual void set_mismatch_check(MismatchCheck check) = 0;

@@ -10,5 +10,6 @@
 #include "ddp/context.hpp"
 #include "ddp/half.hpp"
 #include "ddp/launch_env.hpp"
+#include "ddp/reducer.hpp"
 #include "ddp/types.hpp"
 #include "ddp/work.hpp"
