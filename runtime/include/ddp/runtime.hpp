@@ -8,8 +8,11 @@
 
 #include "ddp/communicator.hpp"
 #include "ddp/context.hpp"
+#include "ddp/distributed_sampler.hpp"
 #include "ddp/half.hpp"
 #include "ddp/launch_env.hpp"
+#include "ddp/logger.hpp"
+#include "ddp/rank_zero_first.hpp"
 #include "ddp/reducer.hpp"
 #include "ddp/types.hpp"
 #include "ddp/work.hpp"
