@@ -1,0 +1,64 @@
+// ddpstore: the c10d-compatible TCP store server alone, in the foreground.
+//   ddpstore --host 127.0.0.1 --port 0     # prints "listening on 127.0.0.1:<port>"
+// Runs until SIGINT or SIGTERM, then exits 0.
+
+#include <sys/resource.h>
+
+#include <iostream>
+
+#include <CLI/CLI.hpp>
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/signal_set.hpp>
+
+#include "ddp/store/server.hpp"
+
+namespace {
+
+// Every client is a socket: allow as many as the system lets this process have.
+void raise_open_file_limit() {
+  rlimit limit{};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) return;
+  rlimit wanted = limit;
+  wanted.rlim_cur = wanted.rlim_max = 1 << 20;
+  if (::setrlimit(RLIMIT_NOFILE, &wanted) == 0) return;
+  limit.rlim_cur = limit.rlim_max;
+  ::setrlimit(RLIMIT_NOFILE, &limit);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ddp::store::ServerOptions options;
+  options.port = 29500;
+  CLI::App app("ddpstore: a c10d-compatible TCP store (PyTorch TCPStore 1.x and 2.x clients)");
+  app.add_option("--host", options.host, "Address to listen on")->capture_default_str();
+  app.add_option("--port", options.port, "Port to listen on (0 picks a free one)")
+      ->capture_default_str();
+  app.add_option("--max-key-bytes", options.limits.max_key_bytes, "Largest key")
+      ->capture_default_str();
+  app.add_option("--max-value-bytes", options.limits.max_value_bytes, "Largest value")
+      ->capture_default_str();
+  app.add_option("--max-keys-per-request", options.limits.max_keys_per_request,
+                 "Most keys in one CHECK/WAIT/MULTI_GET/MULTI_SET")
+      ->capture_default_str();
+  app.add_option("--max-request-bytes", options.limits.max_request_bytes, "Largest request")
+      ->capture_default_str();
+  CLI11_PARSE(app, argc, argv);
+
+  raise_open_file_limit();
+  boost::asio::io_context io(1);
+  try {
+    ddp::store::Server server(io, options);
+    std::cout << "listening on " << options.host << ":" << server.port() << std::endl;
+    boost::asio::signal_set signals(io, SIGINT, SIGTERM);
+    signals.async_wait([&](const boost::system::error_code&, int) {
+      server.close();
+      io.stop();
+    });
+    io.run();
+  } catch (const ddp::store::StoreError& e) {
+    std::cerr << "ddpstore: " << e.what() << std::endl;
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,246 @@
+#include "connection.hpp"
+
+#include <boost/asio/write.hpp>
+
+#include "ddp/store/store_util.hpp"
+
+namespace ddp::store {
+namespace {
+
+// Stop reading a client that does not read its replies once this much output is queued.
+constexpr std::size_t kMaxQueuedOutput = 32 * 1024 * 1024;
+// Keep at most this much write buffer capacity between bursts.
+constexpr std::size_t kKeptOutputCapacity = 256 * 1024;
+
+std::string quoted(std::string_view key) {
+  constexpr std::size_t kShown = 64;
+  std::string out = "'";
+  out.append(key.substr(0, kShown));
+  if (key.size() > kShown) out += "...";
+  return out + "'";
+}
+
+std::string hex32(std::uint32_t v) {
+  constexpr char digits[] = "0123456789abcdef";
+  std::string out = "0x";
+  for (int shift = 28; shift >= 0; shift -= 4) out += digits[(v >> shift) & 15];
+  return out;
+}
+
+}  // namespace
+
+Connection::Connection(std::shared_ptr<Server::Impl> server, boost::asio::ip::tcp::socket socket,
+                       std::string peer)
+    : server_(std::move(server)),
+      socket_(std::move(socket)),
+      peer_(std::move(peer)),
+      parser_(server_->options.limits) {}
+
+void Connection::close(std::string_view reason) {
+  if (closed_) return;
+  auto self = shared_from_this();  // remove() below drops the server's reference
+  closed_ = true;
+  if (!reason.empty()) {
+    server_->log("closed connection from " + peer_ + ": " + std::string(reason));
+    ++server_->rejected;
+  }
+  for (auto& waiter : waiters_) server_->table.cancel_wait(waiter);
+  server_->pending_waits -= static_cast<std::int64_t>(waiters_.size());
+  waiters_.clear();
+  for (const auto& key : watched_) server_->table.unwatch(key, *this);
+  watched_.clear();
+  boost::system::error_code ignored;
+  socket_.close(ignored);
+  server_->remove(this);
+}
+
+// Reads until the socket has nothing more (the reactor is edge-triggered), handling each
+// complete request as it arrives, then sends the batched replies and waits for more.
+void Connection::on_readable() {
+  auto& buffer = server_->read_buffer;
+  for (;;) {
+    if (closed_) return;
+    boost::system::error_code ec;
+    std::size_t n = socket_.read_some(boost::asio::buffer(buffer), ec);
+    if (ec == boost::asio::error::would_block || ec == boost::asio::error::try_again) break;
+    if (ec) {
+      close();  // EOF or reset: an ordinary disconnect
+      return;
+    }
+    if (!process(buffer.data(), n)) return;
+    if (out_.size() + sending_.size() > kMaxQueuedOutput) {
+      read_paused_ = true;
+      flush();
+      return;
+    }
+    if (n < buffer.size()) break;  // drained: the next arrival raises a new edge
+  }
+  flush();
+  wait_readable();
+}
+
+void Connection::wait_readable() {
+  socket_.async_wait(boost::asio::ip::tcp::socket::wait_read,
+                     [self = shared_from_this()](const boost::system::error_code& ec) {
+                       if (ec || self->closed_) return;
+                       self->on_readable();
+                     });
+}
+
+bool Connection::process(const char* data, std::size_t size) {
+  std::span<const char> rest(data, size);
+  while (!rest.empty()) {
+    auto result = parser_.feed(rest);
+    rest = rest.subspan(result.consumed);
+    if (result.status == RequestParser::Status::Error) {
+      close(parser_.error());
+      return false;
+    }
+    if (result.status == RequestParser::Status::NeedMore) break;
+    ++server_->requests;
+    if (!handle(parser_.request())) return false;
+  }
+  server_->keys.store(static_cast<std::int64_t>(server_->table.size()), std::memory_order_relaxed);
+  return true;
+}
+
+bool Connection::handle(Request& r) {
+  auto& table = server_->table;
+  switch (r.command) {
+    case Command::Validate:
+      if (r.u32 != kValidationMagic) {
+        close("VALIDATE with wrong magic " + hex32(r.u32));
+        return false;
+      }
+      return true;
+    case Command::Ping: put_u32(out_, r.u32); return true;
+    case Command::Set: table.set(r.key(), std::move(r.values[0])); return true;
+    case Command::CompareSet:
+      put_bytes(out_, table.compare_set(r.key(), std::move(r.values[0]), std::move(r.values[1])));
+      return true;
+    case Command::Get: {
+      const std::string* value = table.find(r.key());
+      if (!value) {
+        close("GET of missing key " + quoted(r.key()) + " (clients WAIT first)");
+        return false;
+      }
+      put_bytes(out_, *value);
+      return true;
+    }
+    case Command::Add: {
+      auto value = table.add(r.key(), r.delta);
+      if (!value) {
+        close("ADD to key " + quoted(r.key()) + " whose value is not a decimal integer");
+        return false;
+      }
+      put_i64(out_, *value);
+      return true;
+    }
+    case Command::Check: {
+      bool all = true;
+      for (std::size_t i = 0; i < r.key_count && all; ++i) all = table.present(r.key(i));
+      put_u8(out_, all ? kCheckReady : kCheckNotReady);
+      return true;
+    }
+    case Command::Wait: return handle_wait(r);
+    case Command::GetNumKeys: put_i64(out_, static_cast<std::int64_t>(table.size())); return true;
+    case Command::WatchKey:
+      table.watch(r.key(), *this);
+      watched_.emplace_back(r.key());
+      put_u8(out_, kWatchCallbackRegistered);
+      return true;
+    case Command::DeleteKey: put_i64(out_, table.erase(r.key()) ? 1 : 0); return true;
+    case Command::Append: table.append(r.key(), r.value()); return true;
+    case Command::MultiGet: return handle_multi_get(r);
+    case Command::MultiSet:
+      for (std::size_t i = 0; i < r.key_count; ++i) table.set(r.key(i), std::move(r.values[i]));
+      return true;
+    case Command::CancelWait:
+      for (auto& waiter : waiters_) table.cancel_wait(waiter);
+      server_->pending_waits -= static_cast<std::int64_t>(waiters_.size());
+      waiters_.clear();
+      put_u8(out_, kWaitCanceled);
+      return true;
+    case Command::QueuePush: table.queue_push(r.key(), std::move(r.values[0])); return true;
+    case Command::QueuePop: {
+      std::string value;
+      std::int64_t length = table.queue_pop(r.key(), value);
+      put_i64(out_, length);
+      if (length > 0) put_bytes(out_, value);
+      return true;
+    }
+    case Command::QueueLen: put_i64(out_, table.queue_len(r.key())); return true;
+  }
+  return true;
+}
+
+bool Connection::handle_wait(const Request& r) {
+  Waiter& waiter = waiters_.emplace_back();
+  waiter.owner = this;
+  if (!server_->table.begin_wait(waiter, r.keys, r.key_count)) {
+    waiters_.pop_back();
+    put_u8(out_, kStopWaiting);
+    return true;
+  }
+  ++server_->pending_waits;
+  return true;
+}
+
+bool Connection::handle_multi_get(const Request& r) {
+  const std::size_t start = out_.size();
+  for (std::size_t i = 0; i < r.key_count; ++i) {
+    const std::string* value = server_->table.find(r.key(i));
+    if (!value) {
+      out_.resize(start);
+      close("MULTI_GET of missing key " + quoted(r.key(i)) + " (clients WAIT first)");
+      return false;
+    }
+    put_bytes(out_, *value);
+  }
+  return true;
+}
+
+void Connection::on_wait_done(Waiter& waiter) {
+  waiters_.remove_if([&](const Waiter& w) { return &w == &waiter; });
+  --server_->pending_waits;
+  put_u8(out_, kStopWaiting);
+  flush();
+}
+
+void Connection::on_key_event(std::uint8_t event, std::string_view key, std::string_view old_value,
+                              std::string_view new_value) {
+  put_u8(out_, event);
+  put_bytes(out_, key);
+  put_bytes(out_, old_value);
+  put_bytes(out_, new_value);
+  flush();
+}
+
+void Connection::flush() {
+  if (writing_ || out_.empty() || closed_) return;
+  writing_ = true;
+  std::swap(out_, sending_);
+  boost::asio::async_write(
+      socket_, boost::asio::buffer(sending_),
+      [self = shared_from_this()](const boost::system::error_code& ec, std::size_t) {
+        self->on_written(ec);
+      });
+}
+
+void Connection::on_written(const boost::system::error_code& ec) {
+  writing_ = false;
+  if (closed_) return;
+  if (ec) {
+    close();  // the peer went away; nothing to tell it
+    return;
+  }
+  sending_.clear();
+  if (sending_.capacity() > kKeptOutputCapacity) std::string().swap(sending_);
+  flush();
+  if (read_paused_ && out_.size() + sending_.size() <= kMaxQueuedOutput / 2) {
+    read_paused_ = false;
+    on_readable();
+  }
+}
+
+}  // namespace ddp::store

@@ -1,0 +1,58 @@
+#pragma once
+// One client connection of the store server: a small state machine that reads whatever
+// bytes arrive, reassembles requests, answers them in order and batches its writes.
+// Private to the rendezvous library; lives on the server's event loop thread.
+
+#include <list>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <boost/asio/ip/tcp.hpp>
+
+#include "server_impl.hpp"
+#include "store_table.hpp"
+
+namespace ddp::store {
+
+class Connection final : public Subscriber, public std::enable_shared_from_this<Connection> {
+ public:
+  Connection(std::shared_ptr<Server::Impl> server, boost::asio::ip::tcp::socket socket,
+             std::string peer);
+
+  // Starts reading. The server keeps the connection in its list until close().
+  void start() { on_readable(); }
+
+  // Drops pending waits and watches and closes the socket. A non-empty reason is logged
+  // with the peer and counted as a rejection. Idempotent.
+  void close(std::string_view reason = {});
+
+  void on_wait_done(Waiter& waiter) override;
+  void on_key_event(std::uint8_t event, std::string_view key, std::string_view old_value,
+                    std::string_view new_value) override;
+
+ private:
+  void on_readable();
+  void wait_readable();
+  bool process(const char* data, std::size_t size);
+  // Answers one request; returns false after closing the connection for it.
+  bool handle(Request& request);
+  bool handle_wait(const Request& request);
+  bool handle_multi_get(const Request& request);
+  void flush();
+  void on_written(const boost::system::error_code& ec);
+
+  std::shared_ptr<Server::Impl> server_;
+  boost::asio::ip::tcp::socket socket_;
+  std::string peer_;
+  RequestParser parser_;
+  std::string out_;      // replies not yet handed to the socket
+  std::string sending_;  // replies being written
+  bool writing_ = false;
+  bool read_paused_ = false;  // too much output queued: stop reading until it drains
+  bool closed_ = false;
+  std::list<Waiter> waiters_;
+  std::vector<std::string> watched_;
+};
+
+}  // namespace ddp::store

@@ -1,0 +1,114 @@
+#pragma once
+// A blocking client of a c10d TCPStore server: ours (either dialect), PyTorch 2.x's (2.x
+// dialect) or PyTorch 1.x's (1.x dialect).
+//
+// Threading: every call takes an internal mutex, so a Client may be shared between threads,
+// but calls on one Client run one at a time (a blocked wait holds the others back). Give each
+// thread its own Client for concurrency.
+//
+// Timeouts: connecting retries with back-off until connect_timeout; every later call waits
+// at most timeout() (or the wait's own timeout) for each reply. Every failure throws
+// StoreError (StoreTimeout for an expired wait) naming the endpoint, the operation and the
+// key. After a failure the connection is dropped and the next call reconnects.
+
+#include <chrono>
+#include <cstdint>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "ddp/store/store.hpp"
+#include "ddp/store/wire_codec.hpp"
+
+namespace ddp::store {
+
+// How long a new Client keeps trying to reach its server by default.
+inline constexpr std::chrono::milliseconds kDefaultConnectTimeout = std::chrono::seconds(60);
+// How long detect_dialect waits for a 1.x reply by default.
+inline constexpr std::chrono::milliseconds kDefaultProbeTimeout = std::chrono::milliseconds(1000);
+
+struct ClientOptions {
+  std::string host = "127.0.0.1";
+  std::uint16_t port = 29500;
+  // V2 (default), V1 for a PyTorch 1.x server, or nullopt to probe with detect_dialect().
+  std::optional<Dialect> dialect = Dialect::V2;
+  std::chrono::milliseconds connect_timeout = kDefaultConnectTimeout;
+  std::chrono::milliseconds timeout = kDefaultTimeout;  // waits, gets and each reply
+  Limits limits;  // the largest value accepted in a reply
+};
+
+class TcpConnection;
+
+class Client : public Store {
+ public:
+  // Connects (2.x: VALIDATE + PING) before returning; throws StoreError when no server
+  // answered within connect_timeout.
+  explicit Client(ClientOptions options);
+  ~Client() override;
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
+
+  void set(const std::string& key, std::string_view value) override;
+  std::string get(const std::string& key) override;
+  std::int64_t add(const std::string& key, std::int64_t delta) override;
+  std::string compare_set(const std::string& key, std::string_view expected,
+                          std::string_view desired) override;
+  bool check(const std::vector<std::string>& keys) override;
+  using Store::wait;
+  // 2.x: cancels the wait on the server on timeout (CANCEL_WAIT); 1.x: drops the connection.
+  void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
+  bool delete_key(const std::string& key) override;
+  std::int64_t num_keys() override;
+  // 1.x has no APPEND: emulated with COMPARE_SET retries.
+  void append(const std::string& key, std::string_view value) override;
+  // 1.x: WAIT, then one GET per key.
+  std::vector<std::string> multi_get(const std::vector<std::string>& keys) override;
+  // 1.x: one SET per key.
+  void multi_set(const std::vector<std::string>& keys,
+                 const std::vector<std::string>& values) override;
+
+  // A round trip to the server (2.x PING; 1.x GETNUMKEYS). Returns its duration.
+  std::chrono::nanoseconds ping();
+
+  // Queues (2.x servers only; StoreError on 1.x).
+  void queue_push(const std::string& key, std::string_view value);
+  // Waits up to timeout for an element, then pops it.
+  std::string queue_pop(const std::string& key, std::chrono::milliseconds timeout);
+  std::int64_t queue_len(const std::string& key);
+
+  Dialect dialect() const { return dialect_; }
+  // "host:port"
+  const std::string& endpoint() const { return endpoint_; }
+
+ private:
+  void ensure_connected();
+  void connect_locked();
+  void drop();
+  [[noreturn]] void fail(std::string_view op, std::string_view detail, bool timeout = false);
+  void begin(Command command);
+  void send(std::string_view op);
+  void read(char* dst, std::size_t n, std::string_view op, std::chrono::milliseconds timeout);
+  std::uint8_t read_u8(std::string_view op);
+  std::int64_t read_i64(std::string_view op);
+  std::string read_bytes(std::string_view op);
+  void wait_locked(const std::vector<std::string>& keys, std::chrono::milliseconds timeout,
+                   std::string_view op);
+  void require_v2(std::string_view op) ;
+
+  ClientOptions options_;
+  std::string endpoint_;
+  Dialect dialect_ = Dialect::V2;
+  std::mutex mutex_;
+  std::unique_ptr<TcpConnection> conn_;
+  std::string out_;
+  std::uint32_t nonce_ = 0;
+};
+
+// Finds which dialect the server at host:port speaks without risking a 1.x server: sends
+// the 1.x GETNUMKEYS byte (06) and returns V1 if its 8-byte reply arrives within timeout,
+// else V2 (a 2.x server reads 06 as WAIT and waits for more). Our server answers 1.x here.
+// Throws StoreError when nothing listens there.
+Dialect detect_dialect(const std::string& host, std::uint16_t port,
+                       std::chrono::milliseconds timeout = kDefaultProbeTimeout);
+
+}  // namespace ddp::store

@@ -1,0 +1,70 @@
+#pragma once
+// The c10d-compatible TCP store server: PyTorch 1.x and 2.x TCPStore clients and our Client
+// on one port, the dialect told apart per connection by its first bytes.
+//
+// Threading: the server lives on the caller's io_context and must only be touched from the
+// one thread that runs it (construct it anywhere before run() starts). stats() may be read
+// from any thread. Lifetime: the io_context must outlive the Server; destroying the Server
+// closes it.
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+
+#include <boost/asio/io_context.hpp>
+
+#include "ddp/store/store.hpp"
+#include "ddp/store/wire_codec.hpp"
+
+namespace ddp::store {
+
+// One line per event worth telling an operator (a connection closed for bad bytes).
+using Logger = std::function<void(std::string_view line)>;
+
+struct ServerOptions {
+  std::string host = "0.0.0.0";  // address to listen on ("127.0.0.1", "::", a hostname)
+  std::uint16_t port = 0;        // 0: let the system pick; see Server::port()
+  Limits limits;                 // per-request limits; larger requests close the connection
+  Logger logger;                 // empty: lines go to stderr prefixed "ddpstore: "
+  int backlog = 65535;           // listen backlog (the kernel caps it at somaxconn)
+};
+
+// Counters for tests and monitoring; safe to read from any thread.
+struct ServerStats {
+  std::int64_t connections = 0;      // open now
+  std::int64_t waits = 0;            // WAIT requests not yet answered
+  std::int64_t keys = 0;             // keys stored
+  std::int64_t accepted = 0;         // connections accepted since start
+  std::int64_t rejected = 0;         // connections closed for a protocol violation
+  std::int64_t requests = 0;         // requests handled since start
+};
+
+class Server {
+ public:
+  // Binds and listens at once; throws StoreError naming host:port when it cannot (a port in
+  // use, an unknown host). Starts accepting when the io_context runs.
+  Server(boost::asio::io_context& io, ServerOptions options);
+  ~Server();
+  Server(const Server&) = delete;
+  Server& operator=(const Server&) = delete;
+
+  // The bound port (the one picked when options.port was 0).
+  std::uint16_t port() const;
+  const std::string& host() const;
+
+  // Stops accepting and closes every connection; pending waits are dropped. Idempotent.
+  // Call from the io_context's thread (or before it runs / after it stopped).
+  void close();
+
+  ServerStats stats() const;
+
+  struct Impl;
+
+ private:
+  std::shared_ptr<Impl> impl_;
+};
+
+}  // namespace ddp::store

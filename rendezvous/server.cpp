@@ -1,0 +1,145 @@
+#include "ddp/store/server.hpp"
+
+#include <iostream>
+
+#include <boost/asio/ip/tcp.hpp>
+
+#include "connection.hpp"
+#include "server_impl.hpp"
+
+namespace ddp::store {
+namespace {
+
+using boost::asio::ip::tcp;
+
+// After a failed accept (out of file descriptors), try again after this pause.
+constexpr std::chrono::milliseconds kAcceptRetryDelay{100};
+
+std::string endpoint_name(const std::string& host, std::uint16_t port) {
+  bool v6 = host.find(':') != std::string::npos;
+  return (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
+}
+
+tcp::endpoint resolve_listen(boost::asio::io_context& io, const std::string& host,
+                             std::uint16_t port) {
+  tcp::resolver resolver(io);
+  boost::system::error_code ec;
+  auto results = resolver.resolve(host, std::to_string(port),
+                                  tcp::resolver::passive | tcp::resolver::numeric_service, ec);
+  if (ec || results.empty()) {
+    throw StoreError("store server: cannot listen on " + endpoint_name(host, port) +
+                     ": cannot resolve host '" + host + "': " + ec.message());
+  }
+  return results.begin()->endpoint();
+}
+
+}  // namespace
+
+Server::Impl::Impl(boost::asio::io_context& io_context, ServerOptions opts)
+    : io(io_context), options(std::move(opts)), acceptor(io_context), accept_retry(io_context) {
+  const std::string where = endpoint_name(options.host, options.port);
+  tcp::endpoint endpoint = resolve_listen(io, options.host, options.port);
+  boost::system::error_code ec;
+  acceptor.open(endpoint.protocol(), ec);
+  if (!ec) acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
+  if (!ec) acceptor.bind(endpoint, ec);
+  if (!ec) acceptor.listen(options.backlog, ec);
+  if (ec) {
+    std::string hint;
+    if (ec == boost::asio::error::address_in_use) {
+      hint = "; another process holds this port: stop it, or pick another port (0 picks a free one)";
+    } else if (ec == boost::asio::error::access_denied) {
+      hint = "; ports below 1024 need privileges: pick a higher port";
+    } else if (ec == boost::system::errc::address_not_available) {
+      hint = "; this machine has no such address: listen on one of its own addresses or 0.0.0.0";
+    }
+    throw StoreError("store server: cannot listen on " + where + ": " + ec.message() + hint);
+  }
+  acceptor.non_blocking(true, ec);
+  port = acceptor.local_endpoint().port();
+}
+
+void Server::Impl::log(std::string_view line) const {
+  if (options.logger) {
+    options.logger(line);
+  } else {
+    std::cerr << "ddpstore: " << line << std::endl;
+  }
+}
+
+void Server::Impl::start_accept() {
+  acceptor.async_accept([self = shared_from_this()](const boost::system::error_code& ec,
+                                                    tcp::socket socket) {
+    if (self->closed) return;
+    if (ec) {
+      if (ec == boost::asio::error::operation_aborted) return;
+      self->log("accept failed: " + ec.message() + "; retrying in " +
+                std::to_string(kAcceptRetryDelay.count()) + " ms");
+      self->accept_retry.expires_after(kAcceptRetryDelay);
+      self->accept_retry.async_wait([self](const boost::system::error_code& timer_ec) {
+        if (!timer_ec && !self->closed) self->start_accept();
+      });
+      return;
+    }
+    self->adopt(std::move(socket));
+    self->start_accept();
+  });
+}
+
+void Server::Impl::adopt(tcp::socket socket) {
+  boost::system::error_code ec;
+  socket.set_option(tcp::no_delay(true), ec);
+  socket.non_blocking(true, ec);
+  auto remote = socket.remote_endpoint(ec);
+  std::string peer = ec ? "unknown peer"
+                        : endpoint_name(remote.address().to_string(), remote.port());
+  auto connection = std::make_shared<Connection>(shared_from_this(), std::move(socket),
+                                                 std::move(peer));
+  connections.emplace(connection.get(), connection);
+  ++accepted;
+  ++open_connections;
+  connection->start();
+}
+
+void Server::Impl::remove(Connection* connection) {
+  if (connections.erase(connection) > 0) --open_connections;
+}
+
+void Server::Impl::close() {
+  if (closed) return;
+  closed = true;
+  boost::system::error_code ignored;
+  acceptor.close(ignored);
+  accept_retry.cancel();
+  auto open = std::move(connections);
+  connections.clear();
+  for (auto& [raw, connection] : open) {
+    connection->close();
+    --open_connections;
+  }
+}
+
+Server::Server(boost::asio::io_context& io, ServerOptions options)
+    : impl_(std::make_shared<Impl>(io, std::move(options))) {
+  impl_->start_accept();
+}
+
+Server::~Server() { impl_->close(); }
+
+std::uint16_t Server::port() const { return impl_->port; }
+const std::string& Server::host() const { return impl_->options.host; }
+
+void Server::close() { impl_->close(); }
+
+ServerStats Server::stats() const {
+  ServerStats s;
+  s.connections = impl_->open_connections.load();
+  s.waits = impl_->pending_waits.load();
+  s.keys = impl_->keys.load();
+  s.accepted = impl_->accepted.load();
+  s.rejected = impl_->rejected.load();
+  s.requests = impl_->requests.load();
+  return s;
+}
+
+}  // namespace ddp::store

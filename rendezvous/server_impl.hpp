@@ -1,0 +1,50 @@
+#pragma once
+// The server's shared state: the acceptor, the table, the open connections. Private to
+// the rendezvous library. Connections and pending handlers hold it by shared_ptr, so it
+// outlives a Server destroyed while handlers are still queued on the io_context.
+
+#include <array>
+#include <atomic>
+#include <memory>
+#include <unordered_map>
+
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/steady_timer.hpp>
+
+#include "ddp/store/server.hpp"
+#include "store_table.hpp"
+
+namespace ddp::store {
+
+class Connection;
+
+struct Server::Impl : std::enable_shared_from_this<Server::Impl> {
+  Impl(boost::asio::io_context& io, ServerOptions options);
+
+  void start_accept();
+  void adopt(boost::asio::ip::tcp::socket socket);
+  void remove(Connection* connection);
+  void close();
+  void log(std::string_view line) const;
+
+  boost::asio::io_context& io;
+  ServerOptions options;
+  boost::asio::ip::tcp::acceptor acceptor;
+  boost::asio::steady_timer accept_retry;
+  std::uint16_t port = 0;
+  bool closed = false;
+  StoreTable table;
+  std::unordered_map<Connection*, std::shared_ptr<Connection>> connections;
+  // Every connection reads into this one buffer: the loop is single-threaded and a
+  // connection consumes what it read before returning to the loop.
+  std::array<char, 64 * 1024> read_buffer{};
+
+  std::atomic<std::int64_t> open_connections{0};
+  std::atomic<std::int64_t> pending_waits{0};
+  std::atomic<std::int64_t> keys{0};
+  std::atomic<std::int64_t> accepted{0};
+  std::atomic<std::int64_t> rejected{0};
+  std::atomic<std::int64_t> requests{0};
+};
+
+}  // namespace ddp::store

@@ -1,0 +1,200 @@
+#include "store_table.hpp"
+
+#include <algorithm>
+#include <utility>
+
+#include "ddp/store/store_util.hpp"
+#include "ddp/store/wire_codec.hpp"
+
+namespace ddp::store {
+
+const std::string* StoreTable::find(std::string_view key) const {
+  auto it = data_.find(key);
+  return it == data_.end() ? nullptr : &it->second;
+}
+
+bool StoreTable::present(std::string_view key) const {
+  if (data_.find(key) != data_.end()) return true;
+  auto q = queues_.find(key);
+  return q != queues_.end() && !q->second.empty();
+}
+
+void StoreTable::set(std::string_view key, std::string&& value) {
+  auto it = data_.find(key);
+  if (it == data_.end()) {
+    it = data_.emplace(std::string(key), std::move(value)).first;
+    changed(key, kWatchKeyCreated, {}, it->second, true);
+    return;
+  }
+  if (watchers_.empty()) {
+    it->second = std::move(value);
+    changed(key, kWatchKeyUpdated, {}, it->second, false);
+    return;
+  }
+  std::string old = std::exchange(it->second, std::move(value));
+  changed(key, kWatchKeyUpdated, old, it->second, false);
+}
+
+std::optional<std::int64_t> StoreTable::add(std::string_view key, std::int64_t delta) {
+  auto it = data_.find(key);
+  if (it == data_.end()) {
+    set(key, std::to_string(delta));
+    return delta;
+  }
+  auto current = parse_counter(it->second);
+  if (!current) return std::nullopt;
+  // Wraps on overflow like two's complement instead of being undefined.
+  auto sum = static_cast<std::int64_t>(static_cast<std::uint64_t>(*current) +
+                                       static_cast<std::uint64_t>(delta));
+  set(key, std::to_string(sum));
+  return sum;
+}
+
+std::string StoreTable::compare_set(std::string_view key, std::string&& expected,
+                                    std::string&& desired) {
+  auto it = data_.find(key);
+  if (it == data_.end()) {
+    if (!expected.empty()) return std::move(expected);
+    std::string reply = desired;
+    set(key, std::move(desired));
+    return reply;
+  }
+  if (it->second != expected) return it->second;
+  std::string reply = desired;
+  set(key, std::move(desired));
+  return reply;
+}
+
+bool StoreTable::erase(std::string_view key) {
+  auto it = data_.find(key);
+  if (it == data_.end()) return false;
+  if (watchers_.find(key) != watchers_.end()) {
+    std::string old = std::move(it->second);
+    data_.erase(it);
+    notify_watchers(kWatchKeyDeleted, key, old, {});
+    return true;
+  }
+  data_.erase(it);
+  return true;
+}
+
+void StoreTable::append(std::string_view key, std::string_view bytes) {
+  auto it = data_.find(key);
+  if (it == data_.end()) {
+    set(key, std::string(bytes));
+    return;
+  }
+  std::string old = watchers_.empty() ? std::string() : it->second;
+  it->second.append(bytes);
+  changed(key, kWatchKeyUpdated, old, it->second, false);
+}
+
+void StoreTable::queue_push(std::string_view key, std::string&& value) {
+  auto it = queues_.find(key);
+  if (it == queues_.end()) it = queues_.emplace(std::string(key), std::deque<std::string>()).first;
+  it->second.push_back(std::move(value));
+  wake_one(key);
+}
+
+std::int64_t StoreTable::queue_pop(std::string_view key, std::string& value) {
+  auto it = queues_.find(key);
+  if (it == queues_.end() || it->second.empty()) return 0;
+  auto length = static_cast<std::int64_t>(it->second.size());
+  value = std::move(it->second.front());
+  it->second.pop_front();
+  if (it->second.empty()) queues_.erase(it);
+  return length;
+}
+
+std::int64_t StoreTable::queue_len(std::string_view key) const {
+  auto it = queues_.find(key);
+  return it == queues_.end() ? 0 : static_cast<std::int64_t>(it->second.size());
+}
+
+bool StoreTable::begin_wait(Waiter& waiter, const std::vector<std::string>& keys,
+                            std::size_t count) {
+  waiter.remaining = 0;
+  waiter.keys.clear();
+  for (std::size_t i = 0; i < count; ++i) {
+    if (present(keys[i])) continue;
+    auto it = waiters_.find(keys[i]);
+    if (it == waiters_.end()) it = waiters_.emplace(keys[i], std::vector<Waiter*>()).first;
+    it->second.push_back(&waiter);
+    waiter.keys.push_back(keys[i]);
+    ++waiter.remaining;
+    ++registrations_;
+  }
+  return waiter.remaining > 0;
+}
+
+void StoreTable::cancel_wait(Waiter& waiter) {
+  for (const auto& key : waiter.keys) {
+    auto it = waiters_.find(key);
+    if (it == waiters_.end()) continue;
+    auto& list = it->second;
+    auto removed = std::remove(list.begin(), list.end(), &waiter);
+    registrations_ -= static_cast<std::size_t>(list.end() - removed);
+    list.erase(removed, list.end());
+    if (list.empty()) waiters_.erase(it);
+  }
+  waiter.keys.clear();
+  waiter.remaining = 0;
+}
+
+void StoreTable::watch(std::string_view key, Subscriber& subscriber) {
+  auto it = watchers_.find(key);
+  if (it == watchers_.end()) it = watchers_.emplace(std::string(key), std::vector<Subscriber*>()).first;
+  it->second.push_back(&subscriber);
+}
+
+void StoreTable::unwatch(std::string_view key, Subscriber& subscriber) {
+  auto it = watchers_.find(key);
+  if (it == watchers_.end()) return;
+  auto& list = it->second;
+  list.erase(std::remove(list.begin(), list.end(), &subscriber), list.end());
+  if (list.empty()) watchers_.erase(it);
+}
+
+void StoreTable::changed(std::string_view key, std::uint8_t event, std::string_view old_value,
+                         std::string_view new_value, bool created) {
+  if (created || !waiters_.empty()) wake_all(key);
+  if (!watchers_.empty()) notify_watchers(event, key, old_value, new_value);
+}
+
+void StoreTable::wake_all(std::string_view key) {
+  auto it = waiters_.find(key);
+  if (it == waiters_.end()) return;
+  std::vector<Waiter*> list = std::move(it->second);
+  waiters_.erase(it);
+  registrations_ -= list.size();
+  for (Waiter* waiter : list) {
+    if (--waiter->remaining == 0) {
+      waiter->keys.clear();
+      waiter->owner->on_wait_done(*waiter);
+    }
+  }
+}
+
+void StoreTable::wake_one(std::string_view key) {
+  auto it = waiters_.find(key);
+  if (it == waiters_.end()) return;
+  Waiter* waiter = it->second.front();
+  it->second.erase(it->second.begin());
+  --registrations_;
+  if (it->second.empty()) waiters_.erase(it);
+  if (--waiter->remaining == 0) {
+    waiter->keys.clear();
+    waiter->owner->on_wait_done(*waiter);
+  }
+}
+
+void StoreTable::notify_watchers(std::uint8_t event, std::string_view key,
+                                 std::string_view old_value, std::string_view new_value) {
+  auto it = watchers_.find(key);
+  if (it == watchers_.end()) return;
+  for (Subscriber* subscriber : it->second) {
+    subscriber->on_key_event(event, key, old_value, new_value);
+  }
+}
+
+}  // namespace ddp::store
