@@ -113,10 +113,11 @@ void GlooCommunicator::run_allreduce(void* data, std::size_t count, DType dtype,
 
 void GlooCommunicator::run_compressed_allreduce(float* data, std::size_t count, DType wire,
                                                 ReduceOp op) {
-  std::vector<std::uint16_t> scratch(count);
-  narrow(data, scratch.data(), count, wire);
-  run_allreduce(scratch.data(), count, wire, op);
-  widen(scratch.data(), data, count, wire);
+  // Kept between calls: a fresh buffer per bucket would page-fault its way in every step.
+  if (wire_scratch_.size() < count) wire_scratch_.resize(count);
+  narrow(data, wire_scratch_.data(), count, wire);
+  run_allreduce(wire_scratch_.data(), count, wire, op);
+  widen(wire_scratch_.data(), data, count, wire);
 }
 
 Work GlooCommunicator::allreduce(void* data, std::size_t count, DType dtype, ReduceOp op,
