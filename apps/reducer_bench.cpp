@@ -22,12 +22,12 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 struct BenchConfig {
-  int steps = 10;               // timed steps per mode
-  int warmup = 2;               // untimed steps per mode
-  int tokens = 32;              // M: columns of each layer's sgemm (compute per parameter)
-  double first_bucket_mb = 1;   // the Reducer's first bucket cap
-  double bucket_cap_mb = 25;    // the Reducer's later bucket caps
-  bool print_layers = false;    // print "rows cols" per parameter and exit (for the DDP side)
+  int steps = 10;              // timed steps per mode
+  int warmup = 2;              // untimed steps per mode
+  int tokens = 32;             // M: columns of each layer's sgemm (compute per parameter)
+  double first_bucket_mb = 1;  // the Reducer's first bucket cap
+  double bucket_cap_mb = 25;   // the Reducer's later bucket caps
+  bool print_layers = false;   // print "rows cols" per parameter and exit (for the DDP side)
 };
 
 // One parameter as a matrix: rows x cols (conv weights flattened to out x in*kh*kw).
@@ -41,7 +41,10 @@ struct Layer {
 std::vector<Layer> resnet50_layers() {
   std::vector<Layer> layers;
   auto conv = [&](int out, int in, int k) { layers.push_back({out, in * k * k}); };
-  auto bn = [&](int c) { layers.push_back({c, 1}); layers.push_back({c, 1}); };
+  auto bn = [&](int c) {
+    layers.push_back({c, 1});
+    layers.push_back({c, 1});
+  };
   conv(64, 3, 7);
   bn(64);
   int in = 64;
@@ -49,10 +52,16 @@ std::vector<Layer> resnet50_layers() {
   for (int stage = 0; stage < 4; ++stage) {
     const int width = 64 << stage;
     for (int b = 0; b < blocks[stage]; ++b) {
-      conv(width, in, 1); bn(width);
-      conv(width, width, 3); bn(width);
-      conv(width * 4, width, 1); bn(width * 4);
-      if (b == 0) { conv(width * 4, in, 1); bn(width * 4); }
+      conv(width, in, 1);
+      bn(width);
+      conv(width, width, 3);
+      bn(width);
+      conv(width * 4, width, 1);
+      bn(width * 4);
+      if (b == 0) {
+        conv(width * 4, in, 1);
+        bn(width * 4);
+      }
       in = width * 4;
     }
   }
@@ -65,9 +74,13 @@ std::vector<Layer> resnet50_layers() {
 // straight into the gradient buffer.
 class SyntheticBackward {
  public:
-  SyntheticBackward(const std::vector<Layer>& layers, int tokens) : layers_(layers), tokens_(tokens) {
+  SyntheticBackward(const std::vector<Layer>& layers, int tokens)
+      : layers_(layers), tokens_(tokens) {
     int max_rows = 1, max_cols = 1;
-    for (const auto& l : layers) { max_rows = std::max(max_rows, l.rows); max_cols = std::max(max_cols, l.cols); }
+    for (const auto& l : layers) {
+      max_rows = std::max(max_rows, l.rows);
+      max_cols = std::max(max_cols, l.cols);
+    }
     std::mt19937 rng(1);
     std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
     dy_.resize(static_cast<std::size_t>(max_rows) * tokens);
@@ -77,8 +90,8 @@ class SyntheticBackward {
   }
   void layer(std::size_t i, float* grad) const {
     const Layer& l = layers_[i];
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, l.rows, l.cols, tokens_, 1.0f,
-                dy_.data(), tokens_, x_.data(), tokens_, 0.0f, grad, l.cols);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, l.rows, l.cols, tokens_, 1.0f, dy_.data(),
+                tokens_, x_.data(), tokens_, 0.0f, grad, l.cols);
   }
 
  private:
@@ -130,7 +143,8 @@ int run(const BenchConfig& config) {
   std::vector<std::size_t> offsets;
   for (std::size_t i = 0, off = 0; i < layers.size(); off += layers[i].size(), ++i) {
     offsets.push_back(off);
-    parameters.push_back({"layer" + std::to_string(i), std::span<float>(params).subspan(off, layers[i].size())});
+    parameters.push_back(
+        {"layer" + std::to_string(i), std::span<float>(params).subspan(off, layers[i].size())});
   }
   SyntheticBackward backward(layers, config.tokens);
   std::vector<float> flat(total);  // compute-only and one-all-reduce modes write here
@@ -142,35 +156,38 @@ int run(const BenchConfig& config) {
   options.compression = ddp::DType::BF16;
   options.broadcast_parameters = false;  // already equal
   ddp::Reducer compressed(ctx, parameters, options);
-  const auto medians = time_modes(ctx, config, {
-      [&] {  // compute alone
-        for (std::size_t i = layers.size(); i-- > 0;) backward.layer(i, flat.data() + offsets[i]);
-      },
-      [&] {  // compute, then one all-reduce of everything
-        for (std::size_t i = layers.size(); i-- > 0;) backward.layer(i, flat.data() + offsets[i]);
-        ctx.allreduce(std::span<float>(flat), ddp::ReduceOp::Avg);
-      },
-      [&] {  // compute with the Reducer overlapping the all-reduces
-        for (std::size_t i = layers.size(); i-- > 0;) {
-          backward.layer(i, reducer.grad(i).data());
-          reducer.mark_ready(i);
-        }
-        reducer.finalize();
-      },
-      [&] {  // the same, all-reducing in bf16
-        for (std::size_t i = layers.size(); i-- > 0;) {
-          backward.layer(i, compressed.grad(i).data());
-          compressed.mark_ready(i);
-        }
-        compressed.finalize();
-      }});
+  const auto medians = time_modes(ctx, config,
+                                  {[&] {  // compute alone
+                                     for (std::size_t i = layers.size(); i-- > 0;)
+                                       backward.layer(i, flat.data() + offsets[i]);
+                                   },
+                                   [&] {  // compute, then one all-reduce of everything
+                                     for (std::size_t i = layers.size(); i-- > 0;)
+                                       backward.layer(i, flat.data() + offsets[i]);
+                                     ctx.allreduce(std::span<float>(flat), ddp::ReduceOp::Avg);
+                                   },
+                                   [&] {  // compute with the Reducer overlapping the all-reduces
+                                     for (std::size_t i = layers.size(); i-- > 0;) {
+                                       backward.layer(i, reducer.grad(i).data());
+                                       reducer.mark_ready(i);
+                                     }
+                                     reducer.finalize();
+                                   },
+                                   [&] {  // the same, all-reducing in bf16
+                                     for (std::size_t i = layers.size(); i-- > 0;) {
+                                       backward.layer(i, compressed.grad(i).data());
+                                       compressed.mark_ready(i);
+                                     }
+                                     compressed.finalize();
+                                   }});
   const double compute = medians[0], one_allreduce = medians[1], with_reducer = medians[2];
   const double with_bf16 = medians[3];
   log.info("{\"impl\": \"ddp\", \"world\": ", ctx.world_size(), ", \"params\": ", total,
            ", \"buckets\": ", reducer.buckets().size(), ", \"tokens\": ", config.tokens,
            ", \"compute_ms\": ", compute, ", \"one_allreduce_ms\": ", one_allreduce,
-           ", \"overlapped_ms\": ", with_reducer, ", \"exposed_one_allreduce_ms\": ",
-           one_allreduce - compute, ", \"exposed_overlapped_ms\": ", with_reducer - compute,
+           ", \"overlapped_ms\": ", with_reducer,
+           ", \"exposed_one_allreduce_ms\": ", one_allreduce - compute,
+           ", \"exposed_overlapped_ms\": ", with_reducer - compute,
            ", \"overlapped_compressed_ms\": ", with_bf16,
            ", \"exposed_overlapped_compressed_ms\": ", with_bf16 - compute, "}");
   return 0;
@@ -183,7 +200,8 @@ int main(int argc, char** argv) {
   CLI::App app("ddp-reducer-bench: exposed gradient communication with ddp::Reducer");
   app.add_option("--steps", config.steps, "Timed steps per mode")->check(CLI::PositiveNumber);
   app.add_option("--warmup", config.warmup, "Untimed steps per mode");
-  app.add_option("--tokens", config.tokens, "Columns of each layer's sgemm")->check(CLI::PositiveNumber);
+  app.add_option("--tokens", config.tokens, "Columns of each layer's sgemm")
+      ->check(CLI::PositiveNumber);
   app.add_option("--first_bucket_mb", config.first_bucket_mb, "First bucket cap (MiB)");
   app.add_option("--bucket_cap_mb", config.bucket_cap_mb, "Later bucket caps (MiB)");
   app.add_flag("--print_layers", config.print_layers, "Print each parameter's rows and cols");

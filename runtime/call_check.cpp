@@ -6,11 +6,16 @@ namespace {
 
 const char* kind_name(CallKind kind) {
   switch (kind) {
-    case CallKind::Allreduce: return "allreduce";
-    case CallKind::Broadcast: return "broadcast";
-    case CallKind::Allgather: return "allgather";
-    case CallKind::ReduceScatter: return "reduce_scatter";
-    case CallKind::Barrier: return "barrier";
+    case CallKind::Allreduce:
+      return "allreduce";
+    case CallKind::Broadcast:
+      return "broadcast";
+    case CallKind::Allgather:
+      return "allgather";
+    case CallKind::ReduceScatter:
+      return "reduce_scatter";
+    case CallKind::Barrier:
+      return "barrier";
   }
   return "unknown collective";
 }
@@ -44,8 +49,7 @@ void check_same_call(const std::vector<CallDescriptor>& views, int rank) {
   bool same = true;
   for (const auto& view : views) same = same && view == views.front();
   if (same) return;
-  std::string message = "rank " + std::to_string(rank) +
-                        ": ranks issued different collectives:";
+  std::string message = "rank " + std::to_string(rank) + ": ranks issued different collectives:";
   for (std::size_t r = 0; r < views.size(); ++r) {
     message += "\n  rank " + std::to_string(r) + ": " + views[r].str();
   }

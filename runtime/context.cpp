@@ -5,8 +5,11 @@ namespace ddp {
 Context::Context(LaunchEnv env, std::shared_ptr<store::Store> store,
                  std::unique_ptr<Communicator> communicator, std::chrono::milliseconds timeout,
                  std::shared_ptr<void> keep_alive)
-    : env_(std::move(env)), keep_alive_(std::move(keep_alive)), store_(std::move(store)),
-      communicator_(std::move(communicator)), timeout_(timeout) {}
+    : env_(std::move(env)),
+      keep_alive_(std::move(keep_alive)),
+      store_(std::move(store)),
+      communicator_(std::move(communicator)),
+      timeout_(timeout) {}
 
 Context::Context(Context&&) noexcept = default;
 Context& Context::operator=(Context&&) noexcept = default;

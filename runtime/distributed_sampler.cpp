@@ -25,7 +25,8 @@ class SplitMix64 {
   std::uint64_t below(std::uint64_t bound) {
     const std::uint64_t limit = ~std::uint64_t{0} - (~std::uint64_t{0} % bound);
     std::uint64_t x;
-    do x = next(); while (x >= limit);
+    do x = next();
+    while (x >= limit);
     return x % bound;
   }
 

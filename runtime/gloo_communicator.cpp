@@ -1,9 +1,5 @@
 #include "gloo_communicator.hpp"
 
-#include <algorithm>
-#include <cstring>
-#include <vector>
-
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
@@ -11,6 +7,10 @@
 #include <gloo/common/error.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/transport/tcp/device.h>
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
 
 #include "gloo_store_adapter.hpp"
 #include "promise_work.hpp"
@@ -24,12 +24,18 @@ namespace {
 template <typename F>
 void dispatch(DType dtype, F&& f) {
   switch (dtype) {
-    case DType::F32: return f(float{});
-    case DType::F64: return f(double{});
-    case DType::I32: return f(std::int32_t{});
-    case DType::I64: return f(std::int64_t{});
-    case DType::F16: return f(float16{});
-    case DType::BF16: return f(bfloat16{});
+    case DType::F32:
+      return f(float{});
+    case DType::F64:
+      return f(double{});
+    case DType::I32:
+      return f(std::int32_t{});
+    case DType::I64:
+      return f(std::int64_t{});
+    case DType::F16:
+      return f(float16{});
+    case DType::BF16:
+      return f(bfloat16{});
   }
 }
 
@@ -39,7 +45,9 @@ std::string where(int rank) { return " (rank " + std::to_string(rank) + ", gloo)
 
 GlooCommunicator::GlooCommunicator(store::Store& store, int rank, int world_size,
                                    const GlooOptions& options)
-    : rank_(rank), world_size_(world_size), timeout_(options.timeout),
+    : rank_(rank),
+      world_size_(world_size),
+      timeout_(options.timeout),
       policy_(options.mismatch_check) {
   try {
     gloo::transport::tcp::attr attr;
@@ -74,7 +82,8 @@ Work GlooCommunicator::enqueue(const CallDescriptor& call, std::function<void()>
         first_failure_ = std::current_exception();
         throw;
       } catch (const std::exception& e) {
-        first_failure_ = std::make_exception_ptr(CommError(call.str() + where(rank_) + ": " + e.what()));
+        first_failure_ =
+            std::make_exception_ptr(CommError(call.str() + where(rank_) + ": " + e.what()));
         std::rethrow_exception(first_failure_);
       }
       work->complete();
@@ -129,9 +138,8 @@ Work GlooCommunicator::allreduce(void* data, std::size_t count, DType dtype, Red
                         to_string(wire) + ": only f32 through f16 or bf16" + where(rank_));
     }
     CallDescriptor call{CallKind::Allreduce, wire, count, static_cast<std::int64_t>(op)};
-    return enqueue(call, [=, this] {
-      run_compressed_allreduce(static_cast<float*>(data), count, wire, op);
-    });
+    return enqueue(
+        call, [=, this] { run_compressed_allreduce(static_cast<float*>(data), count, wire, op); });
   }
   CallDescriptor call{CallKind::Allreduce, dtype, count, static_cast<std::int64_t>(op)};
   return enqueue(call, [=, this] { run_allreduce(data, count, dtype, op); });

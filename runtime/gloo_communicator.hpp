@@ -19,7 +19,7 @@ class Context;
 namespace ddp::detail {
 
 struct GlooOptions {
-  std::string hostname;                    // address the TCP device binds to; "" = host name
+  std::string hostname;                       // address the TCP device binds to; "" = host name
   std::chrono::milliseconds connect_timeout;  // building the full mesh
   std::chrono::milliseconds timeout;          // each collective
   MismatchCheck mismatch_check = MismatchCheck::FirstCall;
@@ -63,10 +63,10 @@ class GlooCommunicator : public Communicator {
   const std::chrono::milliseconds timeout_;
   std::shared_ptr<gloo::Context> context_;
   MismatchPolicy policy_;
-  std::uint32_t next_tag_ = 0;          // used on the communication thread only
-  std::exception_ptr first_failure_;    // used on the communication thread only
+  std::uint32_t next_tag_ = 0;               // used on the communication thread only
+  std::exception_ptr first_failure_;         // used on the communication thread only
   std::vector<std::uint16_t> wire_scratch_;  // compressed all-reduce; communication thread only
-  TaskQueue queue_;                     // last: its thread stops before the rest goes
+  TaskQueue queue_;                          // last: its thread stops before the rest goes
 };
 
 }  // namespace ddp::detail

@@ -1,9 +1,9 @@
 #pragma once
 // Lets Gloo's rendezvous (connectFullMesh) run over our store.
 
-#include <memory>
-
 #include <gloo/rendezvous/store.h>
+
+#include <memory>
 
 #include "ddp/store/store.hpp"
 

@@ -45,7 +45,8 @@ float16 to_float16(float value) {
     // Adding 0.5 scales the value into float's mantissa so that the FPU rounds it to
     // nearest even at the half-subnormal step of 2^-24.
     const float shifted = magnitude + 0.5f;
-    return {static_cast<std::uint16_t>(sign | (std::bit_cast<std::uint32_t>(shifted) - 0x3f000000u))};
+    return {
+        static_cast<std::uint16_t>(sign | (std::bit_cast<std::uint32_t>(shifted) - 0x3f000000u))};
   }
   // Normal: rebias the exponent and round the 13 dropped mantissa bits to nearest even.
   std::uint32_t rounded = abs + 0xfffu + ((abs >> 13) & 1u);

@@ -47,8 +47,8 @@ LaunchEnv LaunchEnv::from_environment() {
   env.rank = parse_int("RANK", require("RANK"), 0);
   env.world_size = parse_int("WORLD_SIZE", require("WORLD_SIZE"), 1);
   if (env.rank >= env.world_size) {
-    throw EnvError("RANK=" + std::to_string(env.rank) + " is not below WORLD_SIZE=" +
-                   std::to_string(env.world_size));
+    throw EnvError("RANK=" + std::to_string(env.rank) +
+                   " is not below WORLD_SIZE=" + std::to_string(env.world_size));
   }
   env.master_addr = require("MASTER_ADDR");
   env.master_port = parse_int("MASTER_PORT", require("MASTER_PORT"), 1);
@@ -56,8 +56,8 @@ LaunchEnv LaunchEnv::from_environment() {
   env.local_world_size = int_or("LOCAL_WORLD_SIZE", env.world_size, 1);
   env.restart_count = int_or("TORCHELASTIC_RESTART_COUNT", 0, 0);
   auto agent_store = get_env("TORCHELASTIC_USE_AGENT_STORE");
-  env.use_agent_store = agent_store && (*agent_store == "True" || *agent_store == "true" ||
-                                        *agent_store == "1");
+  env.use_agent_store =
+      agent_store && (*agent_store == "True" || *agent_store == "true" || *agent_store == "1");
   env.run_id = get_env("TORCHELASTIC_RUN_ID").value_or("");
   return env;
 }

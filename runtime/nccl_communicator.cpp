@@ -24,22 +24,32 @@ void nccl_check(ncclResult_t status, const std::string& what) {
 
 ncclDataType_t nccl_type(DType dtype) {
   switch (dtype) {
-    case DType::F32: return ncclFloat32;
-    case DType::F64: return ncclFloat64;
-    case DType::I32: return ncclInt32;
-    case DType::I64: return ncclInt64;
-    case DType::F16: return ncclFloat16;
-    case DType::BF16: return ncclBfloat16;
+    case DType::F32:
+      return ncclFloat32;
+    case DType::F64:
+      return ncclFloat64;
+    case DType::I32:
+      return ncclInt32;
+    case DType::I64:
+      return ncclInt64;
+    case DType::F16:
+      return ncclFloat16;
+    case DType::BF16:
+      return ncclBfloat16;
   }
   return ncclFloat32;
 }
 
 ncclRedOp_t nccl_op(ReduceOp op) {
   switch (op) {
-    case ReduceOp::Sum: return ncclSum;
-    case ReduceOp::Avg: return ncclAvg;
-    case ReduceOp::Min: return ncclMin;
-    case ReduceOp::Max: return ncclMax;
+    case ReduceOp::Sum:
+      return ncclSum;
+    case ReduceOp::Avg:
+      return ncclAvg;
+    case ReduceOp::Min:
+      return ncclMin;
+    case ReduceOp::Max:
+      return ncclMax;
   }
   return ncclSum;
 }
@@ -117,8 +127,8 @@ NcclCommunicator::NcclCommunicator(std::shared_ptr<store::Store> store, const La
   } catch (const InitError&) {
     throw;
   } catch (const std::exception& e) {
-    throw InitError(me + ": building the NCCL communicator on device " +
-                    std::to_string(device_) + ": " + e.what());
+    throw InitError(me + ": building the NCCL communicator on device " + std::to_string(device_) +
+                    ": " + e.what());
   }
 }
 
@@ -178,7 +188,8 @@ void NcclCommunicator::init_communicator(const InitOptions& options) {
   const auto values = store_->multi_get(keys);
   std::vector<ncclUniqueId> ids(roots);
   for (int i = 0; i < roots; ++i) {
-    std::memcpy(ids[i].internal, values[i].data(), std::min(values[i].size(), sizeof ids[i].internal));
+    std::memcpy(ids[i].internal, values[i].data(),
+                std::min(values[i].size(), sizeof ids[i].internal));
   }
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   nccl_check(ncclCommInitRankScalable(&comm_, world_size_, rank_, roots, ids.data(), &config),
@@ -290,11 +301,13 @@ Work NcclCommunicator::allgather(const void* in, void* out, std::size_t count, D
   Work work = launch(call, options.after_stream, [&] {
     if (count == 0) return;
     if (!on_device) {
-      cuda_check(cudaMemcpyAsync(const_cast<void*>(src), in, bytes, cudaMemcpyDefault, stream_), call.str());
+      cuda_check(cudaMemcpyAsync(const_cast<void*>(src), in, bytes, cudaMemcpyDefault, stream_),
+                 call.str());
     }
     nccl_check(ncclAllGather(src, dst, count, nccl_type(dtype), comm_, stream_), call.str());
     if (!on_device) {
-      cuda_check(cudaMemcpyAsync(out, dst, bytes * world_size_, cudaMemcpyDefault, stream_), call.str());
+      cuda_check(cudaMemcpyAsync(out, dst, bytes * world_size_, cudaMemcpyDefault, stream_),
+                 call.str());
     }
   });
   if (!on_device) work.wait();
@@ -312,7 +325,8 @@ Work NcclCommunicator::reduce_scatter(const void* in, void* out, std::size_t cou
     if (count == 0) return;
     if (!on_device) {
       cuda_check(cudaMemcpyAsync(const_cast<void*>(src), in, bytes * world_size_, cudaMemcpyDefault,
-                                 stream_), call.str());
+                                 stream_),
+                 call.str());
     }
     nccl_check(ncclReduceScatter(src, dst, count, nccl_type(dtype), nccl_op(op), comm_, stream_),
                call.str());
@@ -344,7 +358,8 @@ std::shared_ptr<void> NcclCommunicator::allocate(std::size_t bytes) {
 }
 
 void NcclCommunicator::fill_zero(void* data, std::size_t bytes, void* stream) {
-  cuda_check(cudaMemsetAsync(data, 0, bytes, static_cast<cudaStream_t>(stream)), "zeroing gradients");
+  cuda_check(cudaMemsetAsync(data, 0, bytes, static_cast<cudaStream_t>(stream)),
+             "zeroing gradients");
 }
 
 }  // namespace ddp::detail

@@ -16,11 +16,17 @@ namespace ddp::detail {
 namespace {
 
 template <typename T>
-struct Sum { static T apply(T x, T y) { return x + y; } };
+struct Sum {
+  static T apply(T x, T y) { return x + y; }
+};
 template <typename T>
-struct Min { static T apply(T x, T y) { return std::min(x, y); } };
+struct Min {
+  static T apply(T x, T y) { return std::min(x, y); }
+};
 template <typename T>
-struct Max { static T apply(T x, T y) { return std::max(x, y); } };
+struct Max {
+  static T apply(T x, T y) { return std::max(x, y); }
+};
 
 template <typename T, template <typename> class Op>
 void reduce_native(void* c, const void* a, const void* b, std::size_t n) {
@@ -42,8 +48,10 @@ float to_f(float16 v) { return to_float(v); }
 float to_f(bfloat16 v) { return to_float(v); }
 template <typename H>
 H from_f(float v) {
-  if constexpr (std::is_same_v<H, float16>) return to_float16(v);
-  else return to_bfloat16(v);
+  if constexpr (std::is_same_v<H, float16>)
+    return to_float16(v);
+  else
+    return to_bfloat16(v);
 }
 
 template <typename H, template <typename> class Op>
@@ -83,12 +91,18 @@ DDP_KERNEL void widen_bf16(const std::uint16_t* in, float* out, std::size_t n) {
 template <template <typename> class Op>
 ReduceFn pick(DType dtype) {
   switch (dtype) {
-    case DType::F32: return &reduce_native<float, Op>;
-    case DType::F64: return &reduce_native<double, Op>;
-    case DType::I32: return &reduce_native<std::int32_t, Op>;
-    case DType::I64: return &reduce_native<std::int64_t, Op>;
-    case DType::F16: return &reduce_half<float16, Op>;
-    case DType::BF16: return &reduce_half<bfloat16, Op>;
+    case DType::F32:
+      return &reduce_native<float, Op>;
+    case DType::F64:
+      return &reduce_native<double, Op>;
+    case DType::I32:
+      return &reduce_native<std::int32_t, Op>;
+    case DType::I64:
+      return &reduce_native<std::int64_t, Op>;
+    case DType::F16:
+      return &reduce_half<float16, Op>;
+    case DType::BF16:
+      return &reduce_half<bfloat16, Op>;
   }
   return nullptr;
 }
@@ -123,12 +137,18 @@ ReduceFn reduce_function(DType dtype, ReduceOp op) {
 
 void divide(void* data, std::size_t n, DType dtype, int divisor) {
   switch (dtype) {
-    case DType::F32: return divide_f32(static_cast<float*>(data), n, static_cast<float>(divisor));
-    case DType::F64: return divide_f64(static_cast<double*>(data), n, divisor);
-    case DType::I32: return divide_int(static_cast<std::int32_t*>(data), n, divisor);
-    case DType::I64: return divide_int<std::int64_t>(static_cast<std::int64_t*>(data), n, divisor);
-    case DType::F16: return divide_half(static_cast<float16*>(data), n, static_cast<float>(divisor));
-    case DType::BF16: return divide_half(static_cast<bfloat16*>(data), n, static_cast<float>(divisor));
+    case DType::F32:
+      return divide_f32(static_cast<float*>(data), n, static_cast<float>(divisor));
+    case DType::F64:
+      return divide_f64(static_cast<double*>(data), n, divisor);
+    case DType::I32:
+      return divide_int(static_cast<std::int32_t*>(data), n, divisor);
+    case DType::I64:
+      return divide_int<std::int64_t>(static_cast<std::int64_t*>(data), n, divisor);
+    case DType::F16:
+      return divide_half(static_cast<float16*>(data), n, static_cast<float>(divisor));
+    case DType::BF16:
+      return divide_half(static_cast<bfloat16*>(data), n, static_cast<float>(divisor));
   }
 }
 

@@ -13,8 +13,8 @@ std::size_t cap_bytes(double megabytes) {
 }
 
 std::string name_of(const Parameter& parameter, std::size_t i) {
-  return "'" + (parameter.name.empty() ? "#" + std::to_string(i) : parameter.name) +
-         "' (index " + std::to_string(i) + ")";
+  return "'" + (parameter.name.empty() ? "#" + std::to_string(i) : parameter.name) + "' (index " +
+         std::to_string(i) + ")";
 }
 
 }  // namespace
@@ -104,8 +104,7 @@ void Reducer::check_layout_across_ranks() {
   for (int r = 0; r < context_.world_size(); ++r) {
     if (layouts[r] != mine) {
       throw ReducerError("the Reducer's bucket layout differs across ranks:\n  rank " +
-                         std::to_string(r) + ": " + layouts[r] + "\n  rank " + rank + ": " +
-                         mine);
+                         std::to_string(r) + ": " + layouts[r] + "\n  rank " + rank + ": " + mine);
     }
   }
 }
@@ -131,8 +130,8 @@ std::span<float> Reducer::grad(std::size_t i) {
 
 void Reducer::mark_ready(std::size_t i) {
   if (i >= size()) {
-    throw ReducerError("mark_ready(" + std::to_string(i) + "): only " +
-                       std::to_string(size()) + " parameters are registered");
+    throw ReducerError("mark_ready(" + std::to_string(i) + "): only " + std::to_string(size()) +
+                       " parameters are registered");
   }
   if (marked_[i]) {
     throw ReducerError("gradient " + name_of(parameters_[i], i) +
@@ -158,9 +157,10 @@ void Reducer::launch_ready_buckets() {
 
 void Reducer::wait_bucket(std::size_t b) {
   if (b >= next_launch_) {
-    throw ReducerError("wait_bucket(" + std::to_string(b) + "): that bucket's all-reduce "
-                       "has not started (" + std::to_string(pending_.at(b)) +
-                       " of its gradients are not marked ready)");
+    throw ReducerError("wait_bucket(" + std::to_string(b) +
+                       "): that bucket's all-reduce "
+                       "has not started (" +
+                       std::to_string(pending_.at(b)) + " of its gradients are not marked ready)");
   }
   works_[b].wait(options_.timeout);
   timings_[b].completed = Clock::now();

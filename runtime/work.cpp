@@ -8,8 +8,8 @@ namespace detail {
 
 void WorkState::wait_on_stream(void* /*stream*/, std::chrono::milliseconds timeout) {
   if (!wait_for(timeout)) {
-    throw CommError(describe() + " did not complete within " +
-                    std::to_string(timeout.count()) + " ms");
+    throw CommError(describe() + " did not complete within " + std::to_string(timeout.count()) +
+                    " ms");
   }
 }
 

@@ -1,11 +1,10 @@
 // A complete data-parallel training loop with libddp: linear regression on a synthetic
 // dataset, gradients all-reduced by ddp::Reducer while "backward" goes on.
 //   ddprun --nproc_per_node=2 build/bin/ddp-example-train --epochs 5
-#include <ddp/runtime.hpp>
-
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <ddp/runtime.hpp>
 #include <random>
 #include <string>
 #include <vector>
@@ -79,7 +78,7 @@ int main(int argc, char** argv) {
         }
         reducer.mark_ready(1);  // backward order: the last layer's gradients first
         reducer.mark_ready(0);
-        reducer.finalize();     // averaged over ranks, in place
+        reducer.finalize();  // averaged over ranks, in place
         for (int f = 0; f < kFeatures; ++f) weight[f] -= lr * grad_w[f];
         bias[0] -= lr * grad_b[0];
         epoch_loss += loss;

@@ -1,7 +1,6 @@
 // Collectives through Context: ranks as threads over a MemoryStore, Gloo on loopback.
-#include <catch2/catch.hpp>
-
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <numeric>
 
 #include "ddp/runtime.hpp"
@@ -153,18 +152,23 @@ TEST_CASE("with the check on every call, a later dtype mismatch is caught too") 
   ddp::InitOptions options;
   options.mismatch_check = ddp::MismatchCheck::Always;
   std::atomic<int> mismatches{0};
-  ddp::test::run_world(kWorld, [&](Context& ctx) {
-    std::vector<float> f(4, 1.0f);
-    ctx.allreduce(std::span<float>(f));
-    std::vector<double> d(4, 1.0);
-    try {
-      if (ctx.rank() == 2) ctx.allreduce(std::span<float>(f));
-      else ctx.allreduce(std::span<double>(d));
-    } catch (const ddp::CollectiveMismatch& e) {
-      CHECK(std::string(e.what()).find("rank 2: allreduce(sum, f32 x 4)") != std::string::npos);
-      mismatches.fetch_add(1);
-    }
-  }, options);
+  ddp::test::run_world(
+      kWorld,
+      [&](Context& ctx) {
+        std::vector<float> f(4, 1.0f);
+        ctx.allreduce(std::span<float>(f));
+        std::vector<double> d(4, 1.0);
+        try {
+          if (ctx.rank() == 2)
+            ctx.allreduce(std::span<float>(f));
+          else
+            ctx.allreduce(std::span<double>(d));
+        } catch (const ddp::CollectiveMismatch& e) {
+          CHECK(std::string(e.what()).find("rank 2: allreduce(sum, f32 x 4)") != std::string::npos);
+          mismatches.fetch_add(1);
+        }
+      },
+      options);
   REQUIRE(mismatches.load() == kWorld);
 }
 

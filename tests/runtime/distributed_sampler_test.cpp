@@ -1,12 +1,12 @@
-#include <catch2/catch.hpp>
+#include "ddp/distributed_sampler.hpp"
 
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cstdio>
 #include <memory>
 #include <set>
 #include <sstream>
 
-#include "ddp/distributed_sampler.hpp"
 #include "ddp/logger.hpp"
 #include "ddp/rank_zero_first.hpp"
 #include "test_support.hpp"
@@ -60,8 +60,8 @@ TEST_CASE("sampler: the shuffle depends on seed + epoch only, the same on every 
   auto epoch0 = all_ranks(1000, 4, options, 0);
   auto again = all_ranks(1000, 4, options, 0);
   auto epoch1 = all_ranks(1000, 4, options, 1);
-  REQUIRE(epoch0 == again);                 // identical wherever it is computed
-  REQUIRE(epoch0 != epoch1);                // set_epoch changes the order
+  REQUIRE(epoch0 == again);   // identical wherever it is computed
+  REQUIRE(epoch0 != epoch1);  // set_epoch changes the order
   std::vector<std::size_t> sorted0, sorted1;
   for (int r = 0; r < 4; ++r) {
     sorted0.insert(sorted0.end(), epoch0[r].begin(), epoch0[r].end());
@@ -83,7 +83,12 @@ TEST_CASE("sampler: shuffle off gives exactly PyTorch's indices") {
     WARN("skipped: " << ddp::test::torch_python() << " cannot import torch");
     return;
   }
-  struct Case { std::size_t n; int replicas; int rank; bool drop_last; };
+  struct Case {
+    std::size_t n;
+    int replicas;
+    int rank;
+    bool drop_last;
+  };
   std::vector<Case> cases;
   for (std::size_t n : {0u, 1u, 7u, 10u, 12u, 101u}) {
     for (int replicas : {1, 3, 4}) {

@@ -1,9 +1,8 @@
 // The installed package: a user project builds the sample program with find_package(ddp)
 // (and with pkg-config), and it prints sum=3 on 3 ranks under ddprun.
-#include <catch2/catch.hpp>
-
 #include <sys/wait.h>
 
+#include <catch2/catch.hpp>
 #include <cstdio>
 #include <fstream>
 #include <memory>

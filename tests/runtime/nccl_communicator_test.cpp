@@ -1,8 +1,7 @@
 // The NCCL backend at world size 1 (one GPU). Built with CUDA; skips without a device.
-#include <catch2/catch.hpp>
-
 #include <cuda_runtime.h>
 
+#include <catch2/catch.hpp>
 #include <vector>
 
 #include "ddp/runtime.hpp"
@@ -15,7 +14,8 @@ namespace {
 std::string no_gpu_reason() {
   int count = 0;
   const cudaError_t status = cudaGetDeviceCount(&count);
-  if (status != cudaSuccess) return std::string("no usable CUDA device: ") + cudaGetErrorString(status);
+  if (status != cudaSuccess)
+    return std::string("no usable CUDA device: ") + cudaGetErrorString(status);
   if (count == 0) return "no CUDA device";
   return "";
 }
@@ -24,30 +24,33 @@ ddp::Context nccl_context() {
   ddp::InitOptions options;
   options.backend = ddp::Backend::Nccl;
   options.init_timeout = std::chrono::seconds(60);
-  return ddp::init(ddp::test::thread_env(0, 1), std::make_shared<ddp::store::MemoryStore>(), options);
+  return ddp::init(ddp::test::thread_env(0, 1), std::make_shared<ddp::store::MemoryStore>(),
+                   options);
 }
 
 template <typename T>
 std::vector<T> round_trip(ddp::Context& ctx, const std::vector<T>& host, ddp::ReduceOp op) {
   void* device = nullptr;
   REQUIRE(cudaMalloc(&device, host.size() * sizeof(T) + 1) == cudaSuccess);
-  REQUIRE(cudaMemcpy(device, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice) == cudaSuccess);
+  REQUIRE(cudaMemcpy(device, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice) ==
+          cudaSuccess);
   ctx.allreduce(std::span<T>(static_cast<T*>(device), host.size()), op);
   std::vector<T> out(host.size());
-  REQUIRE(cudaMemcpy(out.data(), device, out.size() * sizeof(T), cudaMemcpyDeviceToHost) == cudaSuccess);
+  REQUIRE(cudaMemcpy(out.data(), device, out.size() * sizeof(T), cudaMemcpyDeviceToHost) ==
+          cudaSuccess);
   cudaFree(device);
   return out;
 }
 
 }  // namespace
 
-#define SKIP_WITHOUT_GPU()                                   \
-  do {                                                       \
-    const std::string reason = no_gpu_reason();              \
-    if (!reason.empty()) {                                   \
-      WARN("skipped: " << reason);                           \
-      return;                                                \
-    }                                                        \
+#define SKIP_WITHOUT_GPU()                      \
+  do {                                          \
+    const std::string reason = no_gpu_reason(); \
+    if (!reason.empty()) {                      \
+      WARN("skipped: " << reason);              \
+      return;                                   \
+    }                                           \
   } while (false)
 
 TEST_CASE("nccl: every dtype and op on device memory, and host memory staged") {
@@ -57,7 +60,8 @@ TEST_CASE("nccl: every dtype and op on device memory, and host memory staged") {
   for (auto op : {ddp::ReduceOp::Sum, ddp::ReduceOp::Avg, ddp::ReduceOp::Min, ddp::ReduceOp::Max}) {
     REQUIRE(round_trip(ctx, std::vector<float>(1001, 2.5f), op) == std::vector<float>(1001, 2.5f));
     REQUIRE(round_trip(ctx, std::vector<double>(7, -1.0), op) == std::vector<double>(7, -1.0));
-    REQUIRE(round_trip(ctx, std::vector<std::int32_t>(3, 9), op) == std::vector<std::int32_t>(3, 9));
+    REQUIRE(round_trip(ctx, std::vector<std::int32_t>(3, 9), op) ==
+            std::vector<std::int32_t>(3, 9));
     REQUIRE(round_trip(ctx, std::vector<std::int64_t>(0), op).empty());
     auto bf = round_trip(ctx, std::vector<ddp::bfloat16>(5, ddp::to_bfloat16(1.5f)), op);
     REQUIRE(ddp::to_float(bf[4]) == 1.5f);
@@ -109,7 +113,8 @@ TEST_CASE("nccl: bucket all-reduces are queued while backward work is still pend
   reducer.finalize();  // orders compute after the last bucket, no host sync
   REQUIRE(cudaStreamSynchronize(compute) == cudaSuccess);
   std::vector<float> g(n);
-  REQUIRE(cudaMemcpy(g.data(), reducer.grad(0).data(), n * sizeof(float), cudaMemcpyDeviceToHost) == cudaSuccess);
+  REQUIRE(cudaMemcpy(g.data(), reducer.grad(0).data(), n * sizeof(float), cudaMemcpyDeviceToHost) ==
+          cudaSuccess);
   REQUIRE(g[n - 1] == 0.0f);
   cudaFree(scratch);
   cudaFree(params);

@@ -1,8 +1,8 @@
-#include <catch2/catch.hpp>
+#include "ddp/rank_zero_first.hpp"
 
 #include <atomic>
+#include <catch2/catch.hpp>
 
-#include "ddp/rank_zero_first.hpp"
 #include "thread_world.hpp"
 
 TEST_CASE("rank_zero_first: rank 0 finishes the block before any other rank starts it") {
@@ -10,8 +10,10 @@ TEST_CASE("rank_zero_first: rank 0 finishes the block before any other rank star
   std::atomic<int> ran{0};
   ddp::test::run_world(3, [&](ddp::Context& ctx) {
     ddp::rank_zero_first(ctx, [&] {
-      if (ctx.rank() == 0) rank0_done = true;
-      else REQUIRE(rank0_done.load());
+      if (ctx.rank() == 0)
+        rank0_done = true;
+      else
+        REQUIRE(rank0_done.load());
       ran.fetch_add(1);
     });
   });

@@ -1,8 +1,7 @@
 // ddp::Reducer: ranks as threads over a MemoryStore, Gloo on loopback.
-#include <catch2/catch.hpp>
-
 #include <algorithm>
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <numeric>
 #include <random>
 
@@ -106,7 +105,7 @@ TEST_CASE("an early bucket's all-reduce completes before the last gradient is ma
     REQUIRE(reducer.buckets().size() == 2);
     for (std::size_t i = 0; i < 4; ++i) std::fill_n(reducer.grad(i).begin(), n, 3.0f * ctx.rank());
     reducer.mark_ready(3);
-    reducer.mark_ready(2);  // bucket 0 complete: its all-reduce starts now
+    reducer.mark_ready(2);   // bucket 0 complete: its all-reduce starts now
     reducer.wait_bucket(0);  // ... and finishes while gradients 0 and 1 are still pending
     const auto before_last = std::chrono::steady_clock::now();
     REQUIRE(reducer.grad(2)[0] == 3.0f);  // (0 + 3 + 6) / 3, already averaged
@@ -213,8 +212,8 @@ TEST_CASE("misuse: finalize lists the gradients never marked") {
 TEST_CASE("misuse: a different layout on one rank fails on every rank with both views") {
   std::atomic<int> failures{0};
   ddp::test::run_world(kWorld, [&](Context& ctx) {
-    Model model = make_model(ctx.rank() == 2 ? std::vector<std::size_t>{4, 5}
-                                             : std::vector<std::size_t>{4, 4}, 0.0f);
+    Model model = make_model(
+        ctx.rank() == 2 ? std::vector<std::size_t>{4, 5} : std::vector<std::size_t>{4, 4}, 0.0f);
     try {
       Reducer reducer(ctx, model.parameters());
     } catch (const ddp::ReducerError& e) {

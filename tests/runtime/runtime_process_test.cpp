@@ -1,11 +1,10 @@
 // libddp over real processes on loopback: under ddprun, under an agent-hosted store, and
 // under python3-torch's torchrun (1.x store dialect).
-#include <catch2/catch.hpp>
-
 #include <sys/wait.h>
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
+#include <catch2/catch.hpp>
 #include <cstdio>
 #include <memory>
 #include <regex>
@@ -49,8 +48,10 @@ std::string bin(const std::string& name) { return ddp::test::bin_path(name).stri
 std::string agent_store_worker(int rank, std::uint16_t port, const std::string& program) {
   return "RANK=" + std::to_string(rank) + " LOCAL_RANK=" + std::to_string(rank) +
          " WORLD_SIZE=3 LOCAL_WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
-         std::to_string(port) + " TORCHELASTIC_USE_AGENT_STORE=True "
-         "TORCHELASTIC_RESTART_COUNT=0 " + program;
+         std::to_string(port) +
+         " TORCHELASTIC_USE_AGENT_STORE=True "
+         "TORCHELASTIC_RESTART_COUNT=0 " +
+         program;
 }
 
 }  // namespace
@@ -71,8 +72,8 @@ TEST_CASE("every collective and dtype over 3 Gloo processes under ddprun") {
 }
 
 TEST_CASE("the Reducer equals one all-reduce over 3 processes under ddprun") {
-  const auto result = run(bin("ddprun") + " --nproc_per_node=3 " + bin("ddp-runtime-worker") +
-                          " reducer");
+  const auto result =
+      run(bin("ddprun") + " --nproc_per_node=3 " + bin("ddp-runtime-worker") + " reducer");
   INFO(result.output);
   REQUIRE(result.status == 0);
   REQUIRE(count_matches(result.output, "ok rank=[012]") == 3);
@@ -90,7 +91,10 @@ TEST_CASE("ranks use the agent's store when TORCHELASTIC_USE_AGENT_STORE=True") 
                           agent_store_worker(1, port, program) + " & " +
                           agent_store_worker(2, port, program) + " & wait'");
   const auto keys = server.stats().keys;
-  boost::asio::post(io, [&] { server.close(); io.stop(); });
+  boost::asio::post(io, [&] {
+    server.close();
+    io.stop();
+  });
   thread.join();
   INFO(result.output);
   REQUIRE(count_matches(result.output, "sum=3\\b") == 3);
@@ -113,16 +117,16 @@ TEST_CASE("the sample program works under python3-torch's torchrun (1.x store)")
     options.host = "127.0.0.1";
     port = ddp::store::Server(io, options).port();
   }
-  const auto result = run(torchrun + " --nproc_per_node=3 --master_port=" +
-                          std::to_string(port) + " --no_python " + bin("ddp-example-sum"));
+  const auto result = run(torchrun + " --nproc_per_node=3 --master_port=" + std::to_string(port) +
+                          " --no_python " + bin("ddp-example-sum"));
   INFO(result.output);
   REQUIRE(result.status == 0);
   REQUIRE(count_matches(result.output, "sum=3\\b") == 3);
 }
 
 TEST_CASE("the training-loop example converges with equal parameters on 3 ranks") {
-  const auto result = run(bin("ddprun") + " --nproc_per_node=3 " + bin("ddp-example-train") +
-                          " --epochs 3");
+  const auto result =
+      run(bin("ddprun") + " --nproc_per_node=3 " + bin("ddp-example-train") + " --epochs 3");
   INFO(result.output);
   REQUIRE(result.status == 0);
   REQUIRE(result.output.find("[rank 0] parameters equal on all ranks: yes") != std::string::npos);

@@ -50,12 +50,14 @@ void collectives(ddp::Context& ctx) {
     }
     std::vector<float> whole(count * w, 1.0f), part(count);
     ctx.reduce_scatter(std::span<float>(whole), std::span<float>(part));
-    for (auto x : part) expect(x == static_cast<float>(w), "reduce_scatter x " + std::to_string(count));
+    for (auto x : part)
+      expect(x == static_cast<float>(w), "reduce_scatter x " + std::to_string(count));
   }
   std::vector<float> big(16u << 20, 1.0f);  // 16 M elements, once
   ctx.allreduce(std::span<float>(big));
   expect(std::count(big.begin(), big.end(), static_cast<float>(w)) ==
-             static_cast<std::ptrdiff_t>(big.size()), "allreduce f32 x 16M");
+             static_cast<std::ptrdiff_t>(big.size()),
+         "allreduce f32 x 16M");
   ctx.barrier();
 }
 
@@ -99,9 +101,12 @@ int main(int argc, char** argv) {
   const std::string mode = argc > 1 ? argv[1] : "collectives";
   try {
     ddp::Context ctx = ddp::init();
-    if (mode == "collectives") collectives(ctx);
-    else if (mode == "reducer") reducer(ctx);
-    else throw std::runtime_error("unknown mode " + mode);
+    if (mode == "collectives")
+      collectives(ctx);
+    else if (mode == "reducer")
+      reducer(ctx);
+    else
+      throw std::runtime_error("unknown mode " + mode);
     std::printf("ok rank=%d world=%d backend=%s\n", ctx.rank(), ctx.world_size(),
                 ddp::to_string(ctx.backend()));
     return 0;

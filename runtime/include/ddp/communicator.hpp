@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <memory>
 #include <optional>
+
 #include "ddp/types.hpp"
 #include "ddp/work.hpp"
 

@@ -27,8 +27,8 @@ struct InitOptions {
   // Backend; unset: the DDP_BACKEND variable (nccl|gloo), else NCCL when built with it and a
   // CUDA device exists, else Gloo.
   std::optional<Backend> backend;
-  std::chrono::milliseconds init_timeout = kDefaultInitTimeout;  // store + communicator
-  std::chrono::milliseconds timeout = kDefaultCollectiveTimeout;   // each synchronous call
+  std::chrono::milliseconds init_timeout = kDefaultInitTimeout;   // store + communicator
+  std::chrono::milliseconds timeout = kDefaultCollectiveTimeout;  // each synchronous call
   // Address Gloo's TCP device binds to; "": DDP_LOCAL_ADDR, else 127.0.0.1 when the whole job
   // runs on this node, else the host name.
   std::string local_addr;
@@ -78,28 +78,30 @@ class Context {
     return communicator_->broadcast(data.data(), data.size(), dtype_of<T>, root);
   }
   template <Element T>
-  void broadcast(std::span<T> data, int root = 0) { broadcast_async(data, root).wait(timeout_); }
+  void broadcast(std::span<T> data, int root = 0) {
+    broadcast_async(data, root).wait(timeout_);
+  }
 
   // out.size() must be world_size() * in.size().
   template <typename In, Element T>
-    requires std::same_as<std::remove_const_t<In>, T>
-  Work allgather_async(std::span<In> in, std::span<T> out) {
+  requires std::same_as<std::remove_const_t<In>, T> Work allgather_async(std::span<In> in,
+                                                                         std::span<T> out) {
     check_sizes("allgather", in.size(), out.size());
     return communicator_->allgather(in.data(), out.data(), in.size(), dtype_of<T>);
   }
   template <typename In, Element T>
-    requires std::same_as<std::remove_const_t<In>, T>
+  requires std::same_as<std::remove_const_t<In>, T>
   void allgather(std::span<In> in, std::span<T> out) { allgather_async(in, out).wait(timeout_); }
 
   // in.size() must be world_size() * out.size(); out gets this rank's reduced slice.
   template <typename In, Element T>
-    requires std::same_as<std::remove_const_t<In>, T>
-  Work reduce_scatter_async(std::span<In> in, std::span<T> out, ReduceOp op = ReduceOp::Sum) {
+  requires std::same_as<std::remove_const_t<In>, T> Work
+  reduce_scatter_async(std::span<In> in, std::span<T> out, ReduceOp op = ReduceOp::Sum) {
     check_sizes("reduce_scatter", out.size(), in.size());
     return communicator_->reduce_scatter(in.data(), out.data(), out.size(), dtype_of<T>, op);
   }
   template <typename In, Element T>
-    requires std::same_as<std::remove_const_t<In>, T>
+  requires std::same_as<std::remove_const_t<In>, T>
   void reduce_scatter(std::span<In> in, std::span<T> out, ReduceOp op = ReduceOp::Sum) {
     reduce_scatter_async(in, out, op).wait(timeout_);
   }

@@ -30,8 +30,8 @@
 namespace ddp {
 
 struct ReducerOptions {
-  double first_bucket_mb = 1.0;   // cap of bucket 0 (the last parameters: it starts first)
-  double bucket_cap_mb = 25.0;    // cap of every later bucket
+  double first_bucket_mb = 1.0;  // cap of bucket 0 (the last parameters: it starts first)
+  double bucket_cap_mb = 25.0;   // cap of every later bucket
   // F16 or BF16: all-reduce the gradients in 16 bits (half the traffic); unset: fp32.
   std::optional<DType> compression;
   bool broadcast_parameters = true;  // copy rank 0's parameters to every rank at construction
@@ -144,7 +144,7 @@ class Reducer {
   std::vector<std::size_t> pending_;                  // bucket -> gradients not yet ready
   std::vector<Work> works_;                           // bucket -> its all-reduce this step
   std::vector<BucketTiming> timings_;
-  std::size_t next_launch_ = 0;                       // first bucket not yet started
+  std::size_t next_launch_ = 0;  // first bucket not yet started
   bool sync_ = true;
 };
 

@@ -29,15 +29,35 @@ std::size_t size_of(DType dtype);
 // dtype_of<T>: the DType of an element type usable in collectives.
 template <typename T>
 struct DTypeOf;
-template <> struct DTypeOf<float> { static constexpr DType value = DType::F32; };
-template <> struct DTypeOf<double> { static constexpr DType value = DType::F64; };
-template <> struct DTypeOf<std::int32_t> { static constexpr DType value = DType::I32; };
-template <> struct DTypeOf<std::int64_t> { static constexpr DType value = DType::I64; };
-template <> struct DTypeOf<float16> { static constexpr DType value = DType::F16; };
-template <> struct DTypeOf<bfloat16> { static constexpr DType value = DType::BF16; };
+template <>
+struct DTypeOf<float> {
+  static constexpr DType value = DType::F32;
+};
+template <>
+struct DTypeOf<double> {
+  static constexpr DType value = DType::F64;
+};
+template <>
+struct DTypeOf<std::int32_t> {
+  static constexpr DType value = DType::I32;
+};
+template <>
+struct DTypeOf<std::int64_t> {
+  static constexpr DType value = DType::I64;
+};
+template <>
+struct DTypeOf<float16> {
+  static constexpr DType value = DType::F16;
+};
+template <>
+struct DTypeOf<bfloat16> {
+  static constexpr DType value = DType::BF16;
+};
 
 template <typename T>
-concept Element = requires { DTypeOf<T>::value; };
+concept Element = requires {
+  DTypeOf<T>::value;
+};
 
 template <Element T>
 inline constexpr DType dtype_of = DTypeOf<T>::value;
