@@ -5,7 +5,7 @@
 // Threading: one thread issues the collectives of a communicator (as with PyTorch process
 // groups); every rank must issue the same collectives in the same order. Asynchronous
 // operations run in issue order. Buffers must stay alive until the returned Work completed.
-// After a collective fails (a timeout, a lost peer, a mismatch) the communicator is broken:
+// Gloo: after a collective fails (a timeout, a lost peer, a mismatch) the communicator is broken:
 // every later call fails with that first error.
 
 #include <cstddef>
