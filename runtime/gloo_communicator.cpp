@@ -59,6 +59,9 @@ GlooCommunicator::GlooCommunicator(store::Store& store, int rank, int world_size
     context->connectFullMesh(adapter, device);
     context->setTimeout(options.timeout);
     context_ = std::move(context);
+    if (options.shared_memory && world_size > 1) {
+      shm_ = ShmAllreduce::create(store, rank, world_size, options.timeout);
+    }
   } catch (const std::exception& e) {
     throw InitError("rank " + std::to_string(rank) + " of " + std::to_string(world_size) +
                     ": could not build the gloo mesh on address '" +
@@ -109,6 +112,7 @@ void GlooCommunicator::check_call(const CallDescriptor& call) {
 
 void GlooCommunicator::run_allreduce(void* data, std::size_t count, DType dtype, ReduceOp op) {
   if (count == 0 || world_size_ == 1) return;
+  if (shm_) return shm_->allreduce(data, count, dtype, op);
   dispatch(dtype, [&](auto tag_value) {
     using T = decltype(tag_value);
     gloo::AllreduceOptions options(context_);

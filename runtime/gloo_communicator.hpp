@@ -10,6 +10,7 @@
 #include "call_check.hpp"
 #include "ddp/communicator.hpp"
 #include "ddp/store/store.hpp"
+#include "shm_allreduce.hpp"
 #include "task_queue.hpp"
 
 namespace gloo {
@@ -23,6 +24,7 @@ struct GlooOptions {
   std::chrono::milliseconds connect_timeout;  // building the full mesh
   std::chrono::milliseconds timeout;          // each collective
   MismatchCheck mismatch_check = MismatchCheck::FirstCall;
+  bool shared_memory = false;  // all ranks on this node: all-reduce through shared memory
 };
 
 class GlooCommunicator : public Communicator {
@@ -62,6 +64,7 @@ class GlooCommunicator : public Communicator {
   const int world_size_;
   const std::chrono::milliseconds timeout_;
   std::shared_ptr<gloo::Context> context_;
+  std::unique_ptr<ShmAllreduce> shm_;  // null: all-reduce over Gloo's TCP pairs
   MismatchPolicy policy_;
   std::uint32_t next_tag_ = 0;               // used on the communication thread only
   std::exception_ptr first_failure_;         // used on the communication thread only

@@ -47,6 +47,9 @@ std::unique_ptr<Communicator> make_gloo_communicator(store::Store& store, const 
   gloo.connect_timeout = options.init_timeout;
   gloo.timeout = options.timeout;
   gloo.mismatch_check = check;
+  const auto shm = get_env("DDP_SHM");
+  gloo.shared_memory =
+      options.shared_memory && env.local_world_size == env.world_size && !(shm && *shm == "0");
   return std::make_unique<GlooCommunicator>(store, env.rank, env.world_size, gloo);
 }
 

@@ -41,25 +41,49 @@ void check_allreduce(Context& ctx, std::size_t count) {
 }  // namespace
 
 TEST_CASE("allreduce: every op and dtype over sizes 0, 1, odd and 4099") {
+  for (bool shared_memory : {true, false}) {
+    INFO("shared memory: " << shared_memory);
+    ddp::InitOptions options;
+    options.shared_memory = shared_memory;
+    ddp::test::run_world(
+        kWorld,
+        [](Context& ctx) {
+          for (std::size_t count : {0u, 1u, 7u, 4099u}) {
+            check_allreduce<float>(ctx, count);
+            check_allreduce<double>(ctx, count);
+            check_allreduce<std::int32_t>(ctx, count);
+            check_allreduce<std::int64_t>(ctx, count);
+          }
+        },
+        options);
+  }
+}
+
+TEST_CASE("allreduce through shared memory: several chunks, uneven shares") {
+  // 4 MiB slots hold 1 Mi floats: 2.5 chunks, and shares that do not divide evenly.
   ddp::test::run_world(kWorld, [](Context& ctx) {
-    for (std::size_t count : {0u, 1u, 7u, 4099u}) {
-      check_allreduce<float>(ctx, count);
-      check_allreduce<double>(ctx, count);
-      check_allreduce<std::int32_t>(ctx, count);
-      check_allreduce<std::int64_t>(ctx, count);
-    }
+    const std::size_t n = (1u << 20) * 5 / 2 + 13;
+    std::vector<float> v(n);
+    for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<float>((i % 1000) * (ctx.rank() + 1));
+    ctx.allreduce(std::span<float>(v), ReduceOp::Sum);
+    for (std::size_t i = 0; i < n; ++i) REQUIRE(v[i] == static_cast<float>((i % 1000) * 6));
   });
 }
 
-TEST_CASE("allreduce: 16M floats once") {
-  ddp::test::run_world(kWorld, [](Context& ctx) {
-    std::vector<float> v(16u << 20, static_cast<float>(ctx.rank() + 1));
-    ctx.allreduce(std::span<float>(v), ReduceOp::Sum);
-    REQUIRE(v.front() == 6.0f);
-    REQUIRE(v[v.size() / 2] == 6.0f);
-    REQUIRE(v.back() == 6.0f);
-    REQUIRE(std::count(v.begin(), v.end(), 6.0f) == static_cast<std::ptrdiff_t>(v.size()));
-  });
+TEST_CASE("allreduce: 16M floats once, over TCP") {
+  ddp::InitOptions options;
+  options.shared_memory = false;
+  ddp::test::run_world(
+      kWorld,
+      [](Context& ctx) {
+        std::vector<float> v(16u << 20, static_cast<float>(ctx.rank() + 1));
+        ctx.allreduce(std::span<float>(v), ReduceOp::Sum);
+        REQUIRE(v.front() == 6.0f);
+        REQUIRE(v[v.size() / 2] == 6.0f);
+        REQUIRE(v.back() == 6.0f);
+        REQUIRE(std::count(v.begin(), v.end(), 6.0f) == static_cast<std::ptrdiff_t>(v.size()));
+      },
+      options);
 }
 
 TEST_CASE("allreduce: 16-bit floats sum in float and round once per step") {

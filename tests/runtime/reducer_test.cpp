@@ -70,27 +70,32 @@ TEST_CASE("the Reducer matches one all-reduce of everything bit for bit, any rea
     ddp::ReducerOptions options;
     options.first_bucket_mb = 0.01 * (1 + trial);
     options.bucket_cap_mb = 0.05 * (1 + trial);
-    ddp::test::run_world(kWorld, [&](Context& ctx) {
-      Model model = make_model(sizes, 0.0f);
-      Reducer reducer(ctx, model.parameters(), options);
-      std::mt19937 rng(1000 * trial + ctx.rank());
-      for (int step = 0; step < 2; ++step) {
-        std::vector<float> everything;
-        for (std::size_t i = 0; i < sizes.size(); ++i) {
-          for (float& g : reducer.grad(i)) everything.push_back(g = exact_value(rng));
-        }
-        std::vector<std::size_t> order(sizes.size());
-        std::iota(order.begin(), order.end(), 0);
-        std::shuffle(order.begin(), order.end(), rng);  // a different order on every rank
-        for (auto i : order) reducer.mark_ready(i);
-        reducer.finalize();
-        ctx.allreduce(std::span<float>(everything), ddp::ReduceOp::Avg);
-        std::size_t k = 0;
-        for (std::size_t i = 0; i < sizes.size(); ++i) {
-          for (float g : reducer.grad(i)) REQUIRE(g == everything[k++]);
-        }
-      }
-    });
+    ddp::InitOptions init;
+    init.shared_memory = trial % 2 == 0;  // shared memory and TCP both
+    ddp::test::run_world(
+        kWorld,
+        [&](Context& ctx) {
+          Model model = make_model(sizes, 0.0f);
+          Reducer reducer(ctx, model.parameters(), options);
+          std::mt19937 rng(1000 * trial + ctx.rank());
+          for (int step = 0; step < 2; ++step) {
+            std::vector<float> everything;
+            for (std::size_t i = 0; i < sizes.size(); ++i) {
+              for (float& g : reducer.grad(i)) everything.push_back(g = exact_value(rng));
+            }
+            std::vector<std::size_t> order(sizes.size());
+            std::iota(order.begin(), order.end(), 0);
+            std::shuffle(order.begin(), order.end(), rng);  // a different order on every rank
+            for (auto i : order) reducer.mark_ready(i);
+            reducer.finalize();
+            ctx.allreduce(std::span<float>(everything), ddp::ReduceOp::Avg);
+            std::size_t k = 0;
+            for (std::size_t i = 0; i < sizes.size(); ++i) {
+              for (float g : reducer.grad(i)) REQUIRE(g == everything[k++]);
+            }
+          }
+        },
+        init);
   }
 }
 

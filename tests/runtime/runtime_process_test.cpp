@@ -64,11 +64,14 @@ TEST_CASE("the sample program prints sum=3 on each of 3 ranks under ddprun") {
 }
 
 TEST_CASE("every collective and dtype over 3 Gloo processes under ddprun") {
-  const auto result = run("env DDP_BACKEND=gloo " + bin("ddprun") + " --nproc_per_node=3 " +
-                          bin("ddp-runtime-worker") + " collectives");
-  INFO(result.output);
-  REQUIRE(result.status == 0);
-  REQUIRE(count_matches(result.output, "ok rank=[012] world=3 backend=gloo") == 3);
+  // All-reduce through shared memory (the default on one node), then over TCP.
+  for (const std::string shm : {"1", "0"}) {
+    const auto result = run("env DDP_BACKEND=gloo DDP_SHM=" + shm + " " + bin("ddprun") +
+                            " --nproc_per_node=3 " + bin("ddp-runtime-worker") + " collectives");
+    INFO("DDP_SHM=" << shm << "\n" << result.output);
+    REQUIRE(result.status == 0);
+    REQUIRE(count_matches(result.output, "ok rank=[012] world=3 backend=gloo") == 3);
+  }
 }
 
 TEST_CASE("the Reducer equals one all-reduce over 3 processes under ddprun") {

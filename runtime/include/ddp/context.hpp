@@ -36,6 +36,9 @@ struct InitOptions {
   int nccl_scalable_threshold = kDefaultNcclScalableThreshold;  // see above
   // Cross-rank comparison of collective calls; unset: Always when DDP_DEBUG=1, else FirstCall.
   std::optional<MismatchCheck> mismatch_check;
+  // Gloo with every rank on this node: all-reduce through a shared-memory segment instead of
+  // loopback TCP (DDP_SHM=0 turns it off).
+  bool shared_memory = true;
 };
 
 class Context {

@@ -1,0 +1,160 @@
+#include "shm_allreduce.hpp"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <new>
+#include <random>
+
+#include "reduce_kernels.hpp"
+
+namespace ddp::detail {
+
+namespace {
+
+constexpr std::size_t kHeaderBytes = 4096;
+
+// Waits while *word == expected, at most `timeout`; returns on a wake, a change or timeout.
+// Shared (not FUTEX_PRIVATE): the word lives in memory mapped by several processes.
+void futex_wait(std::atomic<std::uint32_t>* word, std::uint32_t expected,
+                std::chrono::nanoseconds timeout) {
+  timespec ts{};
+  ts.tv_sec = static_cast<time_t>(timeout.count() / 1'000'000'000);
+  ts.tv_nsec = static_cast<long>(timeout.count() % 1'000'000'000);
+  syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), FUTEX_WAIT, expected, &ts, nullptr, 0);
+}
+
+void futex_wake_all(std::atomic<std::uint32_t>* word) {
+  syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), FUTEX_WAKE, INT32_MAX, nullptr,
+          nullptr, 0);
+}
+
+void* map_segment(int fd, std::size_t bytes) {
+  void* p = mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  return p == MAP_FAILED ? nullptr : p;
+}
+
+std::string segment_name() {
+  std::random_device rd;
+  return "/ddp-allreduce-" + std::to_string(::getpid()) + "-" + std::to_string(rd());
+}
+
+}  // namespace
+
+// The barrier: ranks count themselves in `arrived`; the last one resets it and bumps
+// `generation`, which the others wait on.
+struct ShmAllreduce::Header {
+  alignas(64) std::atomic<std::uint32_t> arrived;
+  alignas(64) std::atomic<std::uint32_t> generation;
+};
+static_assert(sizeof(ShmAllreduce::Header) <= 4096);
+static_assert(std::atomic<std::uint32_t>::is_always_lock_free);
+
+std::size_t ShmAllreduce::segment_bytes(int world_size) {
+  return kHeaderBytes + static_cast<std::size_t>(world_size + 1) * kSlotBytes;
+}
+
+std::unique_ptr<ShmAllreduce> ShmAllreduce::create(store::Store& store, int rank, int world_size,
+                                                   std::chrono::milliseconds timeout) {
+  const std::size_t bytes = segment_bytes(world_size);
+  void* base = nullptr;
+  std::string name;
+  if (rank == 0) {
+    name = segment_name();
+    const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd >= 0) {
+      if (ftruncate(fd, static_cast<off_t>(bytes)) == 0) base = map_segment(fd, bytes);
+      ::close(fd);
+      if (base != nullptr) ::new (base) Header{};  // starts the atomics' lifetime, zeroed
+    }
+    if (base == nullptr && fd >= 0) shm_unlink(name.c_str());
+    store.set("shm/name", base ? name : "");
+  } else {
+    name = store.get("shm/name");
+    if (!name.empty()) {
+      const int fd = shm_open(name.c_str(), O_RDWR, 0600);
+      if (fd >= 0) {
+        base = map_segment(fd, bytes);
+        ::close(fd);
+      }
+    }
+  }
+  store.set("shm/ok/" + std::to_string(rank), base ? "1" : "0");
+  std::vector<std::string> keys;
+  for (int r = 0; r < world_size; ++r) keys.push_back("shm/ok/" + std::to_string(r));
+  const auto answers = store.multi_get(keys);
+  if (rank == 0 && base != nullptr) shm_unlink(name.c_str());  // every rank has answered
+  const bool all = std::all_of(answers.begin(), answers.end(), [](auto& a) { return a == "1"; });
+  if (!all) {
+    if (base != nullptr) munmap(base, bytes);
+    return nullptr;
+  }
+  return std::make_unique<ShmAllreduce>(base, bytes, rank, world_size, timeout);
+}
+
+ShmAllreduce::ShmAllreduce(void* base, std::size_t bytes, int rank, int world_size,
+                           std::chrono::milliseconds timeout)
+    : base_(base), bytes_(bytes), rank_(rank), world_size_(world_size), timeout_(timeout) {}
+
+ShmAllreduce::~ShmAllreduce() { munmap(base_, bytes_); }
+
+ShmAllreduce::Header& ShmAllreduce::header() const { return *static_cast<Header*>(base_); }
+
+char* ShmAllreduce::slot(int rank) const {
+  return static_cast<char*>(base_) + kHeaderBytes + static_cast<std::size_t>(rank) * kSlotBytes;
+}
+
+void ShmAllreduce::barrier() {
+  Header& h = header();
+  const std::uint32_t generation = h.generation.load(std::memory_order_acquire);
+  if (h.arrived.fetch_add(1, std::memory_order_acq_rel) + 1 ==
+      static_cast<std::uint32_t>(world_size_)) {
+    h.arrived.store(0, std::memory_order_relaxed);
+    h.generation.fetch_add(1, std::memory_order_acq_rel);
+    futex_wake_all(&h.generation);
+    return;
+  }
+  const auto deadline = std::chrono::steady_clock::now() + timeout_;
+  while (h.generation.load(std::memory_order_acquire) == generation) {
+    const auto left = deadline - std::chrono::steady_clock::now();
+    if (left <= std::chrono::nanoseconds::zero()) {
+      throw CommError("rank " + std::to_string(rank_) +
+                      ": shared-memory all-reduce: the other ranks did not reach the barrier "
+                      "within " +
+                      std::to_string(timeout_.count()) + " ms");
+    }
+    futex_wait(&h.generation, generation, left);
+  }
+}
+
+void ShmAllreduce::allreduce(void* data, std::size_t count, DType dtype, ReduceOp op) {
+  const std::size_t element = size_of(dtype);
+  const std::size_t chunk = kSlotBytes / element;
+  const ReduceFn reduce = reduce_function(dtype, op);
+  auto* bytes = static_cast<char*>(data);
+  for (std::size_t offset = 0; offset < count; offset += chunk) {
+    const std::size_t n = std::min(chunk, count - offset);
+    std::memcpy(slot(rank_), bytes + offset * element, n * element);
+    barrier();  // every slot holds its rank's chunk
+    // This rank's share of the chunk, cut at 16-element boundaries (whole cache lines).
+    const std::size_t share = (n / world_size_ + 16) & ~std::size_t{15};
+    const std::size_t lo = std::min(n, share * rank_);
+    const std::size_t hi = std::min(n, lo + share);
+    if (lo < hi) {
+      char* out = slot(world_size_) + lo * element;
+      std::memcpy(out, slot(0) + lo * element, (hi - lo) * element);
+      for (int r = 1; r < world_size_; ++r) reduce(out, out, slot(r) + lo * element, hi - lo);
+      if (op == ReduceOp::Avg) divide(out, hi - lo, dtype, world_size_);
+    }
+    barrier();  // the reduced chunk is complete
+    std::memcpy(bytes + offset * element, slot(world_size_), n * element);
+  }
+}
+
+}  // namespace ddp::detail
