@@ -88,7 +88,14 @@ std::unique_ptr<ShmAllreduce> ShmAllreduce::create(store::Store& store, int rank
   store.set("shm/ok/" + std::to_string(rank), base ? "1" : "0");
   std::vector<std::string> keys;
   for (int r = 0; r < world_size; ++r) keys.push_back("shm/ok/" + std::to_string(r));
-  const auto answers = store.multi_get(keys);
+  std::vector<std::string> answers;
+  try {
+    answers = store.multi_get(keys);
+  } catch (...) {  // a rank never answered: still leave nothing behind in /dev/shm
+    if (rank == 0 && base != nullptr) shm_unlink(name.c_str());
+    if (base != nullptr) munmap(base, bytes);
+    throw;
+  }
   if (rank == 0 && base != nullptr) shm_unlink(name.c_str());  // every rank has answered
   const bool all = std::all_of(answers.begin(), answers.end(), [](auto& a) { return a == "1"; });
   if (!all) {
