@@ -88,10 +88,10 @@ void Connection::wait_readable() {
 }
 
 bool Connection::process(const char* data, std::size_t size) {
-  std::span<const char> rest(data, size);
+  std::string_view rest(data, size);
   while (!rest.empty()) {
     auto result = parser_.feed(rest);
-    rest = rest.subspan(result.consumed);
+    rest.remove_prefix(result.consumed);
     if (result.status == RequestParser::Status::Error) {
       close(parser_.error());
       return false;
