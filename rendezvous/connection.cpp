@@ -218,6 +218,17 @@ void Connection::on_key_event(std::uint8_t event, std::string_view key, std::str
 
 void Connection::flush() {
   if (writing_ || out_.empty() || closed_) return;
+  // Most replies fit the socket buffer: send at once and skip the event loop. Errors are
+  // left to the asynchronous write below, so that a connection never closes in the middle
+  // of another one's wake-ups.
+  boost::system::error_code ec;
+  std::size_t sent = socket_.send(boost::asio::buffer(out_), 0, ec);
+  if (ec) sent = 0;
+  if (sent == out_.size()) {
+    out_.clear();
+    return;
+  }
+  out_.erase(0, sent);
   writing_ = true;
   std::swap(out_, sending_);
   boost::asio::async_write(
