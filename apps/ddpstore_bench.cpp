@@ -50,7 +50,7 @@ struct BenchOptions {
   double seconds = 5;                // mix: measured duration
   int ranks = 1024;                  // rendezvous: simulated ranks
   int max_connecting = 1024;         // rendezvous: ranks between connect and first reply
-  int ranks_per_source = 20000;      // rendezvous: ranks per loopback source address
+  int ranks_per_source = 4000;       // rendezvous: ranks per loopback source address
   double time_limit = 120;           // rendezvous: give up after this many seconds
   int server_pid = 0;                // server process for CPU accounting (0: none)
 };
@@ -70,11 +70,15 @@ double server_cpu_seconds(int pid) {
   return ticks / static_cast<double>(::sysconf(_SC_CLK_TCK));
 }
 
+// Raises the open-file limit to `wanted`, or as far as the hard limit allows.
 void raise_open_file_limit(rlim_t wanted) {
   rlimit limit{wanted, wanted};
-  if (::setrlimit(RLIMIT_NOFILE, &limit) != 0) {
-    std::cerr << "warning: cannot raise the open-file limit to " << wanted << "\n";
-  }
+  if (::setrlimit(RLIMIT_NOFILE, &limit) == 0) return;
+  ::getrlimit(RLIMIT_NOFILE, &limit);
+  limit.rlim_cur = limit.rlim_max;
+  ::setrlimit(RLIMIT_NOFILE, &limit);
+  std::cerr << "warning: the open-file limit is " << limit.rlim_cur << " (hard), below the "
+            << wanted << " wanted: ranks beyond it cannot connect\n";
 }
 
 double percentile(std::vector<double>& v, double p) {
@@ -307,7 +311,7 @@ class Rendezvous {
     Rank& r = ranks_[rank];
     out_.clear();
     r.received = 0;
-    const std::string key = "addr/" + std::to_string(rank);
+    const std::string key = prefix_ + "addr/" + std::to_string(rank);
     switch (r.phase) {
       case 1:  // 2.x handshake
         encode_request(dialect_, make_request(Command::Validate, {}, {}, 0, kValidationMagic), out_);
@@ -315,16 +319,16 @@ class Rendezvous {
         r.expected = 4;
         break;
       case 2:
-        encode_request(dialect_, make_request(Command::Add, {"init/"}, {}, 1), out_);
+        encode_request(dialect_, make_request(Command::Add, {prefix_ + "init/"}, {}, 1), out_);
         r.expected = 8;
         break;
       case 3: {
         encode_request(dialect_, make_request(Command::Set, {key}, {std::string(32, 'a')}), out_);
         if (get_i64(r.add_reply) == o_.ranks) {
-          encode_request(dialect_, make_request(Command::Set, {"init/complete"}, {"1"}), out_);
+          encode_request(dialect_, make_request(Command::Set, {prefix_ + "init/complete"}, {"1"}), out_);
         }
         auto keys = peers(rank);
-        keys.insert(keys.begin(), "init/complete");
+        keys.insert(keys.begin(), prefix_ + "init/complete");
         encode_request(dialect_, make_request(Command::Wait, keys), out_);
         r.expected = 1;
         break;
@@ -344,8 +348,8 @@ class Rendezvous {
 
   std::vector<std::string> peers(int rank) const {
     const int n = o_.ranks;
-    return {"addr/0", "addr/" + std::to_string((rank + 1) % n),
-            "addr/" + std::to_string((rank + n - 1) % n)};
+    return {prefix_ + "addr/0", prefix_ + "addr/" + std::to_string((rank + 1) % n),
+            prefix_ + "addr/" + std::to_string((rank + n - 1) % n)};
   }
 
   void step(int rank, std::uint32_t events) {
@@ -389,6 +393,8 @@ class Rendezvous {
   int connecting_ = 0;
   int done_ = 0;
   std::string out_;
+  // Keys of this run under their own prefix, so that runs against one server never meet.
+  std::string prefix_ = "rdv" + std::to_string(::getpid()) + "/";
   char buffer_[64 * 1024];
 };
 
@@ -432,6 +438,8 @@ int main(int argc, char** argv) {
   rdv->add_option("--ranks", o.ranks, "Simulated ranks")->capture_default_str();
   rdv->add_option("--max-connecting", o.max_connecting, "Ranks connecting at once")
       ->capture_default_str();
+  rdv->add_option("--ranks-per-source", o.ranks_per_source,
+                  "Ranks per loopback source address (127.0.0.2, .3, ...)")->capture_default_str();
   rdv->add_option("--time-limit", o.time_limit, "Seconds before giving up")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {
