@@ -69,9 +69,11 @@ void Connection::on_readable() {
     }
     if (!process(buffer.data(), n)) return;
     if (out_.size() + sending_.size() > kMaxQueuedOutput) {
-      read_paused_ = true;
       flush();
-      return;
+      if (writing_) {  // the socket is full: read again once the write drained
+        read_paused_ = true;
+        return;
+      }
     }
     if (n < buffer.size()) break;  // drained: the next arrival raises a new edge
   }
