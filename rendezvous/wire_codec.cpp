@@ -22,6 +22,8 @@ constexpr std::array<std::uint8_t, 5> kV2Opening = {0x00, 0xCE, 0xF7, 0x85, 0x3C
 // A large request leaves this much capacity behind at most.
 constexpr std::size_t kKeptStrings = 16;
 constexpr std::size_t kKeptStringBytes = 64 * 1024;
+// Strings up to this size are reserved whole when their length arrives.
+constexpr std::size_t kReservedAtOnce = 4096;
 
 std::string hex_byte(std::uint8_t b) {
   constexpr char digits[] = "0123456789abcdef";
@@ -198,7 +200,7 @@ void RequestParser::trim() {
 // Matches the first bytes against the 2.x opening. Returns true once the dialect is known;
 // replay_count says how many opening bytes were matched before a mismatch (they are then
 // parsed again as 1.x).
-bool RequestParser::sniff(std::span<const char> data, std::size_t& used,
+bool RequestParser::sniff(std::string_view data, std::size_t& used,
                           std::uint8_t& replay_count) {
   while (used < data.size()) {
     auto byte = static_cast<std::uint8_t>(data[used]);
@@ -217,7 +219,7 @@ bool RequestParser::sniff(std::span<const char> data, std::size_t& used,
   return false;
 }
 
-RequestParser::Result RequestParser::feed(std::span<const char> data) {
+RequestParser::Result RequestParser::feed(std::string_view data) {
   if (!error_.empty()) return {Status::Error, 0};
   if (step_ == Step::Done) step_ = Step::Command;
   std::size_t pos = 0;
@@ -235,7 +237,7 @@ RequestParser::Result RequestParser::feed(std::span<const char> data) {
     }
     if (replay > 0) {
       auto opening = reinterpret_cast<const char*>(kV2Opening.data());
-      auto r = feed(std::span<const char>(opening, replay));
+      auto r = feed(std::string_view(opening, replay));
       if (r.status == Status::Error) return {Status::Error, pos};
     }
   }
@@ -380,7 +382,7 @@ bool RequestParser::finish_length() {
   std::string& target = list[used++];
   target.clear();
   // Small strings at once; large ones grow only as their bytes arrive.
-  if (len <= kKeptStringBytes) target.reserve(static_cast<std::size_t>(len));
+  if (len <= kReservedAtOnce) target.reserve(static_cast<std::size_t>(len));
   body_left_ = len;
   request_bytes_ += len;
   if (len == 0) {

@@ -9,7 +9,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
-#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -107,8 +106,7 @@ class RequestParser {
   // Consumes bytes until a request is complete, more bytes are needed, or the input is
   // invalid. After Complete, request() holds it until the next feed(). After Error, error()
   // says why and every later feed() fails again.
-  Result feed(std::span<const char> data);
-  Result feed(std::string_view data) { return feed(std::span<const char>(data.data(), data.size())); }
+  Result feed(std::string_view data);
 
   const Request& request() const { return request_; }
   Request& request() { return request_; }
@@ -125,7 +123,7 @@ class RequestParser {
   enum class Field : std::uint8_t { None, U32, I64, Count, Key, Value };
 
   Result fail(std::string reason, std::size_t consumed);
-  bool sniff(std::span<const char> data, std::size_t& used, std::uint8_t& replay_count);
+  bool sniff(std::string_view data, std::size_t& used, std::uint8_t& replay_count);
   bool start_command(std::uint8_t byte);
   Field next_field() const;
   bool begin_field();

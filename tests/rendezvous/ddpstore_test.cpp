@@ -1,0 +1,45 @@
+// build/bin/ddpstore: prints where it listens, serves, exits 0 on SIGINT/SIGTERM.
+
+#include <signal.h>
+
+#include <catch2/catch.hpp>
+
+#include "ddp/store/client.hpp"
+#include "store_fixture.hpp"
+#include "test_support.hpp"
+
+using namespace ddp::store;
+using ddp::test::ChildProcess;
+
+namespace {
+
+std::uint16_t port_of(const std::string& line) {
+  REQUIRE(line.rfind("listening on 127.0.0.1:", 0) == 0);
+  return static_cast<std::uint16_t>(std::stoi(line.substr(line.rfind(':') + 1)));
+}
+
+}  // namespace
+
+TEST_CASE("ddpstore serves on the port it prints and exits 0 on SIGTERM and SIGINT") {
+  for (int signal : {SIGTERM, SIGINT}) {
+    ChildProcess store(ddp::test::bin_path("ddpstore").string(),
+                       {"--host", "127.0.0.1", "--port", "0"});
+    std::uint16_t port = port_of(store.next_line());
+    ClientOptions options;
+    options.port = port;
+    Client client(options);
+    client.set("k", "v");
+    CHECK(client.get("k") == "v");
+    REQUIRE(::kill(store.pid(), signal) == 0);
+    CHECK(store.wait() == 0);
+  }
+}
+
+TEST_CASE("ddpstore on a port in use says so and exits non-zero") {
+  ChildProcess first(ddp::test::bin_path("ddpstore").string(), {"--host", "127.0.0.1", "--port", "0"});
+  std::uint16_t port = port_of(first.next_line());
+  ChildProcess second(ddp::test::bin_path("ddpstore").string(),
+                      {"--host", "127.0.0.1", "--port", std::to_string(port)});
+  CHECK(second.next_line().empty());
+  CHECK(second.wait() == 1);
+}

@@ -1,0 +1,107 @@
+#pragma once
+// Shared by the store tests: a server on its own event-loop thread, a condition helper and
+// a child process with a line-oriented stdout.
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <boost/process.hpp>
+
+#include "ddp/store/client.hpp"
+#include "ddp/store/server.hpp"
+
+namespace ddp::test {
+
+// A Server on 127.0.0.1 (port picked), run by its own thread; its log lines are kept.
+class TestServer {
+ public:
+  explicit TestServer(store::Limits limits = {}) {
+    store::ServerOptions options;
+    options.host = "127.0.0.1";
+    options.port = 0;
+    options.limits = limits;
+    options.logger = [this](std::string_view line) {
+      std::lock_guard lock(mutex_);
+      log_.emplace_back(line);
+    };
+    server_ = std::make_unique<store::Server>(io_, options);
+    thread_ = std::thread([this] { io_.run(); });
+  }
+  ~TestServer() {
+    boost::asio::post(io_, [this] {
+      server_->close();
+      io_.stop();
+    });
+    thread_.join();
+    server_.reset();
+  }
+  std::uint16_t port() const { return server_->port(); }
+  store::ServerStats stats() const { return server_->stats(); }
+  std::vector<std::string> log() const {
+    std::lock_guard lock(mutex_);
+    return log_;
+  }
+  store::ClientOptions client_options(store::Dialect dialect = store::Dialect::V2) const {
+    store::ClientOptions options;
+    options.host = "127.0.0.1";
+    options.port = port();
+    options.dialect = dialect;
+    options.connect_timeout = std::chrono::seconds(10);
+    options.timeout = std::chrono::seconds(10);
+    return options;
+  }
+
+ private:
+  boost::asio::io_context io_{1};
+  std::unique_ptr<store::Server> server_;
+  std::thread thread_;
+  mutable std::mutex mutex_;
+  std::vector<std::string> log_;
+};
+
+// Waits until condition() holds, checking it every millisecond, for at most timeout.
+inline bool eventually(const std::function<bool()>& condition,
+                       std::chrono::milliseconds timeout = std::chrono::seconds(10)) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (!condition()) {
+    if (std::chrono::steady_clock::now() > deadline) return false;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return true;
+}
+
+// A child process whose stdout is read line by line; killed on destruction.
+class ChildProcess {
+ public:
+  ChildProcess(const std::string& program, const std::vector<std::string>& args)
+      : child_(program, boost::process::args(args), boost::process::std_out > out_) {}
+  ~ChildProcess() {
+    if (child_.running()) child_.terminate();
+    if (child_.joinable()) child_.wait();
+  }
+  // The next line of output; empty at end of output.
+  std::string next_line() {
+    std::string line;
+    std::getline(out_, line);
+    return line;
+  }
+  // Waits for exit and returns the exit code.
+  int wait() {
+    child_.wait();
+    return child_.exit_code();
+  }
+  pid_t pid() const { return child_.id(); }
+
+ private:
+  boost::process::ipstream out_;
+  boost::process::child child_;
+};
+
+}  // namespace ddp::test

@@ -1,0 +1,190 @@
+// The server under hostile or heavy use: many clients, stalled and garbage requests,
+// absurd lengths, disconnects with waits pending. It stays up, serves everyone else, and
+// its connections, waits and memory return to where they started.
+
+#include <malloc.h>
+
+#include <catch2/catch.hpp>
+
+#include <random>
+
+#include "ddp/store/client.hpp"
+#include "ddp/store/wire_codec.hpp"
+#include "raw_socket.hpp"
+#include "store_fixture.hpp"
+
+using namespace ddp::store;
+using namespace std::chrono_literals;
+using ddp::test::eventually;
+using ddp::test::RawSocket;
+using ddp::test::TestServer;
+
+namespace {
+
+const std::string kOpening = std::string("\x00\xCE\xF7\x85\x3C", 5);
+
+std::string encode(Dialect dialect, const Request& request) {
+  std::string out;
+  encode_request(dialect, request, out);
+  return out;
+}
+
+std::string v2(const Request& request) { return encode(Dialect::V2, request); }
+
+std::string u64le(std::uint64_t v) {
+  std::string out;
+  put_u64(out, v);
+  return out;
+}
+
+bool idle(const TestServer& server) {
+  auto s = server.stats();
+  return s.connections == 0 && s.waits == 0;
+}
+
+// Bytes the allocator has handed out and not taken back (0 where it cannot tell, as
+// under AddressSanitizer).
+std::size_t allocated_bytes() { return mallinfo2().uordblks; }
+
+}  // namespace
+
+TEST_CASE("1,000 concurrent clients wait together and are all answered") {
+  TestServer server;
+  constexpr int kClients = 1000;
+  std::vector<RawSocket> clients;
+  clients.reserve(kClients);
+  for (int i = 0; i < kClients; ++i) {
+    clients.emplace_back(server.port());
+    std::string key = "rank/" + std::to_string(i);
+    REQUIRE(clients.back().send(kOpening + v2(make_request(Command::Set, {key}, {key})) +
+                                v2(make_request(Command::Wait, {"go"}))));
+  }
+  REQUIRE(eventually([&] { return server.stats().waits == kClients; }));
+  CHECK(server.stats().connections == kClients);
+  Client starter(server.client_options());
+  starter.set("go", "1");
+  int answered = 0;
+  for (int i = 0; i < kClients; ++i) {
+    if (clients[i].read(1) == std::string(1, '\0')) ++answered;
+  }
+  CHECK(answered == kClients);
+  CHECK(starter.num_keys() == kClients + 1);
+  clients.clear();
+  CHECK(eventually([&] { return server.stats().connections == 1; }));
+}
+
+TEST_CASE("a client stalled halfway through a request does not hold up the others") {
+  TestServer server;
+  RawSocket staller(server.port());
+  const std::string request =
+      kOpening + v2(make_request(Command::Set, {"stalled"}, {"value"}));
+  const std::size_t half = kOpening.size() + 6;
+  REQUIRE(staller.send(request.substr(0, half)));  // in the middle of the key's length
+
+  Client client(server.client_options());
+  for (int i = 0; i < 200; ++i) client.add("busy", 1);
+  CHECK(client.get("busy") == "200");
+  CHECK_FALSE(client.check({"stalled"}));
+
+  REQUIRE(staller.send(request.substr(half) + v2(make_request(Command::Get, {"stalled"}))));
+  CHECK(staller.read(8 + 5) == u64le(5) + "value");
+}
+
+TEST_CASE("random garbage and truncated requests close only their connections") {
+  TestServer server;
+  Client client(server.client_options());
+  client.set("alive", "yes");
+  std::mt19937_64 rng(42);
+  for (int i = 0; i < 300; ++i) {
+    RawSocket s(server.port());
+    std::string junk(rng() % 300, '\0');
+    for (auto& c : junk) c = static_cast<char>(rng());
+    if (i % 2 == 0 && !junk.empty()) junk[0] = static_cast<char>(rng() % 17);
+    if (i % 5 == 0) junk = kOpening + junk;
+    s.send(junk);
+    // Truncated: close with whatever was half sent.
+  }
+  CHECK(client.get("alive") == "yes");
+  CHECK(eventually([&] { return server.stats().connections == 1 && server.stats().waits == 0; }));
+}
+
+TEST_CASE("lengths of 2^63 are rejected without allocating") {
+  TestServer server;
+  const std::uint64_t huge = 1ULL << 63;
+  const std::vector<std::string> requests = {
+      std::string(1, '\x02') + u64le(huge),                             // 1.x GET key length
+      std::string(1, '\x00') + u64le(1) + "k" + u64le(huge),            // 1.x SET value length
+      std::string(1, '\x05') + u64le(huge),                             // 1.x WAIT key count
+      kOpening + std::string(1, '\x0b') + u64le(huge),                  // 2.x MULTI_SET count
+      kOpening + std::string(1, '\x09') + u64le(1) + "k" + u64le(huge), // 2.x APPEND length
+      kOpening + std::string(1, '\x02') + u64le(1) + "k" + u64le(0) + u64le(~0ULL),  // COMPARE_SET
+  };
+  auto before = allocated_bytes();
+  for (const auto& wire : requests) {
+    RawSocket s(server.port());
+    s.send(wire);
+    CHECK(s.closed_by_peer());
+  }
+  CHECK(server.stats().rejected == static_cast<std::int64_t>(requests.size()));
+  CHECK(eventually([&] { return idle(server); }));
+  CHECK(allocated_bytes() < before + 1024 * 1024);
+  Client client(server.client_options());
+  client.set("still", "up");
+  CHECK(client.get("still") == "up");
+}
+
+TEST_CASE("thousands of disconnects with waits pending leave nothing behind") {
+  TestServer server;
+  auto churn = [&](int rounds) {
+    for (int round = 0; round < rounds; ++round) {
+      std::vector<RawSocket> batch;
+      for (int i = 0; i < 100; ++i) {
+        batch.emplace_back(server.port());
+        std::string unique = "missing/" + std::to_string(round) + "/" + std::to_string(i) +
+                             std::string(100, 'x');
+        bool v1 = i % 2 == 1;
+        Request wait = make_request(Command::Wait, {unique, "shared-missing", unique});
+        batch.back().send(v1 ? encode(Dialect::V1, wait) : kOpening + v2(wait));
+      }
+      REQUIRE(eventually([&] { return server.stats().waits == 100; }));
+      batch.clear();  // every client disconnects with its wait pending
+      REQUIRE(eventually([&] { return idle(server); }));
+    }
+  };
+  churn(5);  // warm up the allocator and the server's tables
+  auto before = allocated_bytes();
+  churn(30);
+  CHECK(server.stats().accepted == 3500);
+  CHECK(idle(server));
+  // Leaked waits would hold > 100 bytes each: 3,000 of them at least 300 KB.
+  CHECK(allocated_bytes() <= before + 64 * 1024);
+  Client client(server.client_options());
+  client.set("shared-missing", "now");
+  CHECK(client.num_keys() == 1);
+}
+
+TEST_CASE("a client that sends faster than it reads is paused, then served in full") {
+  TestServer server;
+  Client client(server.client_options());
+  const std::string big(1024 * 1024, 'b');
+  client.set("big", big);
+  REQUIRE(client.get("big") == big);  // stored before the raw GETs arrive
+  RawSocket greedy(server.port());
+  constexpr int kGets = 80;  // 80 MiB of replies, more than the server queues for one client
+  std::string requests;
+  for (int i = 0; i < kGets; ++i) requests += encode(Dialect::V1, make_request(Command::Get, {"big"}));
+  REQUIRE(greedy.send(requests));
+  client.set("others", "still served");  // while the greedy client reads nothing
+  CHECK(client.get("others") == "still served");
+  std::size_t complete = 0;
+  for (int i = 0; i < kGets; ++i) {
+    auto got = greedy.read(8 + big.size());
+    if (got == u64le(big.size()) + big) {
+      ++complete;
+    } else {
+      WARN("reply " << i << ": " << got.size() << " bytes");
+      break;
+    }
+  }
+  CHECK(complete == kGets);
+}

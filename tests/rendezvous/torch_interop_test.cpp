@@ -1,0 +1,97 @@
+// Interop with the real peer, PyTorch 1.13 (Debian's python3-torch): its TCPStore client
+// against our server, our 1.x client against its server, and a Gloo job through our store.
+
+#include <catch2/catch.hpp>
+
+#include "ddp/store/client.hpp"
+#include "store_fixture.hpp"
+#include "test_support.hpp"
+
+using namespace ddp::store;
+using namespace std::chrono_literals;
+using ddp::test::ChildProcess;
+using ddp::test::TestServer;
+
+namespace {
+
+std::string script(const std::string& name) {
+  return ddp::test::source_path("tests/rendezvous/torch/" + name).string();
+}
+
+bool skip_without_torch() {
+  if (ddp::test::torch_available()) return false;
+  WARN("skipped: " + ddp::test::torch_python() + " cannot import torch.distributed with Gloo");
+  return true;
+}
+
+}  // namespace
+
+TEST_CASE("PyTorch 1.13 TCPStore client against our server: every operation it has") {
+  if (skip_without_torch()) return;
+  TestServer server;
+  ChildProcess python(ddp::test::torch_python(),
+                      {script("store_client.py"), std::to_string(server.port())});
+  CHECK(python.next_line() == "OK");
+  CHECK(python.wait() == 0);
+  CHECK(server.stats().rejected == 0);
+  // The Python client puts "/" before user keys, not before its init/ counter.
+  Client client(server.client_options());
+  CHECK(client.get("/counter") == "3");
+  CHECK(client.get("init/") == "2");  // both clients counted themselves
+}
+
+TEST_CASE("a two-rank PyTorch Gloo job meets through our server") {
+  if (skip_without_torch()) return;
+  TestServer server;
+  std::vector<std::unique_ptr<ChildProcess>> ranks;
+  for (int rank = 0; rank < 2; ++rank) {
+    ranks.push_back(std::make_unique<ChildProcess>(
+        ddp::test::torch_python(),
+        std::vector<std::string>{script("gloo_rank.py"), std::to_string(server.port()),
+                                 std::to_string(rank), "2"}));
+  }
+  for (auto& rank : ranks) {
+    CHECK(rank->next_line() == "sum 3");
+    CHECK(rank->wait() == 0);
+  }
+  CHECK(server.stats().rejected == 0);
+  Client client(server.client_options());
+  CHECK(client.num_keys() >= 5);  // init/, the ranks' addresses and the barrier keys
+}
+
+TEST_CASE("our 1.x client against PyTorch 1.13's TCPStore server") {
+  if (skip_without_torch()) return;
+  ChildProcess python(ddp::test::torch_python(), {script("store_server.py")});
+  const std::string port_line = python.next_line();
+  REQUIRE_FALSE(port_line.empty());
+  ClientOptions options;
+  options.port = static_cast<std::uint16_t>(std::stoi(port_line));
+  options.dialect = Dialect::V1;
+  options.timeout = 20s;
+  Client client(options);
+
+  client.set("k", std::string("\0v", 2));
+  CHECK(client.get("k") == std::string("\0v", 2));
+  CHECK(client.add("n", 3) == 3);
+  CHECK(client.add("n", 4) == 7);
+  CHECK(client.get("n") == "7");
+  CHECK(client.compare_set("c", "", "one") == "one");
+  CHECK(client.compare_set("absent", "x", "y") == "x");
+  CHECK(client.compare_set("c", "one", "two") == "two");
+  CHECK(client.compare_set("c", "bad", "three") == "two");
+  CHECK(client.check({"k", "n"}));
+  CHECK_FALSE(client.check({"k", "absent"}));
+  client.wait({"k", "c"}, 5s);
+  CHECK_THROWS_AS(client.wait({"never"}, 100ms), StoreTimeout);
+  // After a timed-out 1.x wait the client reconnects on its next call.
+  CHECK(client.num_keys() == 3);
+  CHECK(client.delete_key("c"));
+  CHECK_FALSE(client.delete_key("c"));
+  client.multi_set({"m1", "m2"}, {"a", "b"});
+  CHECK(client.multi_get({"m1", "m2"}) == std::vector<std::string>{"a", "b"});
+  client.append("log", "ab");
+  client.append("log", "cd");
+  CHECK(client.get("log") == "abcd");
+  CHECK(client.ping() > 0ns);
+  CHECK(detect_dialect("127.0.0.1", options.port) == Dialect::V1);
+}
