@@ -1,7 +1,8 @@
 // ddp-sample-worker: a small worker for ddprun's tests and demo. Runs its arguments as a
 // script of actions, in order:
 //   --env-json PATH      write the environment as a JSON object to PATH ("-": stdout);
-//                        "{rank}" in PATH becomes $RANK
+//                        "{rank}" and "{restart}" in PATH become $RANK and
+//                        $TORCHELASTIC_RESTART_COUNT
 //   --print TEXT         a line on stdout        --eprint TEXT  a line on stderr
 //   --partial TEXT       TEXT on stdout, no newline
 //   --lines N            N lines "rank R line I" on stdout
@@ -64,6 +65,9 @@ void dump_env(std::string path) {
   }
   if (auto at = path.find("{rank}"); at != std::string::npos) {
     path.replace(at, 6, env_or("RANK", "x"));
+  }
+  if (auto at = path.find("{restart}"); at != std::string::npos) {
+    path.replace(at, 9, env_or("TORCHELASTIC_RESTART_COUNT", "x"));
   }
   std::string tmp = path + ".tmp";
   std::ofstream(tmp) << env.dump(2) << "\n";

@@ -109,6 +109,13 @@ void parse_options(std::vector<std::string> options, RawOptions& raw) {
   std::reverse(options.begin(), options.end());  // CLI11 takes them from the back
   try {
     app.parse(options);
+  } catch (const CLI::ExtrasError& e) {
+    std::string what = e.what();
+    throw UsageError("unknown option " + what.substr(what.find(": ") + 2) +
+                     " (see ddprun --help)");
+  } catch (const CLI::ArgumentMismatch& e) {
+    std::string what = e.what();
+    throw UsageError(what.substr(0, what.find(':')) + ": needs a value");
   } catch (const CLI::ParseError& e) {
     throw UsageError(e.what());
   }
