@@ -88,7 +88,7 @@ TEST_CASE("every worker gets torchrun's environment") {
   CHECK(count(r.err, "OMP_NUM_THREADS=1") == 1);  // the notice, once
 }
 
-TEST_CASE("--standalone, --role, --master_port, PET_ and a set OMP_NUM_THREADS") {
+TEST_CASE("standalone run with role and master port from options and workers from PET_NPROC_PER_NODE") {
   TempDir dir;
   ProcessResult r = run_process(
       ddprun({"--standalone", "--role=trainer", "--master_port=29555"},
@@ -108,7 +108,7 @@ TEST_CASE("--standalone, --role, --master_port, PET_ and a set OMP_NUM_THREADS")
   CHECK(env1["TORCHELASTIC_RUN_ID"] == run_id);
 }
 
-TEST_CASE("a failing rank: its exit code, and a report naming it") {
+TEST_CASE("a failing rank gives its exit code and a report naming it") {
   ProcessResult r = run_process(
       ddprun({"--nproc_per_node=3"}, {"--if-rank", "1", "--exit", "3", "--wait"}));
   CHECK(r.status == 3);
@@ -145,8 +145,11 @@ TEST_CASE("a worker's torchelastic error file is the report's message and traceb
 TEST_CASE("restarts increment TORCHELASTIC_RESTART_COUNT and stop at --max_restarts") {
   TempDir dir;
   auto env_file = (dir.path() / "env-{rank}-{restart}.json").string();
-  ProcessResult r = run_process(ddprun({"--nproc_per_node=2", "--max_restarts=2"},
-                                       {"--env-json", env_file, "--if-rank", "1", "--exit", "4"}));
+  // Rank 1 fails once rank 0 has written its file, so that both files exist every attempt.
+  ProcessResult r = run_process(ddprun(
+      {"--nproc_per_node=2", "--max_restarts=2"},
+      {"--env-json", env_file, "--if-rank", "1", "--wait-for-file",
+       (dir.path() / "env-0-{restart}.json").string(), "--if-rank", "1", "--exit", "4", "--wait"}));
   CHECK(r.status == 4);
   INFO(r.err);
   CHECK(count(r.err, "restarting it") == 2);
@@ -167,7 +170,7 @@ TEST_CASE("restarts increment TORCHELASTIC_RESTART_COUNT and stop at --max_resta
   CHECK(count(ok.out, "done") == 2);
 }
 
-TEST_CASE("SIGTERM to ddprun: forwarded, exit 143, no process left in any worker group") {
+TEST_CASE("SIGTERM to ddprun is forwarded and leaves no process in any worker group") {
   ChildProcess run(ddprun({"--nproc_per_node=2"}, {"--spawn-child", "--ready", "--wait"}));
   auto ready = run.wait_for_stdout_lines("ready", 2);
   auto children = run.wait_for_stdout_lines("child pid=", 2);
@@ -218,7 +221,7 @@ TEST_CASE("kill -9 of ddprun leaves no worker") {
   check_no_process_left(groups);
 }
 
-TEST_CASE("--tee: prefixed whole lines on the console, plain files in the log layout") {
+TEST_CASE("tee gives prefixed whole lines on the console and plain files in the log layout") {
   TempDir dir;
   const int lines = 3000;
   ProcessResult r = run_process(ddprun(
@@ -251,7 +254,7 @@ TEST_CASE("--tee: prefixed whole lines on the console, plain files in the log la
   }
 }
 
-TEST_CASE("--redirects, per-rank maps, and --local_ranks_filter") {
+TEST_CASE("redirects and per-rank maps and the local ranks filter") {
   TempDir dir;
   const auto base = dir.path() / "none" / "attempt_0";
   ProcessResult r = run_process(ddprun(

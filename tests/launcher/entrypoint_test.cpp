@@ -48,7 +48,7 @@ TEST_CASE("a .py entrypoint runs under PYTHON_EXEC -u with its arguments") {
   }
 }
 
-TEST_CASE("-m NAME runs python3 -u -m NAME; --legacy-local-rank adds --local_rank") {
+TEST_CASE("a module entrypoint runs under python3 -u -m and legacy local rank adds --local_rank") {
   ProcessResult r = run_process(
       {ddprun_path(), "--nproc_per_node=2", "-m", "--legacy-local-rank", "ddp_probe", "a"},
       {{"PYTHONPATH", python_dir()}});
@@ -61,7 +61,7 @@ TEST_CASE("-m NAME runs python3 -u -m NAME; --legacy-local-rank adds --local_ran
   CHECK(p[0]["name"] == "__main__");
 }
 
-TEST_CASE("other programs, and --no_python, run directly") {
+TEST_CASE("other programs and no_python entrypoints run directly") {
   ProcessResult direct = run_process({ddprun_path(), "--nproc_per_node=2",
                                       bin_path("ddp-sample-worker").string(), "--hello"});
   CHECK(direct.status == 0);
@@ -99,7 +99,7 @@ TEST_CASE("bad input exits 2 with one line and starts nothing") {
   CHECK(std::filesystem::is_empty(dir.path()));  // no worker (nor its log dir) was started
 }
 
-TEST_CASE("--help and --version exit 0") {
+TEST_CASE("help and version exit 0") {
   ProcessResult help = run_process({ddprun_path(), "--help"});
   CHECK(help.status == 0);
   CHECK_THAT(help.out, Catch::StartsWith("usage: ddprun"));
