@@ -212,6 +212,9 @@ class Agent::Impl {
       return start_attempt();
     }
     report_ = format_failure_report(config_.entrypoint, *root_cause_, other_failures_);
+    bool wrote_error_file = root_cause_->error.has_value();
+    for (const auto& other : other_failures_) wrote_error_file |= other.error.has_value();
+    if (wrote_error_file) temp_dir_.clear();  // keep the error files the report points to
     finish(root_cause_->status());
   }
 

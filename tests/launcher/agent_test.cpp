@@ -132,14 +132,17 @@ TEST_CASE("a worker killed by a signal: 128+signal and the signal's name") {
 }
 
 TEST_CASE("a worker's torchelastic error file is the report's message and traceback") {
+  TempDir dir;
   ProcessResult r = run_process(ddprun(
-      {"--nproc_per_node=2"}, {"--if-rank", "1", "--error-file", "disk full", "--if-rank", "1",
-                               "--exit", "5", "--wait"}));
+      {"--nproc_per_node=2", "--log_dir", dir.path().string()},
+      {"--if-rank", "1", "--error-file", "disk full", "--if-rank", "1", "--exit", "5", "--wait"}));
   CHECK(r.status == 5);
   INFO(r.err);
   CHECK_THAT(r.err, Catch::Contains("message   : RuntimeError: disk full"));
   CHECK_THAT(r.err, Catch::Contains("    Traceback (most recent call last):"));
-  CHECK_THAT(r.err, Catch::Contains("attempt_0/1/error.json"));
+  const auto error_file = dir.path() / "none" / "attempt_0" / "1" / "error.json";
+  CHECK_THAT(r.err, Catch::Contains("error_file: " + error_file.string()));
+  CHECK(std::filesystem::exists(error_file));
 }
 
 TEST_CASE("restarts increment TORCHELASTIC_RESTART_COUNT and stop at --max_restarts") {

@@ -127,8 +127,10 @@ TEST_CASE("PyTorch: @record's error file becomes the report's root cause") {
     WARN("skipped: " << torch_python() << " cannot import torch");
     return;
   }
+  TempDir dir;
   ProcessResult r = run_process(
-      {ddprun_path(), "--nproc_per_node=2", python_dir() + "/torch_record_error.py"},
+      {ddprun_path(), "--nproc_per_node=2", "--log_dir", dir.path().string(),
+       python_dir() + "/torch_record_error.py"},
       {{"PYTHON_EXEC", torch_python()}}, {}, std::chrono::seconds(120));
   CHECK(r.status == 1);
   INFO(r.err);
