@@ -123,6 +123,7 @@ class Agent::Impl {
     for (int local_rank = 0; local_rank < config_.nproc_per_node; ++local_rank) {
       start_worker(local_rank, dir / std::to_string(local_rank));
     }
+    for (auto& worker : workers_) worker->confirm_started();
   }
 
   void start_worker(int local_rank, const fs::path& dir) {
@@ -184,8 +185,9 @@ class Agent::Impl {
       if (worker->running()) worker->signal_group(signal);
     }
     kill_timer_.expires_after(config_.shutdown_timeout);
-    kill_timer_.async_wait([this](boost::system::error_code ec) {
-      if (!ec) kill_running(SIGKILL);
+    kill_timer_.async_wait([this, attempt = attempt_](boost::system::error_code ec) {
+      // A completion queued just before a cancel still arrives: only this attempt's workers.
+      if (!ec && attempt == attempt_ && state_ != State::kRunning) kill_running(SIGKILL);
     });
   }
 

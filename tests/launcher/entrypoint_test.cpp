@@ -99,6 +99,16 @@ TEST_CASE("bad input exits 2 with one line and starts nothing") {
   CHECK(std::filesystem::is_empty(dir.path()));  // no worker (nor its log dir) was started
 }
 
+TEST_CASE("a program the kernel cannot execute: exit 1 naming it and the reason") {
+  TempDir dir;
+  auto program = dir.path() / "no-shebang";
+  std::ofstream(program) << "echo hi\n";
+  std::filesystem::permissions(program, std::filesystem::perms::owner_all);
+  ProcessResult r = run_process({ddprun_path(), "--nproc_per_node=2", program.string()});
+  CHECK(r.status == 1);
+  CHECK_THAT(r.err, Catch::Contains("cannot execute " + program.string() + ": Exec format error"));
+}
+
 TEST_CASE("help and version exit 0") {
   ProcessResult help = run_process({ddprun_path(), "--help"});
   CHECK(help.status == 0);
