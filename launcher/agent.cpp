@@ -105,7 +105,7 @@ class Agent::Impl {
         temp_dir_ = base;
       }
     }
-    log_root_ = base / config_.rdzv_id;
+    log_root_ = fs::absolute(base) / config_.rdzv_id;  // TORCHELASTIC_ERROR_FILE is absolute
   }
 
   void remove_temp_dir() {

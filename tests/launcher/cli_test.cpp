@@ -284,7 +284,7 @@ TEST_CASE("bad input is a UsageError naming the option") {
   Fake fake;
   fake.env = {{"PET_NPROC_PER_NODE", "abc"}};
   CHECK_THAT(usage_error({"x"}, fake), Catch::Contains("PET_NPROC_PER_NODE=abc"));
-  fake.env = {{"PET_STANDALONE", "yes"}};
+  fake.env = {{"PET_STANDALONE", "yes"}};  // torchrun: int(value)
   CHECK_THAT(usage_error({"x"}, fake), Catch::Contains("PET_STANDALONE=yes"));
 }
 
