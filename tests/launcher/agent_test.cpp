@@ -88,10 +88,10 @@ TEST_CASE("every worker gets torchrun's environment") {
   CHECK(count(r.err, "OMP_NUM_THREADS=1") == 1);  // the notice, once
 }
 
-TEST_CASE("standalone run with role and master port from options and workers from PET_NPROC_PER_NODE") {
+TEST_CASE("standalone run with role and master endpoint from options and workers from PET_NPROC_PER_NODE") {
   TempDir dir;
   ProcessResult r = run_process(
-      ddprun({"--standalone", "--role=trainer", "--master_port=29555"},
+      ddprun({"--standalone", "--role=trainer", "--master_port=29555", "--local_addr=127.0.0.3"},
              {"--env-json", (dir.path() / "env-{rank}.json").string()}),
       {{"PET_NPROC_PER_NODE", "2"}, {"OMP_NUM_THREADS", "3"}});
   INFO(r.err);
@@ -101,6 +101,7 @@ TEST_CASE("standalone run with role and master port from options and workers fro
   CHECK(env1["WORLD_SIZE"] == "2");
   CHECK(env0["ROLE_NAME"] == "trainer");
   CHECK(env0["MASTER_PORT"] == "29555");
+  CHECK(env0["MASTER_ADDR"] == "127.0.0.3");
   CHECK(env0["OMP_NUM_THREADS"] == "3");
   CHECK(r.err.find("OMP_NUM_THREADS") == std::string::npos);
   std::string run_id = env0["TORCHELASTIC_RUN_ID"];
@@ -211,6 +212,23 @@ TEST_CASE("a second Ctrl-C kills at once") {
   ProcessResult r = run.wait(std::chrono::seconds(20));  // far less than the 600 s timeout
   CHECK(r.status == 128 + SIGINT);
   CHECK_THAT(r.err, Catch::Contains("killing the workers now"));
+}
+
+TEST_CASE("each handled signal is forwarded and gives 128+signal") {
+  for (int signal : {SIGHUP, SIGINT}) {  // (SIGQUIT too, but it would dump cores)
+    ChildProcess run(ddprun({"--nproc_per_node=2"}, {"--ready", "--wait"}));
+    run.wait_for_stdout_lines("ready", 2);
+    run.signal(signal);
+    CHECK(run.wait().status == 128 + signal);
+  }
+  // --signals_to_handle replaces the list: SIGUSR1 is forwarded (and ends the workers).
+  ChildProcess run(ddprun({"--nproc_per_node=2", "--signals_to_handle=SIGUSR1"},
+                          {"--ready", "--wait"}));
+  run.wait_for_stdout_lines("ready", 2);
+  run.signal(SIGUSR1);
+  ProcessResult r = run.wait();
+  CHECK(r.status == 128 + SIGUSR1);
+  CHECK_THAT(r.err, Catch::Contains("got SIGUSR1"));
 }
 
 TEST_CASE("kill -9 of ddprun leaves no worker") {
