@@ -1,2 +1,43 @@
 # Installed package: headers, libraries, a CMake package (find_package(ddp)) and pkg-config.
-# Filled in by the runtime packaging work; placeholder so the top level stays stable.
+#
+#   cmake --install build --prefix /opt/ddp
+#   # a user project:
+#   find_package(ddp REQUIRED)             # with CMAKE_PREFIX_PATH=/opt/ddp
+#   target_link_libraries(train PRIVATE ddp::runtime)
+#   # or: g++ -std=c++20 train.cpp $(pkg-config --cflags --libs ddp)
+include(CMakePackageConfigHelpers)
+
+set(DDP_INSTALL_CMAKEDIR ${CMAKE_INSTALL_LIBDIR}/cmake/ddp)
+
+set(_ddp_export_targets ddp_rendezvous ddp_runtime)
+if(TARGET ddp_nccl)
+  list(APPEND _ddp_export_targets ddp_nccl)  # the runtime's link to NCCL + cudart
+endif()
+install(TARGETS ${_ddp_export_targets} EXPORT ddpTargets
+  ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
+  LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
+  INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
+install(DIRECTORY rendezvous/include/ runtime/include/
+  DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} FILES_MATCHING PATTERN "*.hpp")
+if(TARGET ddprun)
+  install(TARGETS ddprun RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
+endif()
+
+install(EXPORT ddpTargets NAMESPACE ddp:: DESTINATION ${DDP_INSTALL_CMAKEDIR})
+configure_package_config_file(cmake/ddpConfig.cmake.in
+  ${PROJECT_BINARY_DIR}/ddpConfig.cmake INSTALL_DESTINATION ${DDP_INSTALL_CMAKEDIR})
+write_basic_package_version_file(${PROJECT_BINARY_DIR}/ddpConfigVersion.cmake
+  COMPATIBILITY SameMinorVersion)
+install(FILES ${PROJECT_BINARY_DIR}/ddpConfig.cmake ${PROJECT_BINARY_DIR}/ddpConfigVersion.cmake
+  DESTINATION ${DDP_INSTALL_CMAKEDIR})
+
+# pkg-config: static libraries, so every dependency is listed in Libs.
+set(DDP_PC_LIBS "-lddp_runtime -lddp_rendezvous -lgloo -pthread")
+if(DDP_HAVE_CUDA)
+  string(APPEND DDP_PC_LIBS " ${NCCL_LIBRARY} -L${CUDAToolkit_LIBRARY_DIR} -lcudart")
+endif()
+# Relocatable: the prefix is found from the .pc file's own place (cmake --install --prefix).
+file(RELATIVE_PATH DDP_PC_TO_PREFIX "/${CMAKE_INSTALL_LIBDIR}/pkgconfig" "/")
+string(REGEX REPLACE "/$" "" DDP_PC_TO_PREFIX "${DDP_PC_TO_PREFIX}")
+configure_file(cmake/ddp.pc.in ${PROJECT_BINARY_DIR}/ddp.pc @ONLY)
+install(FILES ${PROJECT_BINARY_DIR}/ddp.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)

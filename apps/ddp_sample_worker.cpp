@@ -1,0 +1,177 @@
+// ddp-sample-worker: a small worker for ddprun's tests and demo. Runs its arguments as a
+// script of actions, in order:
+//   --env-json PATH      write the environment as a JSON object to PATH ("-": stdout);
+//                        "{rank}" and "{restart}" in PATH become $RANK and
+//                        $TORCHELASTIC_RESTART_COUNT
+//   --print TEXT         a line on stdout        --eprint TEXT  a line on stderr
+//   --partial TEXT       TEXT on stdout, no newline
+//   --lines N            N lines "rank R line I" on stdout
+//   --hello              a greeting with rank, world size and master endpoint
+//   --ready              "ready rank=R pid=P" on stdout (tests wait for it)
+//   --spawn-child        fork a child that stays in this process group and waits; prints
+//                        "child pid=P"
+//   --ignore SIG         ignore a signal (e.g. SIGTERM, to test the kill timeout)
+//   --wait               wait until a signal ends the process
+//   --error-file MSG     write a torchelastic error file ($TORCHELASTIC_ERROR_FILE)
+//   --exit CODE          exit now with CODE
+//   --signal SIG         kill itself with SIG (a name like SIGKILL or a number)
+// Filters for the next action only:
+//   --if-rank R          only on RANK R
+//   --if-restart-below K only while TORCHELASTIC_RESTART_COUNT < K
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <ctime>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+extern char** environ;
+
+namespace {
+
+std::string env_or(const char* name, const char* fallback) {
+  const char* value = std::getenv(name);
+  return value ? value : fallback;
+}
+
+int parse_signal(const std::string& text) {
+  if (!text.empty() && std::isdigit(static_cast<unsigned char>(text[0]))) return std::stoi(text);
+  std::string name = text.starts_with("SIG") ? text.substr(3) : text;
+  for (int s = 1; s < NSIG; ++s) {
+    const char* abbrev = ::sigabbrev_np(s);
+    if (abbrev && name == abbrev) return s;
+  }
+  std::cerr << "ddp-sample-worker: unknown signal " << text << "\n";
+  std::exit(64);
+}
+
+void dump_env(std::string path) {
+  nlohmann::json env = nlohmann::json::object();
+  for (char** e = environ; *e; ++e) {
+    std::string entry(*e);
+    auto eq = entry.find('=');
+    if (eq != std::string::npos) env[entry.substr(0, eq)] = entry.substr(eq + 1);
+  }
+  if (path == "-") {
+    std::cout << env.dump() << std::endl;
+    return;
+  }
+  if (auto at = path.find("{rank}"); at != std::string::npos) {
+    path.replace(at, 6, env_or("RANK", "x"));
+  }
+  if (auto at = path.find("{restart}"); at != std::string::npos) {
+    path.replace(at, 9, env_or("TORCHELASTIC_RESTART_COUNT", "x"));
+  }
+  std::string tmp = path + ".tmp";
+  std::ofstream(tmp) << env.dump(2) << "\n";
+  std::rename(tmp.c_str(), path.c_str());  // readers never see half a file
+}
+
+void write_error_file(const std::string& message) {
+  std::string path = env_or("TORCHELASTIC_ERROR_FILE", "");
+  if (path.empty()) return;
+  nlohmann::json data = {
+      {"message",
+       {{"message", "RuntimeError: " + message},
+        {"extraInfo",
+         {{"py_callstack", "Traceback (most recent call last):\n  File \"worker.py\", line 7, "
+                           "in <module>\n    main()\nRuntimeError: " + message + "\n"},
+          {"timestamp", std::to_string(std::time(nullptr))}}}}}};
+  std::ofstream(path) << data.dump();
+}
+
+void spawn_child() {
+  pid_t pid = ::fork();
+  if (pid == 0) {
+    for (;;) ::pause();
+  }
+  std::cout << "child pid=" << pid << std::endl;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  const std::string rank = env_or("RANK", "?");
+  const int restart = std::atoi(env_or("TORCHELASTIC_RESTART_COUNT", "0").c_str());
+  bool enabled = true;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    const std::string& a = args[i];
+    auto value = [&]() -> std::string {
+      if (i + 1 >= args.size()) {
+        std::cerr << "ddp-sample-worker: " << a << " needs a value\n";
+        std::exit(64);
+      }
+      return args[++i];
+    };
+    if (a == "--if-rank") {
+      enabled = value() == rank;
+      continue;
+    }
+    if (a == "--if-restart-below") {
+      enabled = restart < std::stoi(value());
+      continue;
+    }
+    bool run = enabled;
+    enabled = true;
+    if (a == "--env-json") {
+      std::string path = value();
+      if (run) dump_env(path);
+    } else if (a == "--print") {
+      std::string text = value();
+      if (run) std::cout << text << std::endl;
+    } else if (a == "--eprint") {
+      std::string text = value();
+      if (run) std::cerr << text << std::endl;
+    } else if (a == "--partial") {
+      std::string text = value();
+      if (run) std::cout << text << std::flush;
+    } else if (a == "--lines") {
+      int n = std::stoi(value());
+      for (int k = 0; run && k < n; ++k) std::cout << "rank " << rank << " line " << k << "\n";
+      std::cout.flush();
+    } else if (a == "--hello") {
+      if (run) {
+        std::cout << "hello from rank " << rank << " of " << env_or("WORLD_SIZE", "?")
+                  << " (local rank " << env_or("LOCAL_RANK", "?") << ", pid " << ::getpid()
+                  << ", master " << env_or("MASTER_ADDR", "?") << ":"
+                  << env_or("MASTER_PORT", "?") << ", restart " << restart << ")" << std::endl;
+      }
+    } else if (a == "--ready") {
+      if (run) std::cout << "ready rank=" << rank << " pid=" << ::getpid() << std::endl;
+    } else if (a == "--spawn-child") {
+      if (run) spawn_child();
+    } else if (a == "--ignore") {
+      int s = parse_signal(value());
+      if (run) std::signal(s, SIG_IGN);
+    } else if (a == "--wait") {
+      if (run) {
+        for (;;) ::pause();
+      }
+    } else if (a == "--error-file") {
+      std::string message = value();
+      if (run) write_error_file(message);
+    } else if (a == "--exit") {
+      int code = std::stoi(value());
+      if (run) return code;
+    } else if (a == "--signal") {
+      int s = parse_signal(value());
+      if (run) {
+        std::cout.flush();
+        std::signal(s, SIG_DFL);
+        ::raise(s);
+      }
+    } else {
+      std::cerr << "ddp-sample-worker: unknown argument " << a << "\n";
+      return 64;
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,95 @@
+#include "cli_options.hpp"
+
+#include <algorithm>
+#include <array>
+#include <cctype>
+
+namespace ddp::launcher::detail {
+namespace {
+
+constexpr std::string_view kNodes = "Nodes and workers";
+constexpr std::string_view kRdzv = "Rendezvous (one node for now)";
+constexpr std::string_view kLife = "Failures, restarts and signals";
+constexpr std::string_view kLogs = "Logs";
+constexpr std::string_view kEntry = "What each worker runs";
+
+// dest, short, dashed, flag, metavar, default, group, help
+constexpr std::array kOptions = {
+    OptionSpec{"nnodes", "", false, false, "N|MIN:MAX", "1:1", kNodes,
+               "Number of nodes, or a range of nodes. Only 1 for now."},
+    OptionSpec{"nproc_per_node", "", true, false, "N|cpu|gpu|auto", "1", kNodes,
+               "Workers on this node: a number, one per core (cpu), one per GPU (gpu), or one "
+               "per GPU if there are any, else per core (auto)."},
+    OptionSpec{"node_rank", "", true, false, "N", "0", kNodes,
+               "Rank of this node. Must be 0 on one node."},
+    OptionSpec{"standalone", "", false, true, "", "", kRdzv,
+               "Single-node job with its own rendezvous: picks a free port and a fresh run id; "
+               "--rdzv_* options are ignored."},
+    OptionSpec{"rdzv_backend", "", true, false, "NAME", "static", kRdzv,
+               "static or c10d (on this host). etcd and etcd-v2 are not implemented yet."},
+    OptionSpec{"rdzv_endpoint", "", true, false, "HOST[:PORT]", "", kRdzv,
+               "Rendezvous endpoint. Must be this host for now."},
+    OptionSpec{"rdzv_id", "", true, false, "ID", "none", kRdzv,
+               "Job id, given to workers as TORCHELASTIC_RUN_ID."},
+    OptionSpec{"rdzv_conf", "", true, false, "K=V,...", "", kRdzv,
+               "Extra rendezvous settings. Checked for form; not used on one node."},
+    OptionSpec{"master_addr", "", true, false, "ADDR", "127.0.0.1", kRdzv,
+               "MASTER_ADDR given to workers."},
+    OptionSpec{"master_port", "", true, false, "PORT", "29500", kRdzv,
+               "MASTER_PORT given to workers. When not given, a free port is picked."},
+    OptionSpec{"local_addr", "", true, false, "ADDR", "", kRdzv,
+               "Address of this node; becomes MASTER_ADDR when given."},
+    OptionSpec{"max_restarts", "", true, false, "N", "0", kLife,
+               "Restarts of the whole worker group after a failure before giving up."},
+    OptionSpec{"monitor_interval", "", true, false, "SECONDS", "5", kLife,
+               "Accepted for torchrun compatibility; ddprun reacts to events at once."},
+    OptionSpec{"start_method", "", true, false, "spawn|fork|forkserver", "spawn", kLife,
+               "Accepted for torchrun compatibility; workers are always exec'd."},
+    OptionSpec{"signals_to_handle", "", true, false, "SIG,...", "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
+               kLife, "Signals forwarded to every worker's process group."},
+    OptionSpec{"shutdown_timeout", "", true, false, "SECONDS", "30", kLife,
+               "Grace period between SIGTERM (or the forwarded signal) and SIGKILL."},
+    OptionSpec{"role", "", false, false, "NAME", "default", kLife,
+               "Worker role: ROLE_NAME and the [<role><local_rank>]: prefix of teed lines."},
+    OptionSpec{"log_dir", "", true, false, "DIR", "", kLogs,
+               "Base directory of <run_id>/attempt_<n>/<local_rank>/ logs and error files. "
+               "A fresh temp directory when not given."},
+    OptionSpec{"redirects", "-r", false, false, "0-3|R:S,...", "0", kLogs,
+               "Send workers' streams to log files instead of the console: 1 stdout, 2 "
+               "stderr, 3 both, or per local rank as 0:1,1:2."},
+    OptionSpec{"tee", "-t", false, false, "0-3|R:S,...", "0", kLogs,
+               "Like --redirects, but also show the lines on the console with a prefix."},
+    OptionSpec{"local_ranks_filter", "", true, false, "R,...", "", kLogs,
+               "Show only these local ranks on the console (log files keep everything)."},
+    OptionSpec{"logs_specs", "", true, false, "NAME", "", kLogs,
+               "torchrun's Python LogsSpecs plug-in: not supported."},
+    OptionSpec{"module", "-m", false, true, "", "", kEntry,
+               "Run the entrypoint as a Python module: python3 -u -m NAME."},
+    OptionSpec{"no_python", "", true, true, "", "", kEntry,
+               "Run the entrypoint directly, even if it ends in .py."},
+    OptionSpec{"run_path", "", true, true, "", "", kEntry,
+               "Run the entrypoint as a Python script (like a .py file)."},
+    OptionSpec{"legacy_local_rank", "", true, true, "", "", kEntry,
+               "Append --local_rank=<n> to each worker's arguments, as "
+               "torch.distributed.launch did."},
+};
+
+}  // namespace
+
+std::span<const OptionSpec> option_table() { return kOptions; }
+
+std::string long_name(const OptionSpec& spec) { return "--" + std::string(spec.dest); }
+
+std::string dashed_name(const OptionSpec& spec) {
+  std::string name = long_name(spec);
+  std::replace(name.begin(), name.end(), '_', '-');
+  return name;
+}
+
+std::string env_name(const OptionSpec& spec) {
+  std::string name = "PET_";
+  for (char c : spec.dest) name += static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  return name;
+}
+
+}  // namespace ddp::launcher::detail

@@ -1,0 +1,59 @@
+#pragma once
+// The command line: torchrun's options (both spellings, PET_<OPTION> defaults) parsed with
+// CLI11 into a validated LaunchConfig. Pure: the environment and the machine's device counts
+// come in through CliContext, so tests run it in-process.
+
+#include <functional>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "ddp/launcher/launch_config.hpp"
+
+namespace ddp::launcher {
+
+// Wrong input on the command line (or in a PET_ variable). what() is one line naming the
+// option and the value; main prints it and exits with status 2.
+class UsageError : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+// A well-formed option asking for something this ddprun does not do yet (multi-node
+// rendezvous). what() names the option and what is missing.
+class NotImplementedError : public UsageError {
+ public:
+  using UsageError::UsageError;
+};
+
+// What parsing needs from the outside world.
+struct CliContext {
+  std::function<std::optional<std::string>(const std::string&)> getenv;  // PET_* lookup
+  std::function<int()> gpu_count;  // devices visible for --nproc_per_node=gpu|auto
+  std::function<int()> cpu_count;  // cores for --nproc_per_node=cpu|auto
+};
+
+// The real process environment, GPU probe (device_count.hpp) and core count.
+CliContext process_cli_context();
+
+struct CliResult {
+  enum class Action { kRun, kHelp, kVersion };
+  Action action = Action::kRun;
+  LaunchConfig config;  // valid when action == kRun
+  std::string text;     // the help or version text otherwise
+};
+
+// Parses the arguments after argv[0]. Throws UsageError (or NotImplementedError) on bad
+// input. Does not look at the file system: see resolve_worker_command for the entrypoint.
+CliResult parse_command_line(const std::vector<std::string>& args, const CliContext& context);
+
+// --help, formatted for 80 columns.
+std::string help_text();
+// --version.
+std::string version_text();
+
+// Parses a --redirects/--tee value ("0".."3" or "0:1,1:2"); throws UsageError.
+StdSpec parse_std_spec(const std::string& option, const std::string& value);
+
+}  // namespace ddp::launcher

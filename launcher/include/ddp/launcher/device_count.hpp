@@ -1,0 +1,16 @@
+#pragma once
+// Counts GPUs without linking CUDA: loads the driver (libcuda.so.1) or NVML
+// (libnvidia-ml.so.1) at run time. Used for --nproc_per_node=gpu|auto.
+
+#include <string>
+
+namespace ddp::launcher {
+
+// The number of CUDA devices this process can see (honouring CUDA_VISIBLE_DEVICES through
+// the driver); 0 when neither library loads or they report no device. Never throws.
+int gpu_device_count();
+
+// What to tell the user when gpu_device_count() is 0.
+std::string no_gpu_message();
+
+}  // namespace ddp::launcher

@@ -1,0 +1,47 @@
+#pragma once
+// What a failed worker left behind, and the report ddprun prints about a failed job.
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace ddp::launcher {
+
+// A torchelastic error file (TORCHELASTIC_ERROR_FILE) as PyTorch's @record writes it:
+//   {"message": {"message": "...", "extraInfo": {"py_callstack": "...", "timestamp": "..."}}}
+// or the short form {"message": "...", "timestamp": ...}.
+struct ErrorFileContent {
+  std::string message;    // "RuntimeError: boom"
+  std::string traceback;  // py_callstack; empty in the short form
+};
+
+// Reads the error file at path; nullopt when it does not exist. A file that is not in the
+// format above comes back whole as the message, so that nothing the worker said is lost.
+std::optional<ErrorFileContent> read_error_file(const std::string& path);
+
+struct WorkerFailure {
+  std::chrono::system_clock::time_point time;  // when the agent saw the exit
+  std::string host;
+  int rank = 0;
+  int local_rank = 0;
+  pid_t pid = 0;
+  int exit_code = 0;  // when it exited
+  int signal = 0;     // when killed by a signal (then exit_code is 0)
+  std::string error_file;                // its TORCHELASTIC_ERROR_FILE
+  std::optional<ErrorFileContent> error;  // what it wrote there
+
+  // The exit status ddprun reports for it: exit_code, or 128+signal.
+  int status() const { return signal != 0 ? 128 + signal : exit_code; }
+  // "exit code 3" or "signal SIGKILL (9)".
+  std::string describe_exit() const;
+};
+
+// The report on a failed job: the root cause (the first failure) in full, then the others.
+// `what` names the job (the entrypoint).
+std::string format_failure_report(const std::string& what, const WorkerFailure& root_cause,
+                                  const std::vector<WorkerFailure>& others);
+
+}  // namespace ddp::launcher

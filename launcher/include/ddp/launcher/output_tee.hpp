@@ -1,0 +1,47 @@
+#pragma once
+// Copies one worker stream (the read end of a pipe) to its log file as it arrives and to the
+// console one whole line at a time, each line prefixed ("[default0]:"). Lines from different
+// workers never interleave mid-line: every console line goes out in one write from the
+// agent's single thread.
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/posix/stream_descriptor.hpp>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ddp/launcher/unique_fd.hpp"
+
+namespace ddp::launcher {
+
+class OutputTee : public std::enable_shared_from_this<OutputTee> {
+ public:
+  // Starts reading `source` on io. `file` (may be invalid) receives every byte; console_fd
+  // (-1 for none) receives prefixed lines; a last line without newline gets one at EOF.
+  // on_done runs once, after EOF or a read error, when everything has been written. The tee
+  // keeps itself alive until then.
+  static void start(boost::asio::io_context& io, UniqueFd source, UniqueFd file,
+                    int console_fd, std::string prefix, std::function<void()> on_done);
+
+  OutputTee(boost::asio::io_context& io, UniqueFd source, UniqueFd file, int console_fd,
+            std::string prefix, std::function<void()> on_done);
+
+ private:
+  void read_more();
+  void consume(const char* data, std::size_t size);
+  void finish();
+
+  boost::asio::posix::stream_descriptor source_;
+  UniqueFd file_;
+  int console_fd_;
+  std::string prefix_;
+  std::function<void()> on_done_;
+  std::vector<char> buffer_;
+  std::string partial_line_;  // console bytes after the last newline
+};
+
+// Writes all of data to fd, retrying short writes and EINTR. Returns false on error.
+bool write_all(int fd, const char* data, std::size_t size);
+
+}  // namespace ddp::launcher

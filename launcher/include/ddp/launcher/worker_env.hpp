@@ -1,0 +1,44 @@
+#pragma once
+// torchrun's worker environment contract: the variables every worker gets on top of the
+// agent's own environment.
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "ddp/launcher/launch_config.hpp"
+#include "ddp/launcher/master_endpoint.hpp"
+
+namespace ddp::launcher {
+
+// Who one worker is, in one attempt.
+struct WorkerIdentity {
+  int local_rank = 0;
+  int restart_count = 0;   // TORCHELASTIC_RESTART_COUNT: attempts started before this one
+  std::string error_file;  // TORCHELASTIC_ERROR_FILE
+};
+
+// The contract variables for one worker: RANK LOCAL_RANK WORLD_SIZE LOCAL_WORLD_SIZE
+// GROUP_RANK GROUP_WORLD_SIZE ROLE_RANK ROLE_NAME ROLE_WORLD_SIZE MASTER_ADDR MASTER_PORT
+// TORCHELASTIC_RESTART_COUNT TORCHELASTIC_MAX_RESTARTS TORCHELASTIC_RUN_ID
+// TORCHELASTIC_USE_AGENT_STORE TORCHELASTIC_ERROR_FILE TORCH_NCCL_ASYNC_ERROR_HANDLING.
+// base_env supplies TORCH_NCCL_ASYNC_ERROR_HANDLING when set there (default "1").
+std::map<std::string, std::string> worker_variables(const LaunchConfig& config,
+                                                    const MasterEndpoint& master,
+                                                    const WorkerIdentity& worker,
+                                                    const std::map<std::string, std::string>& base_env);
+
+// True when the agent should set OMP_NUM_THREADS=1 (unset, and more than one worker).
+bool needs_omp_default(const LaunchConfig& config,
+                       const std::map<std::string, std::string>& base_env);
+// The one-time notice printed when it does.
+std::string omp_notice();
+
+// "KEY=VALUE" strings of base_env overlaid with vars, for execve.
+std::vector<std::string> merge_environment(const std::map<std::string, std::string>& base_env,
+                                           const std::map<std::string, std::string>& vars);
+
+// The calling process's environment as a map.
+std::map<std::string, std::string> current_environment();
+
+}  // namespace ddp::launcher

@@ -1,0 +1,83 @@
+#include "ddp/launcher/output_tee.hpp"
+
+#include <cerrno>
+#include <cstring>
+
+namespace ddp::launcher {
+
+namespace {
+constexpr std::size_t kReadChunk = 64 * 1024;
+}
+
+bool write_all(int fd, const char* data, std::size_t size) {
+  while (size > 0) {
+    ssize_t n = ::write(fd, data, size);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    data += n;
+    size -= static_cast<std::size_t>(n);
+  }
+  return true;
+}
+
+void OutputTee::start(boost::asio::io_context& io, UniqueFd source, UniqueFd file,
+                      int console_fd, std::string prefix, std::function<void()> on_done) {
+  auto tee = std::make_shared<OutputTee>(io, std::move(source), std::move(file), console_fd,
+                                         std::move(prefix), std::move(on_done));
+  tee->read_more();
+}
+
+OutputTee::OutputTee(boost::asio::io_context& io, UniqueFd source, UniqueFd file,
+                     int console_fd, std::string prefix, std::function<void()> on_done)
+    : source_(io, source.release()),
+      file_(std::move(file)),
+      console_fd_(console_fd),
+      prefix_(std::move(prefix)),
+      on_done_(std::move(on_done)),
+      buffer_(kReadChunk) {}
+
+void OutputTee::read_more() {
+  source_.async_read_some(boost::asio::buffer(buffer_),
+                          [self = shared_from_this()](boost::system::error_code ec,
+                                                      std::size_t n) {
+                            if (n > 0) self->consume(self->buffer_.data(), n);
+                            if (ec) {
+                              self->finish();
+                            } else {
+                              self->read_more();
+                            }
+                          });
+}
+
+void OutputTee::consume(const char* data, std::size_t size) {
+  if (file_.valid() && !write_all(file_.get(), data, size)) file_.reset();
+  if (console_fd_ < 0) return;
+  std::string lines;
+  const char* end = data + size;
+  while (data < end) {
+    const char* newline = static_cast<const char*>(std::memchr(data, '\n', end - data));
+    if (!newline) {
+      partial_line_.append(data, end);
+      break;
+    }
+    lines += prefix_;
+    lines += partial_line_;
+    lines.append(data, newline + 1);
+    partial_line_.clear();
+    data = newline + 1;
+  }
+  if (!lines.empty()) write_all(console_fd_, lines.data(), lines.size());
+}
+
+void OutputTee::finish() {
+  if (console_fd_ >= 0 && !partial_line_.empty()) {
+    std::string line = prefix_ + partial_line_ + "\n";
+    write_all(console_fd_, line.data(), line.size());
+    partial_line_.clear();
+  }
+  source_.close();
+  file_.reset();
+  if (on_done_) std::exchange(on_done_, nullptr)();
+}
+
+}  // namespace ddp::launcher

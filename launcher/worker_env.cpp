@@ -1,0 +1,68 @@
+#include "ddp/launcher/worker_env.hpp"
+
+#include <unistd.h>
+
+extern char** environ;
+
+namespace ddp::launcher {
+
+std::map<std::string, std::string> worker_variables(
+    const LaunchConfig& config, const MasterEndpoint& master, const WorkerIdentity& worker,
+    const std::map<std::string, std::string>& base_env) {
+  const int local_world = config.nproc_per_node;
+  const int world = local_world * config.max_nodes;
+  const int rank = config.node_rank * local_world + worker.local_rank;
+  auto nccl = base_env.find("TORCH_NCCL_ASYNC_ERROR_HANDLING");
+  return {
+      {"RANK", std::to_string(rank)},
+      {"LOCAL_RANK", std::to_string(worker.local_rank)},
+      {"WORLD_SIZE", std::to_string(world)},
+      {"LOCAL_WORLD_SIZE", std::to_string(local_world)},
+      {"GROUP_RANK", std::to_string(config.node_rank)},
+      {"GROUP_WORLD_SIZE", std::to_string(config.max_nodes)},
+      {"ROLE_RANK", std::to_string(rank)},
+      {"ROLE_NAME", config.role},
+      {"ROLE_WORLD_SIZE", std::to_string(world)},
+      {"MASTER_ADDR", master.addr},
+      {"MASTER_PORT", std::to_string(master.port)},
+      {"TORCHELASTIC_RESTART_COUNT", std::to_string(worker.restart_count)},
+      {"TORCHELASTIC_MAX_RESTARTS", std::to_string(config.max_restarts)},
+      {"TORCHELASTIC_RUN_ID", config.rdzv_id},
+      {"TORCHELASTIC_USE_AGENT_STORE", master.agent_store ? "True" : "False"},
+      {"TORCHELASTIC_ERROR_FILE", worker.error_file},
+      {"TORCH_NCCL_ASYNC_ERROR_HANDLING", nccl == base_env.end() ? "1" : nccl->second},
+  };
+}
+
+bool needs_omp_default(const LaunchConfig& config,
+                       const std::map<std::string, std::string>& base_env) {
+  return config.nproc_per_node > 1 && !base_env.contains("OMP_NUM_THREADS");
+}
+
+std::string omp_notice() {
+  return "ddprun: setting OMP_NUM_THREADS=1 for each worker (it was unset and there is more "
+         "than one worker per node) so that the node is not oversubscribed; set it yourself "
+         "to tune.";
+}
+
+std::vector<std::string> merge_environment(const std::map<std::string, std::string>& base_env,
+                                           const std::map<std::string, std::string>& vars) {
+  std::map<std::string, std::string> merged = base_env;
+  for (const auto& [key, value] : vars) merged[key] = value;
+  std::vector<std::string> env;
+  env.reserve(merged.size());
+  for (const auto& [key, value] : merged) env.push_back(key + "=" + value);
+  return env;
+}
+
+std::map<std::string, std::string> current_environment() {
+  std::map<std::string, std::string> env;
+  for (char** entry = environ; entry && *entry; ++entry) {
+    std::string text(*entry);
+    std::size_t eq = text.find('=');
+    if (eq != std::string::npos) env.emplace(text.substr(0, eq), text.substr(eq + 1));
+  }
+  return env;
+}
+
+}  // namespace ddp::launcher

@@ -1,1 +1,0 @@
-#include "ddp/runtime.hpp"

@@ -1,0 +1,271 @@
+#include "gloo_communicator.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include <gloo/allgather.h>
+#include <gloo/allreduce.h>
+#include <gloo/barrier.h>
+#include <gloo/broadcast.h>
+#include <gloo/common/error.h>
+#include <gloo/math.h>
+#include <gloo/rendezvous/context.h>
+#include <gloo/transport/tcp/device.h>
+
+#include "gloo_store_adapter.hpp"
+#include "promise_work.hpp"
+
+namespace ddp::detail {
+
+namespace {
+
+// Calls f with a value of the C++ type of dtype.
+template <typename F>
+void dispatch(DType dtype, F&& f) {
+  switch (dtype) {
+    case DType::F32: return f(float{});
+    case DType::F64: return f(double{});
+    case DType::I32: return f(std::int32_t{});
+    case DType::I64: return f(std::int64_t{});
+    case DType::F16: return f(float16{});
+    case DType::BF16: return f(bfloat16{});
+  }
+}
+
+template <typename T>
+constexpr bool is_half = std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>;
+
+template <typename T>
+float widen(T v) { return to_float(v); }
+template <typename T>
+T narrow(float v) {
+  if constexpr (std::is_same_v<T, float16>) return to_float16(v);
+  else return to_bfloat16(v);
+}
+
+// Element-wise c = a (op) b for the 16-bit types, computed in float.
+template <typename T, typename Op>
+void half_reduce(void* c, const void* a, const void* b, std::size_t n, Op op) {
+  auto* out = static_cast<T*>(c);
+  const auto* x = static_cast<const T*>(a);
+  const auto* y = static_cast<const T*>(b);
+  for (std::size_t i = 0; i < n; ++i) out[i] = narrow<T>(op(widen(x[i]), widen(y[i])));
+}
+
+template <typename T>
+gloo::AllreduceOptions::Func reduce_function(ReduceOp op) {
+  if constexpr (is_half<T>) {
+    switch (op) {
+      case ReduceOp::Min:
+        return [](void* c, const void* a, const void* b, std::size_t n) {
+          half_reduce<T>(c, a, b, n, [](float x, float y) { return std::min(x, y); });
+        };
+      case ReduceOp::Max:
+        return [](void* c, const void* a, const void* b, std::size_t n) {
+          half_reduce<T>(c, a, b, n, [](float x, float y) { return std::max(x, y); });
+        };
+      default:
+        return [](void* c, const void* a, const void* b, std::size_t n) {
+          half_reduce<T>(c, a, b, n, [](float x, float y) { return x + y; });
+        };
+    }
+  } else {
+    using Fn = void (*)(void*, const void*, const void*, std::size_t);
+    switch (op) {
+      case ReduceOp::Min: return static_cast<Fn>(&gloo::min<T>);
+      case ReduceOp::Max: return static_cast<Fn>(&gloo::max<T>);
+      default: return static_cast<Fn>(&gloo::sum<T>);
+    }
+  }
+}
+
+// Divides a sum by the world size in place (integer types truncate, as integer division).
+template <typename T>
+void divide(T* data, std::size_t count, int world_size) {
+  for (std::size_t i = 0; i < count; ++i) {
+    if constexpr (is_half<T>) {
+      data[i] = narrow<T>(widen(data[i]) / static_cast<float>(world_size));
+    } else {
+      data[i] = static_cast<T>(data[i] / static_cast<T>(world_size));
+    }
+  }
+}
+
+std::string where(int rank) { return " (rank " + std::to_string(rank) + ", gloo)"; }
+
+}  // namespace
+
+GlooCommunicator::GlooCommunicator(store::Store& store, int rank, int world_size,
+                                   const GlooOptions& options)
+    : rank_(rank), world_size_(world_size), timeout_(options.timeout),
+      policy_(options.mismatch_check) {
+  try {
+    gloo::transport::tcp::attr attr;
+    attr.hostname = options.hostname;
+    auto device = gloo::transport::tcp::CreateDevice(attr);
+    auto context = std::make_shared<gloo::rendezvous::Context>(rank, world_size);
+    context->setTimeout(options.connect_timeout);
+    GlooStoreAdapter adapter(store, options.connect_timeout);
+    context->connectFullMesh(adapter, device);
+    context->setTimeout(options.timeout);
+    context_ = std::move(context);
+  } catch (const std::exception& e) {
+    throw InitError("rank " + std::to_string(rank) + " of " + std::to_string(world_size) +
+                    ": could not build the gloo mesh on address '" +
+                    (options.hostname.empty() ? "<host name>" : options.hostname) +
+                    "': " + e.what());
+  }
+}
+
+GlooCommunicator::~GlooCommunicator() = default;
+
+Work GlooCommunicator::enqueue(const CallDescriptor& call, std::function<void()> body) {
+  auto work = std::make_shared<PromiseWork>(call.str() + where(rank_));
+  const bool check = policy_.next();
+  queue_.submit([this, work, call, check, body = std::move(body)] {
+    try {
+      if (first_failure_) std::rethrow_exception(first_failure_);
+      try {
+        if (check) check_call(call);
+        body();
+      } catch (const Error&) {
+        first_failure_ = std::current_exception();
+        throw;
+      } catch (const std::exception& e) {
+        first_failure_ = std::make_exception_ptr(CommError(call.str() + where(rank_) + ": " + e.what()));
+        std::rethrow_exception(first_failure_);
+      }
+      work->complete();
+    } catch (...) {
+      work->complete(std::current_exception());
+    }
+  });
+  return Work(work);
+}
+
+void GlooCommunicator::check_call(const CallDescriptor& call) {
+  const auto mine = call.encode();
+  std::vector<CallDescriptor::Wire> all(world_size_);
+  gloo::AllgatherOptions options(context_);
+  options.setInput(const_cast<std::int64_t*>(mine.data()), mine.size());
+  options.setOutput(all.data()->data(), mine.size() * world_size_);
+  options.setTag(next_tag());
+  gloo::allgather(options);
+  std::vector<CallDescriptor> views;
+  for (const auto& wire : all) views.push_back(CallDescriptor::decode(wire));
+  check_same_call(views, rank_);
+}
+
+void GlooCommunicator::run_allreduce(void* data, std::size_t count, DType dtype, ReduceOp op) {
+  if (count == 0 || world_size_ == 1) return;
+  dispatch(dtype, [&](auto tag_value) {
+    using T = decltype(tag_value);
+    gloo::AllreduceOptions options(context_);
+    options.setOutput(static_cast<T*>(data), count);
+    options.setReduceFunction(reduce_function<T>(op));
+    options.setTag(next_tag());
+    gloo::allreduce(options);
+    if (op == ReduceOp::Avg) divide(static_cast<T*>(data), count, world_size_);
+  });
+}
+
+void GlooCommunicator::run_compressed_allreduce(float* data, std::size_t count, DType wire,
+                                                ReduceOp op) {
+  dispatch(wire, [&](auto tag_value) {
+    using T = decltype(tag_value);
+    if constexpr (is_half<T>) {
+      std::vector<T> scratch(count);
+      for (std::size_t i = 0; i < count; ++i) scratch[i] = narrow<T>(data[i]);
+      run_allreduce(scratch.data(), count, wire, op);
+      for (std::size_t i = 0; i < count; ++i) data[i] = widen(scratch[i]);
+    }
+  });
+}
+
+Work GlooCommunicator::allreduce(void* data, std::size_t count, DType dtype, ReduceOp op,
+                                 const CollectiveOptions& options) {
+  if (options.wire_dtype && *options.wire_dtype != dtype) {
+    const DType wire = *options.wire_dtype;
+    if (dtype != DType::F32 || (wire != DType::F16 && wire != DType::BF16)) {
+      throw Unsupported(std::string("allreduce of ") + to_string(dtype) + " through " +
+                        to_string(wire) + ": only f32 through f16 or bf16" + where(rank_));
+    }
+    CallDescriptor call{CallKind::Allreduce, wire, count, static_cast<std::int64_t>(op)};
+    return enqueue(call, [=, this] {
+      run_compressed_allreduce(static_cast<float*>(data), count, wire, op);
+    });
+  }
+  CallDescriptor call{CallKind::Allreduce, dtype, count, static_cast<std::int64_t>(op)};
+  return enqueue(call, [=, this] { run_allreduce(data, count, dtype, op); });
+}
+
+Work GlooCommunicator::broadcast(void* data, std::size_t count, DType dtype, int root,
+                                 const CollectiveOptions&) {
+  if (root < 0 || root >= world_size_) {
+    throw CommError("broadcast root " + std::to_string(root) + " is not a rank" + where(rank_));
+  }
+  CallDescriptor call{CallKind::Broadcast, dtype, count, root};
+  return enqueue(call, [=, this] {
+    if (count == 0 || world_size_ == 1) return;
+    gloo::BroadcastOptions options(context_);
+    options.setOutput(static_cast<char*>(data), count * size_of(dtype));
+    options.setRoot(root);
+    options.setTag(next_tag());
+    gloo::broadcast(options);
+  });
+}
+
+Work GlooCommunicator::allgather(const void* in, void* out, std::size_t count, DType dtype,
+                                 const CollectiveOptions&) {
+  CallDescriptor call{CallKind::Allgather, dtype, count, 0};
+  return enqueue(call, [=, this] {
+    const std::size_t bytes = count * size_of(dtype);
+    if (bytes == 0) return;
+    if (world_size_ == 1) {
+      std::memmove(out, in, bytes);
+      return;
+    }
+    gloo::AllgatherOptions options(context_);
+    options.setInput(const_cast<char*>(static_cast<const char*>(in)), bytes);
+    options.setOutput(static_cast<char*>(out), bytes * world_size_);
+    options.setTag(next_tag());
+    gloo::allgather(options);
+  });
+}
+
+// Gloo 0.5 has no stand-alone reduce-scatter with options; an all-reduce of the whole input
+// followed by taking this rank's slice gives the same result at twice the traffic.
+Work GlooCommunicator::reduce_scatter(const void* in, void* out, std::size_t count, DType dtype,
+                                      ReduceOp op, const CollectiveOptions&) {
+  CallDescriptor call{CallKind::ReduceScatter, dtype, count, static_cast<std::int64_t>(op)};
+  return enqueue(call, [=, this] {
+    const std::size_t bytes = count * size_of(dtype);
+    if (bytes == 0) return;
+    std::vector<char> scratch(static_cast<const char*>(in),
+                              static_cast<const char*>(in) + bytes * world_size_);
+    run_allreduce(scratch.data(), count * world_size_, dtype, op);
+    std::memcpy(out, scratch.data() + bytes * rank_, bytes);
+  });
+}
+
+std::shared_ptr<void> GlooCommunicator::allocate(std::size_t bytes) {
+  // Zeroed host memory; the aliasing pointer keeps the owning vector alive.
+  auto owner = std::make_shared<std::vector<std::byte>>(std::max<std::size_t>(bytes, 1));
+  return std::shared_ptr<void>(owner, owner->data());
+}
+
+void GlooCommunicator::fill_zero(void* data, std::size_t bytes, void*) {
+  std::memset(data, 0, bytes);
+}
+
+Work GlooCommunicator::barrier() {
+  return enqueue(CallDescriptor{}, [this] {
+    if (world_size_ == 1) return;
+    gloo::BarrierOptions options(context_);
+    options.setTag(next_tag());
+    gloo::barrier(options);
+  });
+}
+
+}  // namespace ddp::detail

@@ -1,0 +1,70 @@
+#pragma once
+// The CPU backend: Gloo over TCP, a full mesh built through the store. Collectives run on
+// one communication thread in issue order, so asynchronous calls overlap with the caller's
+// compute. Internal to libddp; programs reach it through Context.
+
+#include <memory>
+#include <string>
+
+#include "call_check.hpp"
+#include "ddp/communicator.hpp"
+#include "ddp/store/store.hpp"
+#include "task_queue.hpp"
+
+namespace gloo {
+class Context;
+}
+
+namespace ddp::detail {
+
+struct GlooOptions {
+  std::string hostname;                    // address the TCP device binds to; "" = host name
+  std::chrono::milliseconds connect_timeout;  // building the full mesh
+  std::chrono::milliseconds timeout;          // each collective
+  MismatchCheck mismatch_check = MismatchCheck::FirstCall;
+};
+
+class GlooCommunicator : public Communicator {
+ public:
+  // Connects to every other rank through `store` (a view private to this communicator).
+  // Blocks until the mesh is complete; throws InitError naming this rank and address.
+  GlooCommunicator(store::Store& store, int rank, int world_size, const GlooOptions& options);
+  ~GlooCommunicator() override;
+
+  Backend backend() const override { return Backend::Gloo; }
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_size_; }
+
+  Work allreduce(void* data, std::size_t count, DType dtype, ReduceOp op,
+                 const CollectiveOptions& options) override;
+  Work broadcast(void* data, std::size_t count, DType dtype, int root,
+                 const CollectiveOptions& options) override;
+  Work allgather(const void* in, void* out, std::size_t count, DType dtype,
+                 const CollectiveOptions& options) override;
+  Work reduce_scatter(const void* in, void* out, std::size_t count, DType dtype, ReduceOp op,
+                      const CollectiveOptions& options) override;
+  Work barrier() override;
+  std::shared_ptr<void> allocate(std::size_t bytes) override;
+  void fill_zero(void* data, std::size_t bytes, void* stream) override;
+  void set_mismatch_check(MismatchCheck check) override { policy_.set(check); }
+
+ private:
+  // Queues body on the communication thread after an optional cross-rank check of `call`.
+  Work enqueue(const CallDescriptor& call, std::function<void()> body);
+  void check_call(const CallDescriptor& call);
+  void run_allreduce(void* data, std::size_t count, DType dtype, ReduceOp op);
+  // All-reduces F32 data through a 16-bit copy (F16 or BF16).
+  void run_compressed_allreduce(float* data, std::size_t count, DType wire, ReduceOp op);
+  std::uint32_t next_tag() { return next_tag_++; }
+
+  const int rank_;
+  const int world_size_;
+  const std::chrono::milliseconds timeout_;
+  std::shared_ptr<gloo::Context> context_;
+  MismatchPolicy policy_;
+  std::uint32_t next_tag_ = 0;          // used on the communication thread only
+  std::exception_ptr first_failure_;    // used on the communication thread only
+  TaskQueue queue_;                     // last: its thread stops before the rest goes
+};
+
+}  // namespace ddp::detail

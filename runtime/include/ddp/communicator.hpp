@@ -1,0 +1,66 @@
+#pragma once
+// The backend behind a Context: Gloo (CPU memory) or NCCL (GPU memory). Untyped; the typed
+// surface is on Context.
+//
+// Threading: one thread issues the collectives of a communicator (as with PyTorch process
+// groups); every rank must issue the same collectives in the same order. Asynchronous
+// operations run in issue order. Buffers must stay alive until the returned Work completed.
+
+#include <cstddef>
+#include <memory>
+#include <optional>
+#include "ddp/types.hpp"
+#include "ddp/work.hpp"
+
+namespace ddp {
+
+// Per-call options.
+struct CollectiveOptions {
+  // GPU only: a cudaStream_t whose queued work must finish before the collective starts
+  // (ordered by an event, never a host sync). nullptr: the default stream.
+  void* after_stream = nullptr;
+  // allreduce of F32 data only: reduce in this 16-bit type (F16 or BF16) to halve the
+  // traffic; the result is converted back into the F32 buffer. Unset: reduce in F32.
+  std::optional<DType> wire_dtype;
+};
+
+// When calls are compared across ranks (a cheap collective of a few integers).
+enum class MismatchCheck {
+  Off,        // never
+  FirstCall,  // the first collective of the communicator (the default)
+  Always,     // every collective: a debugging aid, it costs one small exchange per call
+};
+
+class Communicator {
+ public:
+  virtual ~Communicator() = default;
+
+  virtual Backend backend() const = 0;
+  virtual int rank() const = 0;
+  virtual int world_size() const = 0;
+
+  // In place over `count` elements of `data`.
+  virtual Work allreduce(void* data, std::size_t count, DType dtype, ReduceOp op,
+                         const CollectiveOptions& options = {}) = 0;
+  // In place: root's `count` elements end up in every rank's `data`.
+  virtual Work broadcast(void* data, std::size_t count, DType dtype, int root,
+                         const CollectiveOptions& options = {}) = 0;
+  // `out` holds world_size() * count elements, rank r's input at r * count.
+  virtual Work allgather(const void* in, void* out, std::size_t count, DType dtype,
+                         const CollectiveOptions& options = {}) = 0;
+  // `in` holds world_size() * count elements; `out` gets this rank's reduced slice of count.
+  virtual Work reduce_scatter(const void* in, void* out, std::size_t count, DType dtype,
+                              ReduceOp op, const CollectiveOptions& options = {}) = 0;
+  virtual Work barrier() = 0;
+
+  // Zeroed memory of the kind the collectives work on (host for Gloo, device for NCCL),
+  // freed when the last copy of the pointer goes.
+  virtual std::shared_ptr<void> allocate(std::size_t bytes) = 0;
+  // Zeroes bytes at data, ordered on `stream` (GPU) or at once (CPU).
+  virtual void fill_zero(void* data, std::size_t bytes, void* stream = nullptr) = 0;
+
+  // Sets when calls are compared across ranks (see MismatchCheck).
+  virtual void set_mismatch_check(MismatchCheck check) = 0;
+};
+
+}  // namespace ddp

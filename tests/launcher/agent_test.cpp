@@ -1,0 +1,291 @@
+// ddprun end to end with real worker processes: the environment contract, failures and the
+// report, signals, kill -9, restarts, logs. Workers are build/bin/ddp-sample-worker.
+#include <csignal>
+#include <catch2/catch.hpp>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <set>
+
+#include "process_harness.hpp"
+#include "test_support.hpp"
+
+using namespace ddp::test;
+using nlohmann::json;
+
+namespace {
+
+std::vector<std::string> ddprun(std::vector<std::string> options,
+                                std::vector<std::string> worker_args) {
+  std::vector<std::string> argv = {bin_path("ddprun").string()};
+  argv.insert(argv.end(), options.begin(), options.end());
+  argv.push_back(bin_path("ddp-sample-worker").string());
+  argv.insert(argv.end(), worker_args.begin(), worker_args.end());
+  return argv;
+}
+
+json read_json(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  INFO("reading " << path);
+  REQUIRE(in.good());
+  return json::parse(in);
+}
+
+std::size_t count(const std::string& text, const std::string& needle) {
+  std::size_t n = 0;
+  for (auto at = text.find(needle); at != std::string::npos; at = text.find(needle, at + 1)) ++n;
+  return n;
+}
+
+// Waits until every pid has exited and nothing is left in its process group.
+void check_no_process_left(const std::vector<pid_t>& groups) {
+  for (pid_t pgid : groups) {
+    INFO("process group " << pgid);
+    CHECK(wait_for_process_exit(pgid));
+    CHECK(live_processes_in_group(pgid).empty());
+  }
+}
+
+}  // namespace
+
+TEST_CASE("every worker gets torchrun's environment") {
+  TempDir dir;
+  const std::string logs = (dir.path() / "logs").string();
+  ProcessResult r = run_process(
+      ddprun({"--nproc_per_node=3", "--max_restarts=2", "--log_dir=" + logs},
+             {"--env-json", (dir.path() / "env-{rank}.json").string()}),
+      {{"DDP_TEST_MARKER", "kept"}}, {"OMP_NUM_THREADS", "TORCH_NCCL_ASYNC_ERROR_HANDLING"});
+  INFO(r.err);
+  REQUIRE(r.status == 0);
+  std::set<std::string> ports;
+  for (int rank = 0; rank < 3; ++rank) {
+    json env = read_json(dir.path() / ("env-" + std::to_string(rank) + ".json"));
+    INFO("rank " << rank << ": " << env.dump(1));
+    const std::string r_text = std::to_string(rank);
+    CHECK(env["RANK"] == r_text);
+    CHECK(env["LOCAL_RANK"] == r_text);
+    CHECK(env["WORLD_SIZE"] == "3");
+    CHECK(env["LOCAL_WORLD_SIZE"] == "3");
+    CHECK(env["GROUP_RANK"] == "0");
+    CHECK(env["GROUP_WORLD_SIZE"] == "1");
+    CHECK(env["ROLE_RANK"] == r_text);
+    CHECK(env["ROLE_NAME"] == "default");
+    CHECK(env["ROLE_WORLD_SIZE"] == "3");
+    CHECK(env["MASTER_ADDR"] == "127.0.0.1");
+    int port = std::stoi(env["MASTER_PORT"].get<std::string>());
+    CHECK((port > 0 && port < 65536));
+    ports.insert(env["MASTER_PORT"]);
+    CHECK(env["TORCHELASTIC_RESTART_COUNT"] == "0");
+    CHECK(env["TORCHELASTIC_MAX_RESTARTS"] == "2");
+    CHECK(env["TORCHELASTIC_RUN_ID"] == "none");
+    CHECK(env["TORCHELASTIC_USE_AGENT_STORE"] == "False");
+    CHECK(env["TORCHELASTIC_ERROR_FILE"] == logs + "/none/attempt_0/" + r_text + "/error.json");
+    CHECK(env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1");
+    CHECK(env["OMP_NUM_THREADS"] == "1");
+    CHECK(env["DDP_TEST_MARKER"] == "kept");
+  }
+  CHECK(ports.size() == 1);  // one MASTER_PORT for the job
+  CHECK(count(r.err, "OMP_NUM_THREADS=1") == 1);  // the notice, once
+}
+
+TEST_CASE("--standalone, --role, --master_port, PET_ and a set OMP_NUM_THREADS") {
+  TempDir dir;
+  ProcessResult r = run_process(
+      ddprun({"--standalone", "--role=trainer", "--master_port=29555"},
+             {"--env-json", (dir.path() / "env-{rank}.json").string()}),
+      {{"PET_NPROC_PER_NODE", "2"}, {"OMP_NUM_THREADS", "3"}});
+  INFO(r.err);
+  REQUIRE(r.status == 0);
+  json env0 = read_json(dir.path() / "env-0.json");
+  json env1 = read_json(dir.path() / "env-1.json");
+  CHECK(env1["WORLD_SIZE"] == "2");
+  CHECK(env0["ROLE_NAME"] == "trainer");
+  CHECK(env0["MASTER_PORT"] == "29555");
+  CHECK(env0["OMP_NUM_THREADS"] == "3");
+  CHECK(r.err.find("OMP_NUM_THREADS") == std::string::npos);
+  std::string run_id = env0["TORCHELASTIC_RUN_ID"];
+  CHECK(std::regex_match(run_id, std::regex("[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")));
+  CHECK(env1["TORCHELASTIC_RUN_ID"] == run_id);
+}
+
+TEST_CASE("a failing rank: its exit code, and a report naming it") {
+  ProcessResult r = run_process(
+      ddprun({"--nproc_per_node=3"}, {"--if-rank", "1", "--exit", "3", "--wait"}));
+  CHECK(r.status == 3);
+  INFO(r.err);
+  CHECK_THAT(r.err, Catch::Contains("ddp-sample-worker FAILED"));
+  auto root = r.err.substr(r.err.find("Root Cause"));
+  CHECK_THAT(root, Catch::Contains("rank      : 1 (local_rank: 1)"));
+  CHECK_THAT(root, Catch::Contains("exit      : exit code 3"));
+  CHECK_THAT(root, Catch::Contains("host      : "));
+  CHECK_THAT(root, Catch::Contains("pid       : "));
+  CHECK_THAT(root, Catch::Contains("<NO_OTHER_FAILURES>"));  // the others were stopped by us
+}
+
+TEST_CASE("a worker killed by a signal: 128+signal and the signal's name") {
+  ProcessResult r = run_process(
+      ddprun({"--nproc_per_node=2"}, {"--if-rank", "0", "--signal", "SIGKILL", "--wait"}));
+  CHECK(r.status == 128 + SIGKILL);
+  INFO(r.err);
+  CHECK_THAT(r.err, Catch::Contains("rank      : 0 (local_rank: 0)"));
+  CHECK_THAT(r.err, Catch::Contains("signal SIGKILL (9)"));
+}
+
+TEST_CASE("a worker's torchelastic error file is the report's message and traceback") {
+  ProcessResult r = run_process(ddprun(
+      {"--nproc_per_node=2"}, {"--if-rank", "1", "--error-file", "disk full", "--if-rank", "1",
+                               "--exit", "5", "--wait"}));
+  CHECK(r.status == 5);
+  INFO(r.err);
+  CHECK_THAT(r.err, Catch::Contains("message   : RuntimeError: disk full"));
+  CHECK_THAT(r.err, Catch::Contains("    Traceback (most recent call last):"));
+  CHECK_THAT(r.err, Catch::Contains("attempt_0/1/error.json"));
+}
+
+TEST_CASE("restarts increment TORCHELASTIC_RESTART_COUNT and stop at --max_restarts") {
+  TempDir dir;
+  auto env_file = (dir.path() / "env-{rank}-{restart}.json").string();
+  ProcessResult r = run_process(ddprun({"--nproc_per_node=2", "--max_restarts=2"},
+                                       {"--env-json", env_file, "--if-rank", "1", "--exit", "4"}));
+  CHECK(r.status == 4);
+  INFO(r.err);
+  CHECK(count(r.err, "restarting it") == 2);
+  for (int restart = 0; restart <= 2; ++restart) {
+    for (int rank = 0; rank < 2; ++rank) {
+      auto path = dir.path() / ("env-" + std::to_string(rank) + "-" + std::to_string(restart) + ".json");
+      CHECK(read_json(path)["TORCHELASTIC_RESTART_COUNT"] == std::to_string(restart));
+    }
+  }
+  CHECK_FALSE(std::filesystem::exists(dir.path() / "env-1-3.json"));
+
+  // A group that succeeds on its second attempt: exit 0.
+  ProcessResult ok = run_process(ddprun(
+      {"--nproc_per_node=2", "--max_restarts=3"},
+      {"--if-restart-below", "1", "--exit", "1", "--print", "done"}));
+  CHECK(ok.status == 0);
+  CHECK(count(ok.err, "restarting it") == 1);
+  CHECK(count(ok.out, "done") == 2);
+}
+
+TEST_CASE("SIGTERM to ddprun: forwarded, exit 143, no process left in any worker group") {
+  ChildProcess run(ddprun({"--nproc_per_node=2"}, {"--spawn-child", "--ready", "--wait"}));
+  auto ready = run.wait_for_stdout_lines("ready", 2);
+  auto children = run.wait_for_stdout_lines("child pid=", 2);
+  std::vector<pid_t> groups;
+  for (const auto& line : ready) groups.push_back(static_cast<pid_t>(field_of(line, "pid")));
+  for (pid_t pgid : groups) CHECK(live_processes_in_group(pgid).size() == 2);  // worker + child
+  run.signal(SIGTERM);
+  ProcessResult r = run.wait();
+  CHECK(r.status == 128 + SIGTERM);
+  check_no_process_left(groups);
+  for (const auto& line : children) {
+    CHECK(wait_for_process_exit(static_cast<pid_t>(field_of(line, "pid"))));
+  }
+}
+
+TEST_CASE("workers that ignore the signal are killed after --shutdown_timeout") {
+  ChildProcess run(ddprun({"--nproc_per_node=2", "--shutdown_timeout=0.2"},
+                          {"--ignore", "SIGTERM", "--ready", "--wait"}));
+  auto ready = run.wait_for_stdout_lines("ready", 2);
+  run.signal(SIGTERM);
+  ProcessResult r = run.wait();
+  CHECK(r.status == 128 + SIGTERM);
+  std::vector<pid_t> groups;
+  for (const auto& line : ready) groups.push_back(static_cast<pid_t>(field_of(line, "pid")));
+  check_no_process_left(groups);
+}
+
+TEST_CASE("a second Ctrl-C kills at once") {
+  ChildProcess run(ddprun({"--nproc_per_node=2", "--shutdown_timeout=600"},
+                          {"--ignore", "SIGINT", "--ready", "--wait"}));
+  run.wait_for_stdout_lines("ready", 2);
+  run.signal(SIGINT);
+  run.wait_for_stderr("got SIGINT");
+  run.signal(SIGINT);
+  ProcessResult r = run.wait(std::chrono::seconds(20));  // far less than the 600 s timeout
+  CHECK(r.status == 128 + SIGINT);
+  CHECK_THAT(r.err, Catch::Contains("killing the workers now"));
+}
+
+TEST_CASE("kill -9 of ddprun leaves no worker") {
+  ChildProcess run(ddprun({"--nproc_per_node=2"}, {"--ready", "--wait"}));
+  auto ready = run.wait_for_stdout_lines("ready", 2);
+  run.signal(SIGKILL);
+  ProcessResult r = run.wait();
+  CHECK(r.status == 128 + SIGKILL);
+  std::vector<pid_t> groups;
+  for (const auto& line : ready) groups.push_back(static_cast<pid_t>(field_of(line, "pid")));
+  check_no_process_left(groups);
+}
+
+TEST_CASE("--tee: prefixed whole lines on the console, plain files in the log layout") {
+  TempDir dir;
+  const int lines = 3000;
+  ProcessResult r = run_process(ddprun(
+      {"--nproc_per_node=2", "--tee=3", "--role=w", "--log_dir=" + dir.path().string(),
+       "--rdzv_id=job1"},
+      {"--lines", std::to_string(lines), "--eprint", "to stderr", "--partial", "no newline"}));
+  REQUIRE(r.status == 0);
+  std::map<int, int> next_line = {{0, 0}, {1, 0}};
+  for (const auto& line : lines_of(r.out)) {
+    std::smatch m;
+    if (std::regex_match(line, m, std::regex(R"(\[w([01])\]:rank \1 line (\d+))"))) {
+      int rank = std::stoi(m[1]);
+      CHECK(std::stoi(m[2]) == next_line[rank]++);  // in order, none cut or merged
+    } else {
+      CHECK_THAT(line, Catch::Matches(R"(\[w[01]\]:no newline)"));
+    }
+  }
+  CHECK(next_line[0] == lines);
+  CHECK(next_line[1] == lines);
+  CHECK(count(r.err, "[w0]:to stderr\n") == 1);
+  CHECK(count(r.err, "[w1]:to stderr\n") == 1);
+  for (int rank = 0; rank < 2; ++rank) {
+    auto base = dir.path() / "job1" / "attempt_0" / std::to_string(rank);
+    std::ifstream out(base / "stdout.log");
+    std::string text((std::istreambuf_iterator<char>(out)), std::istreambuf_iterator<char>());
+    CHECK(text.starts_with("rank " + std::to_string(rank) + " line 0\n"));
+    CHECK(text.ends_with("line " + std::to_string(lines - 1) + "\nno newline"));
+    std::ifstream err(base / "stderr.log");
+    CHECK(std::string(std::istreambuf_iterator<char>(err), {}) == "to stderr\n");
+  }
+}
+
+TEST_CASE("--redirects, per-rank maps, and --local_ranks_filter") {
+  TempDir dir;
+  const auto base = dir.path() / "none" / "attempt_0";
+  ProcessResult r = run_process(ddprun(
+      {"--nproc_per_node=2", "-r", "0:1", "-t", "1:3", "--log_dir", dir.path().string()},
+      {"--print", "out", "--eprint", "err"}));
+  REQUIRE(r.status == 0);
+  // rank 0: stdout to its file only, stderr to the console as is; rank 1: both teed.
+  CHECK(std::string(std::istreambuf_iterator<char>(std::ifstream(base / "0" / "stdout.log").rdbuf()), {}) == "out\n");
+  CHECK_FALSE(std::filesystem::exists(base / "0" / "stderr.log"));
+  CHECK(lines_of(r.out) == std::vector<std::string>{"[default1]:out"});
+  CHECK(count(r.err, "[default1]:err\n") == 1);
+  CHECK(count(r.err, "err\n") == 2);
+
+  TempDir dir2;
+  ProcessResult f = run_process(ddprun(
+      {"--nproc_per_node=3", "--tee=3", "--local_ranks_filter=1", "--log_dir", dir2.path().string()},
+      {"--print", "hello"}));
+  REQUIRE(f.status == 0);
+  CHECK(lines_of(f.out) == std::vector<std::string>{"[default1]:hello"});
+  for (int rank = 0; rank < 3; ++rank) {  // the files keep every rank
+    auto path = dir2.path() / "none" / "attempt_0" / std::to_string(rank) / "stdout.log";
+    CHECK(std::string(std::istreambuf_iterator<char>(std::ifstream(path).rdbuf()), {}) == "hello\n");
+  }
+}
+
+TEST_CASE("restarts write each attempt's logs in its own directory") {
+  TempDir dir;
+  ProcessResult r = run_process(ddprun(
+      {"--nproc_per_node=1", "--max_restarts=1", "-r3", "--log_dir", dir.path().string()},
+      {"--hello", "--if-restart-below", "1", "--exit", "2"}));
+  CHECK(r.status == 0);
+  for (const char* attempt : {"attempt_0", "attempt_1"}) {
+    auto path = dir.path() / "none" / attempt / "0" / "stdout.log";
+    std::string text(std::istreambuf_iterator<char>(std::ifstream(path).rdbuf()), {});
+    CHECK_THAT(text, Catch::Contains("hello from rank 0"));
+  }
+}

@@ -1,0 +1,328 @@
+// The command line, in-process: every option in both spellings, PET_ defaults, bad input.
+#include "ddp/launcher/cli.hpp"
+
+#include <catch2/catch.hpp>
+#include <csignal>
+#include <functional>
+#include <set>
+#include <map>
+#include <sstream>
+
+using namespace ddp::launcher;
+
+namespace {
+
+struct Fake {
+  std::map<std::string, std::string> env;
+  int gpus = 0;
+  int cpus = 8;
+
+  CliContext context() const {
+    CliContext c;
+    c.getenv = [this](const std::string& name) -> std::optional<std::string> {
+      auto it = env.find(name);
+      return it == env.end() ? std::nullopt : std::optional(it->second);
+    };
+    c.gpu_count = [this] { return gpus; };
+    c.cpu_count = [this] { return cpus; };
+    return c;
+  }
+};
+
+LaunchConfig parse(std::vector<std::string> args, const Fake& fake = {}) {
+  CliResult result = parse_command_line(args, fake.context());
+  REQUIRE(result.action == CliResult::Action::kRun);
+  return result.config;
+}
+
+std::string usage_error(std::vector<std::string> args, const Fake& fake = {}) {
+  try {
+    parse_command_line(args, fake.context());
+  } catch (const NotImplementedError& e) {
+    FAIL("expected a UsageError, got NotImplementedError: " << e.what());
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  FAIL("no error for the arguments");
+  return "";
+}
+
+std::string not_implemented(std::vector<std::string> args, const Fake& fake = {}) {
+  try {
+    parse_command_line(args, fake.context());
+  } catch (const NotImplementedError& e) {
+    return e.what();
+  }
+  FAIL("not refused as not implemented");
+  return "";
+}
+
+}  // namespace
+
+TEST_CASE("defaults are torchrun's") {
+  LaunchConfig c = parse({"train.py"});
+  CHECK(c.min_nodes == 1);
+  CHECK(c.max_nodes == 1);
+  CHECK(c.nproc_per_node == 1);
+  CHECK(c.nproc_per_node_spec == "1");
+  CHECK(c.node_rank == 0);
+  CHECK_FALSE(c.standalone);
+  CHECK(c.rdzv_backend == "static");
+  CHECK(c.rdzv_endpoint.empty());
+  CHECK(c.rdzv_id == "none");
+  CHECK(c.rdzv_conf.empty());
+  CHECK(c.master_addr == "127.0.0.1");
+  CHECK_FALSE(c.master_port.has_value());
+  CHECK(c.local_addr.empty());
+  CHECK(c.max_restarts == 0);
+  CHECK(c.monitor_interval_s == 5.0);
+  CHECK(c.start_method == "spawn");
+  CHECK(c.role == "default");
+  CHECK(c.signals_to_handle == std::vector<int>{SIGTERM, SIGINT, SIGHUP, SIGQUIT});
+  CHECK(c.shutdown_timeout == std::chrono::seconds(30));
+  CHECK_FALSE(c.log_dir.has_value());
+  CHECK(c.redirects.for_rank(0) == Std::kNone);
+  CHECK(c.tee.for_rank(3) == Std::kNone);
+  CHECK_FALSE(c.local_ranks_filter.has_value());
+  CHECK(c.entrypoint_kind == EntrypointKind::kAuto);
+  CHECK_FALSE(c.run_path);
+  CHECK_FALSE(c.legacy_local_rank);
+  CHECK(c.entrypoint == "train.py");
+  CHECK(c.entrypoint_args.empty());
+}
+
+TEST_CASE("every valued option in every spelling") {
+  struct Row {
+    std::vector<std::string> args;
+    std::function<bool(const LaunchConfig&)> check;
+  };
+  auto nproc3 = [](const LaunchConfig& c) { return c.nproc_per_node == 3; };
+  auto restarts = [](const LaunchConfig& c) { return c.max_restarts == 4; };
+  auto logdir = [](const LaunchConfig& c) { return c.log_dir == std::optional<std::string>("/l"); };
+  std::vector<Row> rows = {
+      {{"--nnodes=1"}, [](auto& c) { return c.min_nodes == 1 && c.max_nodes == 1; }},
+      {{"--nnodes", "1:1"}, [](auto& c) { return c.max_nodes == 1; }},
+      {{"--nproc_per_node=3"}, nproc3},
+      {{"--nproc-per-node=3"}, nproc3},
+      {{"--nproc_per_node", "3"}, nproc3},
+      {{"--nproc-per-node", "3"}, nproc3},
+      {{"--node_rank=0"}, [](auto& c) { return c.node_rank == 0; }},
+      {{"--node-rank", "0"}, [](auto& c) { return c.node_rank == 0; }},
+      {{"--rdzv_backend=c10d"}, [](auto& c) { return c.rdzv_backend == "c10d"; }},
+      {{"--rdzv-backend", "c10d"}, [](auto& c) { return c.rdzv_backend == "c10d"; }},
+      {{"--rdzv_backend=c10d", "--rdzv_endpoint=localhost:29400"},
+       [](auto& c) { return c.rdzv_endpoint == "localhost:29400"; }},
+      {{"--rdzv_backend=c10d", "--rdzv-endpoint", "127.0.0.1:1"},
+       [](auto& c) { return c.rdzv_endpoint == "127.0.0.1:1"; }},
+      {{"--rdzv_id=job7"}, [](auto& c) { return c.rdzv_id == "job7"; }},
+      {{"--rdzv-id", "job7"}, [](auto& c) { return c.rdzv_id == "job7"; }},
+      {{"--rdzv_conf=timeout=5,read_timeout=60"},
+       [](auto& c) { return c.rdzv_conf.at("timeout") == "5" && c.rdzv_conf.at("read_timeout") == "60"; }},
+      {{"--rdzv-conf", "a=1"}, [](auto& c) { return c.rdzv_conf.at("a") == "1"; }},
+      {{"--master_addr=10.0.0.1"}, [](auto& c) { return c.master_addr == "10.0.0.1"; }},
+      {{"--master-addr", "h"}, [](auto& c) { return c.master_addr == "h"; }},
+      {{"--master_port=1234"}, [](auto& c) { return c.master_port == 1234; }},
+      {{"--master-port", "1234"}, [](auto& c) { return c.master_port == 1234; }},
+      {{"--local_addr=127.0.0.2"}, [](auto& c) { return c.local_addr == "127.0.0.2"; }},
+      {{"--local-addr", "127.0.0.2"}, [](auto& c) { return c.local_addr == "127.0.0.2"; }},
+      {{"--max_restarts=4"}, restarts},
+      {{"--max-restarts", "4"}, restarts},
+      {{"--monitor_interval=0.1"}, [](auto& c) { return c.monitor_interval_s == 0.1; }},
+      {{"--monitor-interval", "2"}, [](auto& c) { return c.monitor_interval_s == 2.0; }},
+      {{"--start_method=fork"}, [](auto& c) { return c.start_method == "fork"; }},
+      {{"--start-method", "forkserver"}, [](auto& c) { return c.start_method == "forkserver"; }},
+      {{"--role=trainer"}, [](auto& c) { return c.role == "trainer"; }},
+      {{"--role", "trainer"}, [](auto& c) { return c.role == "trainer"; }},
+      {{"--signals_to_handle=SIGUSR1,SIGTERM"},
+       [](auto& c) { return c.signals_to_handle == std::vector<int>{SIGUSR1, SIGTERM}; }},
+      {{"--signals-to-handle", "SIGINT"},
+       [](auto& c) { return c.signals_to_handle == std::vector<int>{SIGINT}; }},
+      {{"--shutdown_timeout=1.5"},
+       [](auto& c) { return c.shutdown_timeout == std::chrono::milliseconds(1500); }},
+      {{"--shutdown-timeout", "0"},
+       [](auto& c) { return c.shutdown_timeout == std::chrono::milliseconds(0); }},
+      {{"--log_dir=/l"}, logdir},
+      {{"--log-dir", "/l"}, logdir},
+      {{"-r", "3"}, [](auto& c) { return c.redirects.for_rank(5) == Std::kAll; }},
+      {{"-r2"}, [](auto& c) { return c.redirects.for_rank(0) == Std::kErr; }},
+      {{"--redirects=0:1,1:2"},
+       [](auto& c) {
+         return c.redirects.for_rank(0) == Std::kOut && c.redirects.for_rank(1) == Std::kErr &&
+                c.redirects.for_rank(2) == Std::kNone;
+       }},
+      {{"--redirects", "1"}, [](auto& c) { return c.redirects.for_rank(0) == Std::kOut; }},
+      {{"-t", "3"}, [](auto& c) { return c.tee.for_rank(0) == Std::kAll; }},
+      {{"-t1"}, [](auto& c) { return c.tee.for_rank(0) == Std::kOut; }},
+      {{"--tee=1:3"},
+       [](auto& c) { return c.tee.for_rank(1) == Std::kAll && c.tee.for_rank(0) == Std::kNone; }},
+      {{"--local_ranks_filter=0,2"},
+       [](auto& c) { return c.local_ranks_filter == std::set<int>{0, 2}; }},
+      {{"--local-ranks-filter", "1"},
+       [](auto& c) { return c.local_ranks_filter == std::set<int>{1}; }},
+      {{"-m"}, [](auto& c) { return c.entrypoint_kind == EntrypointKind::kModule; }},
+      {{"--module"}, [](auto& c) { return c.entrypoint_kind == EntrypointKind::kModule; }},
+      {{"--no_python"}, [](auto& c) { return c.entrypoint_kind == EntrypointKind::kDirect; }},
+      {{"--no-python"}, [](auto& c) { return c.entrypoint_kind == EntrypointKind::kDirect; }},
+      {{"--run_path"}, [](auto& c) { return c.run_path; }},
+      {{"--run-path", "--no_python"},
+       [](auto& c) { return c.run_path && c.entrypoint_kind == EntrypointKind::kAuto; }},
+      {{"--legacy_local_rank"}, [](auto& c) { return c.legacy_local_rank; }},
+      {{"--legacy-local-rank"}, [](auto& c) { return c.legacy_local_rank; }},
+      {{"--max_restarts=1", "--max_restarts=4"}, restarts},  // the last one wins, as argparse
+  };
+  for (const Row& row : rows) {
+    std::vector<std::string> args = row.args;
+    args.push_back("train.py");
+    INFO("args: " << Catch::Detail::stringify(args));
+    CHECK(row.check(parse(args)));
+  }
+}
+
+TEST_CASE("--standalone makes a local c10d rendezvous with a fresh run id") {
+  LaunchConfig a = parse({"--standalone", "--rdzv_id=ignored", "train.py"});
+  LaunchConfig b = parse({"--standalone", "train.py"});
+  CHECK(a.standalone);
+  CHECK(a.rdzv_backend == "c10d");
+  CHECK(a.rdzv_endpoint == "localhost:0");
+  CHECK(a.rdzv_id.size() == 36);
+  CHECK(a.rdzv_id[14] == '4');
+  CHECK(a.rdzv_id != b.rdzv_id);
+}
+
+TEST_CASE("nproc_per_node: cpu, gpu and auto") {
+  Fake fake;
+  fake.cpus = 6;
+  CHECK(parse({"--nproc_per_node=cpu", "x"}, fake).nproc_per_node == 6);
+  CHECK(parse({"--nproc_per_node=auto", "x"}, fake).nproc_per_node == 6);
+  CHECK_THAT(usage_error({"--nproc_per_node=gpu", "x"}, fake), Catch::Contains("no GPU found"));
+  fake.gpus = 2;
+  CHECK(parse({"--nproc_per_node=gpu", "x"}, fake).nproc_per_node == 2);
+  CHECK(parse({"--nproc_per_node=auto", "x"}, fake).nproc_per_node == 2);
+  CHECK(parse({"--nproc_per_node=gpu", "x"}, fake).nproc_per_node_spec == "gpu");
+}
+
+TEST_CASE("PET_ variables give every option its default; the command line wins") {
+  Fake fake;
+  fake.env = {{"PET_NPROC_PER_NODE", "4"},  {"PET_MAX_RESTARTS", "2"},
+              {"PET_RDZV_ID", "pet-job"},   {"PET_ROLE", "r"},
+              {"PET_STANDALONE", "0"},      {"PET_NO_PYTHON", "1"},
+              {"PET_TEE", "3"},             {"PET_LOG_DIR", "/pet"},
+              {"PET_MASTER_PORT", "4321"},  {"PET_LOCAL_RANKS_FILTER", "0"},
+              {"PET_SHUTDOWN_TIMEOUT", "2"}, {"PET_SIGNALS_TO_HANDLE", "SIGTERM"},
+              {"PET_MONITOR_INTERVAL", "1"}, {"PET_REDIRECTS", "2"},
+              {"PET_NNODES", "1:1"},        {"PET_MASTER_ADDR", "127.0.0.9"}};
+  LaunchConfig c = parse({"x"}, fake);
+  CHECK(c.nproc_per_node == 4);
+  CHECK(c.max_restarts == 2);
+  CHECK(c.rdzv_id == "pet-job");
+  CHECK(c.role == "r");
+  CHECK_FALSE(c.standalone);
+  CHECK(c.entrypoint_kind == EntrypointKind::kDirect);
+  CHECK(c.tee.for_rank(0) == Std::kAll);
+  CHECK(c.redirects.for_rank(0) == Std::kErr);
+  CHECK(c.log_dir == std::optional<std::string>("/pet"));
+  CHECK(c.master_port == 4321);
+  CHECK(c.master_addr == "127.0.0.9");
+  CHECK(c.local_ranks_filter == std::set<int>{0});
+  CHECK(c.shutdown_timeout == std::chrono::seconds(2));
+  CHECK(c.signals_to_handle == std::vector<int>{SIGTERM});
+  CHECK(c.monitor_interval_s == 1.0);
+
+  LaunchConfig d = parse({"--nproc-per-node=2", "--max_restarts", "0", "x"}, fake);
+  CHECK(d.nproc_per_node == 2);
+  CHECK(d.max_restarts == 0);
+
+  fake.env = {{"PET_STANDALONE", "1"}, {"PET_MODULE", "1"}, {"PET_LEGACY_LOCAL_RANK", "1"}};
+  LaunchConfig e = parse({"pkg.mod"}, fake);
+  CHECK(e.standalone);
+  CHECK(e.entrypoint_kind == EntrypointKind::kModule);
+  CHECK(e.legacy_local_rank);
+}
+
+TEST_CASE("everything after the entrypoint goes to the worker untouched") {
+  LaunchConfig c = parse({"--nproc_per_node=2", "train.py", "--nproc_per_node=5", "-m", "--",
+                          "x y", "", "--help"});
+  CHECK(c.nproc_per_node == 2);
+  CHECK(c.entrypoint == "train.py");
+  CHECK(c.entrypoint_args ==
+        std::vector<std::string>{"--nproc_per_node=5", "-m", "--", "x y", "", "--help"});
+  LaunchConfig d = parse({"--", "-weird-name", "a"});
+  CHECK(d.entrypoint == "-weird-name");
+  CHECK(d.entrypoint_args == std::vector<std::string>{"a"});
+}
+
+TEST_CASE("bad input is a UsageError naming the option") {
+  CHECK_THAT(usage_error({"--nnodes=3:2", "x"}), Catch::Contains("--nnodes=3:2"));
+  CHECK_THAT(usage_error({"--nnodes=0", "x"}), Catch::Contains("--nnodes=0"));
+  CHECK_THAT(usage_error({"--nnodes=a:b", "x"}), Catch::Contains("--nnodes"));
+  CHECK_THAT(usage_error({"--nproc_per_node=abc", "x"}), Catch::Contains("--nproc_per_node=abc"));
+  CHECK_THAT(usage_error({"--nproc_per_node=0", "x"}), Catch::Contains("--nproc_per_node=0"));
+  CHECK_THAT(usage_error({"-m", "--no_python", "x"}), Catch::Contains("cannot be used together"));
+  CHECK_THAT(usage_error({}), Catch::Contains("missing entrypoint"));
+  CHECK_THAT(usage_error({"--nproc_per_node=2"}), Catch::Contains("missing entrypoint"));
+  CHECK_THAT(usage_error({"--"}), Catch::Contains("missing entrypoint"));
+  CHECK_THAT(usage_error({"--bogus", "x"}), Catch::Contains("--bogus"));
+  CHECK_THAT(usage_error({"-z", "x"}), Catch::Contains("-z"));
+  CHECK_THAT(usage_error({"--redirects=4", "x"}), Catch::Contains("--redirects=4"));
+  CHECK_THAT(usage_error({"--tee=0:5", "x"}), Catch::Contains("--tee=0:5"));
+  CHECK_THAT(usage_error({"--tee=a:1", "x"}), Catch::Contains("--tee"));
+  CHECK_THAT(usage_error({"--max_restarts=-1", "x"}), Catch::Contains("--max_restarts=-1"));
+  CHECK_THAT(usage_error({"--max_restarts=two", "x"}), Catch::Contains("--max_restarts"));
+  CHECK_THAT(usage_error({"--monitor_interval=soon", "x"}), Catch::Contains("--monitor_interval"));
+  CHECK_THAT(usage_error({"--shutdown_timeout=-1", "x"}), Catch::Contains("--shutdown_timeout"));
+  CHECK_THAT(usage_error({"--start_method=thread", "x"}), Catch::Contains("--start_method"));
+  CHECK_THAT(usage_error({"--signals_to_handle=SIGFOO", "x"}), Catch::Contains("SIGFOO"));
+  CHECK_THAT(usage_error({"--signals_to_handle=TERM", "x"}), Catch::Contains("TERM"));
+  CHECK_THAT(usage_error({"--signals_to_handle=SIGKILL", "x"}), Catch::Contains("SIGKILL"));
+  CHECK_THAT(usage_error({"--node_rank=1", "x"}), Catch::Contains("--node_rank=1"));
+  CHECK_THAT(usage_error({"--rdzv_conf=novalue", "x"}), Catch::Contains("--rdzv_conf"));
+  CHECK_THAT(usage_error({"--rdzv_backend=zookeeper", "x"}), Catch::Contains("zookeeper"));
+  CHECK_THAT(usage_error({"--local_ranks_filter=a", "x"}), Catch::Contains("--local_ranks_filter"));
+  CHECK_THAT(usage_error({"--master_port=70000", "x"}), Catch::Contains("--master_port"));
+  CHECK_THAT(usage_error({"--role=", "x"}), Catch::Contains("--role"));
+  CHECK_THAT(usage_error({"--nproc_per_node"}), Catch::Contains("nproc_per_node"));
+  Fake fake;
+  fake.env = {{"PET_NPROC_PER_NODE", "abc"}};
+  CHECK_THAT(usage_error({"x"}, fake), Catch::Contains("PET_NPROC_PER_NODE=abc"));
+  fake.env = {{"PET_STANDALONE", "yes"}};
+  CHECK_THAT(usage_error({"x"}, fake), Catch::Contains("PET_STANDALONE=yes"));
+}
+
+TEST_CASE("multi-node options are parsed and refused as not implemented") {
+  CHECK_THAT(not_implemented({"--nnodes=2", "x"}), Catch::Contains("not implemented yet"));
+  CHECK_THAT(not_implemented({"--nnodes=1:4", "x"}), Catch::Contains("--nnodes=1:4"));
+  CHECK_THAT(not_implemented({"--standalone", "--nnodes=2", "x"}), Catch::Contains("multi-node"));
+  CHECK_THAT(not_implemented({"--rdzv_backend=etcd", "x"}), Catch::Contains("etcd"));
+  CHECK_THAT(not_implemented({"--rdzv_backend=etcd-v2", "x"}), Catch::Contains("not implemented"));
+  CHECK_THAT(not_implemented({"--rdzv_backend=c10d", "--rdzv_endpoint=node7.example:29400", "x"}),
+             Catch::Contains("node7.example:29400"));
+  CHECK_THAT(not_implemented({"--logs_specs=my.Specs", "x"}), Catch::Contains("--logs_specs"));
+  // A c10d rendezvous on this host is a single-node job and runs.
+  CHECK(parse({"--rdzv_backend=c10d", "--rdzv_endpoint=localhost:29400", "x"}).max_nodes == 1);
+  CHECK(parse({"--rdzv_backend=c10d", "--rdzv_endpoint=[::1]:29400", "x"}).max_nodes == 1);
+}
+
+TEST_CASE("--help and --version") {
+  Fake fake;
+  CliResult help = parse_command_line({"--help"}, fake.context());
+  CHECK(help.action == CliResult::Action::kHelp);
+  CHECK(parse_command_line({"-h", "x"}, fake.context()).action == CliResult::Action::kHelp);
+  CliResult version = parse_command_line({"--version"}, fake.context());
+  CHECK(version.action == CliResult::Action::kVersion);
+  CHECK_THAT(version.text, Catch::StartsWith("ddprun "));
+  std::istringstream lines(help.text);
+  std::string line;
+  while (std::getline(lines, line)) {
+    INFO(line);
+    CHECK(line.size() <= 80);
+  }
+  for (const char* option : {"--nnodes", "--nproc_per_node", "--standalone", "--rdzv_backend",
+                             "--rdzv_endpoint", "--rdzv_id", "--rdzv_conf", "--max_restarts",
+                             "--monitor_interval", "--role", "--log_dir", "--redirects", "--tee",
+                             "--local_ranks_filter", "--node_rank", "--master_addr",
+                             "--master_port", "--local_addr", "--module", "--no_python",
+                             "--signals_to_handle", "--shutdown_timeout", "--legacy_local_rank",
+                             "Nodes and workers:", "Logs:"}) {
+    CHECK_THAT(help.text, Catch::Contains(option));
+  }
+}

@@ -1,0 +1,139 @@
+// ddprun with Python scripts, modules and direct programs, bad input on the real binary, and
+// a real PyTorch (python3-torch, Gloo) job.
+#include <csignal>
+#include <catch2/catch.hpp>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "process_harness.hpp"
+#include "test_support.hpp"
+
+using namespace ddp::test;
+using nlohmann::json;
+
+namespace {
+
+std::string ddprun_path() { return bin_path("ddprun").string(); }
+std::string python_dir() { return source_path("tests/launcher/python").string(); }
+
+// The "probe {...}" lines of ddp_probe.py, by rank.
+std::map<int, json> probes(const std::string& out) {
+  std::map<int, json> by_rank;
+  for (const auto& line : lines_of(out)) {
+    if (line.starts_with("probe ")) {
+      json j = json::parse(line.substr(6));
+      by_rank[std::stoi(j["env"]["RANK"].get<std::string>())] = j;
+    }
+  }
+  return by_rank;
+}
+
+}  // namespace
+
+TEST_CASE("a .py entrypoint runs under PYTHON_EXEC -u with its arguments") {
+  ProcessResult r = run_process(
+      {ddprun_path(), "--nproc_per_node=2", python_dir() + "/ddp_probe.py", "--lr", "0.1", "--",
+       "-x"},
+      {{"PYTHON_EXEC", "/usr/bin/python3"}});
+  INFO(r.err);
+  REQUIRE(r.status == 0);
+  auto p = probes(r.out);
+  REQUIRE(p.size() == 2);
+  for (auto& [rank, j] : p) {
+    CHECK(j["argv"] == json::array({"--lr", "0.1", "--", "-x"}));
+    CHECK(j["executable"] == "/usr/bin/python3");
+    CHECK(j["name"] == "__main__");
+    CHECK(j["unbuffered"] == true);
+    CHECK(j["env"]["LOCAL_RANK"] == std::to_string(rank));
+  }
+}
+
+TEST_CASE("-m NAME runs python3 -u -m NAME; --legacy-local-rank adds --local_rank") {
+  ProcessResult r = run_process(
+      {ddprun_path(), "--nproc_per_node=2", "-m", "--legacy-local-rank", "ddp_probe", "a"},
+      {{"PYTHONPATH", python_dir()}});
+  INFO(r.err);
+  REQUIRE(r.status == 0);
+  auto p = probes(r.out);
+  REQUIRE(p.size() == 2);
+  CHECK(p[1]["argv"] == json::array({"--local_rank=1", "a"}));
+  CHECK(p[0]["argv"] == json::array({"--local_rank=0", "a"}));
+  CHECK(p[0]["name"] == "__main__");
+}
+
+TEST_CASE("other programs, and --no_python, run directly") {
+  ProcessResult direct = run_process({ddprun_path(), "--nproc_per_node=2",
+                                      bin_path("ddp-sample-worker").string(), "--hello"});
+  CHECK(direct.status == 0);
+  CHECK_THAT(direct.out, Catch::Contains("hello from rank 1 of 2"));
+
+  TempDir dir;
+  auto script = dir.path() / "job.py";
+  std::ofstream(script) << "#!/bin/sh\necho \"shell rank $RANK\"\n";
+  std::filesystem::permissions(script, std::filesystem::perms::owner_all);
+  ProcessResult forced = run_process({ddprun_path(), "--no-python", script.string()});
+  CHECK(forced.status == 0);
+  CHECK(forced.out == "shell rank 0\n");
+}
+
+TEST_CASE("bad input exits 2 with one line and starts nothing") {
+  TempDir dir;
+  for (std::vector<std::string> args : std::vector<std::vector<std::string>>{
+           {"--nnodes=3:2", "x"},
+           {"--nproc_per_node=abc", "x"},
+           {"-m", "--no_python", "x"},
+           {"--bogus", "x"},
+           {},
+           {"--nnodes=2", "x"},
+           {"--log_dir", dir.path().string(), "/no/such/train.py"},
+           {"--log_dir", dir.path().string(), "no-such-program-on-path"},
+       }) {
+    args.insert(args.begin(), ddprun_path());
+    INFO(Catch::Detail::stringify(args));
+    ProcessResult r = run_process(args);
+    CHECK(r.status == 2);
+    CHECK(lines_of(r.err).size() == 1);
+    CHECK_THAT(r.err, Catch::StartsWith("ddprun: error: "));
+    CHECK(r.out.empty());
+  }
+  CHECK(std::filesystem::is_empty(dir.path()));  // no worker (nor its log dir) was started
+}
+
+TEST_CASE("--help and --version exit 0") {
+  ProcessResult help = run_process({ddprun_path(), "--help"});
+  CHECK(help.status == 0);
+  CHECK_THAT(help.out, Catch::StartsWith("usage: ddprun"));
+  ProcessResult version = run_process({ddprun_path(), "--version"});
+  CHECK(version.status == 0);
+  CHECK_THAT(version.out, Catch::StartsWith("ddprun "));
+}
+
+TEST_CASE("PyTorch: two ranks init_process_group(gloo) and all_reduce under ddprun") {
+  if (!torch_available()) {
+    WARN("skipped: " << torch_python() << " cannot import torch with Gloo");
+    return;
+  }
+  ProcessResult r = run_process(
+      {ddprun_path(), "--standalone", "--nproc_per_node=2", python_dir() + "/torch_allreduce.py"},
+      {{"PYTHON_EXEC", torch_python()}}, {}, std::chrono::seconds(120));
+  INFO(r.out << r.err);
+  CHECK(r.status == 0);
+  CHECK_THAT(r.out, Catch::Contains("allreduce rank=0 world=2 sum=3"));
+  CHECK_THAT(r.out, Catch::Contains("allreduce rank=1 world=2 sum=3"));
+}
+
+TEST_CASE("PyTorch: @record's error file becomes the report's root cause") {
+  if (!torch_available()) {
+    WARN("skipped: " << torch_python() << " cannot import torch");
+    return;
+  }
+  ProcessResult r = run_process(
+      {ddprun_path(), "--nproc_per_node=2", python_dir() + "/torch_record_error.py"},
+      {{"PYTHON_EXEC", torch_python()}}, {}, std::chrono::seconds(120));
+  CHECK(r.status == 1);
+  INFO(r.err);
+  auto root = r.err.substr(r.err.find("Root Cause"));
+  CHECK_THAT(root, Catch::Contains("rank      : 1 (local_rank: 1)"));
+  CHECK_THAT(root, Catch::Contains("message   : ValueError: rank one gave up"));
+  CHECK_THAT(root, Catch::Contains("raise ValueError(\"rank one gave up\")"));
+}

@@ -1,0 +1,74 @@
+// torchelastic error files (both forms PyTorch writes) and the failure report.
+#include "ddp/launcher/failure_report.hpp"
+
+#include <catch2/catch.hpp>
+#include <csignal>
+#include <fstream>
+
+#include "test_support.hpp"
+
+using namespace ddp::launcher;
+
+TEST_CASE("read_error_file reads @record's format") {
+  ddp::test::TempDir dir;
+  auto path = (dir.path() / "error.json").string();
+  CHECK_FALSE(read_error_file(path).has_value());
+
+  std::ofstream(path) << R"({"message": {"message": "ValueError: bad", "extraInfo": )"
+                         R"({"py_callstack": "Traceback (most recent call last):\n  x\n", )"
+                         R"("timestamp": "1700000000"}}})";
+  auto full = read_error_file(path);
+  REQUIRE(full);
+  CHECK(full->message == "ValueError: bad");
+  CHECK(full->traceback == "Traceback (most recent call last):\n  x\n");
+
+  std::ofstream(path) << R"({"message": "Signal 9 received", "timestamp": 1700000000})";
+  auto short_form = read_error_file(path);
+  REQUIRE(short_form);
+  CHECK(short_form->message == "Signal 9 received");
+  CHECK(short_form->traceback.empty());
+
+  std::ofstream(path) << "not json at all";
+  CHECK(read_error_file(path)->message == "not json at all");
+}
+
+TEST_CASE("the report shows the root cause first, then the others") {
+  WorkerFailure root;
+  root.time = std::chrono::system_clock::now();
+  root.host = "node1";
+  root.rank = 3;
+  root.local_rank = 1;
+  root.pid = 4242;
+  root.exit_code = 7;
+  root.error_file = "/logs/error.json";
+  root.error = ErrorFileContent{"ValueError: bad", "Traceback:\n  line 1\n"};
+  WorkerFailure other = root;
+  other.rank = 2;
+  other.local_rank = 0;
+  other.exit_code = 0;
+  other.signal = SIGSEGV;
+  other.error.reset();
+
+  CHECK(root.status() == 7);
+  CHECK(other.status() == 128 + SIGSEGV);
+  CHECK(other.describe_exit() == "signal SIGSEGV (11)");
+
+  std::string report = format_failure_report("train.py", root, {other});
+  CHECK_THAT(report, Catch::Contains("train.py FAILED"));
+  auto root_at = report.find("Root Cause");
+  auto other_at = report.find("Other Failures");
+  REQUIRE(root_at != std::string::npos);
+  REQUIRE(other_at != std::string::npos);
+  CHECK(root_at < other_at);
+  std::string root_part = report.substr(root_at, other_at - root_at);
+  CHECK_THAT(root_part, Catch::Contains("host      : node1"));
+  CHECK_THAT(root_part, Catch::Contains("rank      : 3 (local_rank: 1)"));
+  CHECK_THAT(root_part, Catch::Contains("exit      : exit code 7"));
+  CHECK_THAT(root_part, Catch::Contains("pid       : 4242"));
+  CHECK_THAT(root_part, Catch::Contains("message   : ValueError: bad"));
+  CHECK_THAT(root_part, Catch::Contains("    Traceback:\n      line 1\n"));
+  std::string other_part = report.substr(other_at);
+  CHECK_THAT(other_part, Catch::Contains("rank      : 2 (local_rank: 0)"));
+  CHECK_THAT(other_part, Catch::Contains("signal SIGSEGV (11)"));
+  CHECK_THAT(format_failure_report("x", root, {}), Catch::Contains("<NO_OTHER_FAILURES>"));
+}

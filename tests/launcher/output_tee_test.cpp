@@ -1,0 +1,65 @@
+// OutputTee: every byte to the file, whole prefixed lines to the console.
+#include "ddp/launcher/output_tee.hpp"
+
+#include <fcntl.h>
+
+#include <catch2/catch.hpp>
+#include <fstream>
+#include <sstream>
+
+#include "test_support.hpp"
+
+using namespace ddp::launcher;
+
+namespace {
+
+std::string read_all(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+}  // namespace
+
+TEST_CASE("a tee copies bytes to the file and prefixed whole lines to the console") {
+  ddp::test::TempDir dir;
+  auto file_path = dir.path() / "stdout.log";
+  auto console_path = dir.path() / "console";
+  UniqueFd console(::open(console_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644));
+  UniqueFd file(::open(file_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644));
+  int fds[2];
+  REQUIRE(::pipe(fds) == 0);
+  UniqueFd writer(fds[1]);
+
+  boost::asio::io_context io;
+  bool done = false;
+  OutputTee::start(io, UniqueFd(fds[0]), std::move(file), console.get(), "[w3]:",
+                   [&] { done = true; });
+  // A line split over several writes, an empty line, and a last line without a newline.
+  for (const char* chunk : {"hel", "lo\nwor", "ld\n\nta", "il"}) {
+    REQUIRE(write_all(writer.get(), chunk, std::strlen(chunk)));
+    io.run_one();  // one read per chunk
+  }
+  writer.reset();
+  io.run();
+  CHECK(done);
+  CHECK(read_all(file_path) == "hello\nworld\n\ntail");
+  CHECK(read_all(console_path) == "[w3]:hello\n[w3]:world\n[w3]:\n[w3]:tail\n");
+}
+
+TEST_CASE("a tee without console writes only the file") {
+  ddp::test::TempDir dir;
+  auto file_path = dir.path() / "err.log";
+  int fds[2];
+  REQUIRE(::pipe(fds) == 0);
+  UniqueFd writer(fds[1]);
+  boost::asio::io_context io;
+  OutputTee::start(io, UniqueFd(fds[0]),
+                   UniqueFd(::open(file_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644)), -1,
+                   "[x]:", nullptr);
+  std::string big(200000, 'a');
+  big += "\n";
+  REQUIRE(write_all(writer.get(), big.data(), 65536));  // the pipe holds 64 KiB
+  writer.reset();
+  io.run();
+  CHECK(read_all(file_path).size() == 65536);
+}

@@ -1,0 +1,56 @@
+// The worker environment contract, in-process (the process tests check it end to end).
+#include "ddp/launcher/worker_env.hpp"
+
+#include <catch2/catch.hpp>
+
+using namespace ddp::launcher;
+
+TEST_CASE("worker_variables sets exactly torchrun's contract") {
+  LaunchConfig config;
+  config.nproc_per_node = 4;
+  config.max_restarts = 3;
+  config.rdzv_id = "job";
+  config.role = "trainer";
+  MasterEndpoint master{"127.0.0.1", 29511, false};
+  auto vars = worker_variables(config, master, {2, 1, "/l/error.json"}, {});
+  std::map<std::string, std::string> expected = {
+      {"RANK", "2"},
+      {"LOCAL_RANK", "2"},
+      {"WORLD_SIZE", "4"},
+      {"LOCAL_WORLD_SIZE", "4"},
+      {"GROUP_RANK", "0"},
+      {"GROUP_WORLD_SIZE", "1"},
+      {"ROLE_RANK", "2"},
+      {"ROLE_NAME", "trainer"},
+      {"ROLE_WORLD_SIZE", "4"},
+      {"MASTER_ADDR", "127.0.0.1"},
+      {"MASTER_PORT", "29511"},
+      {"TORCHELASTIC_RESTART_COUNT", "1"},
+      {"TORCHELASTIC_MAX_RESTARTS", "3"},
+      {"TORCHELASTIC_RUN_ID", "job"},
+      {"TORCHELASTIC_USE_AGENT_STORE", "False"},
+      {"TORCHELASTIC_ERROR_FILE", "/l/error.json"},
+      {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"},
+  };
+  CHECK(vars == expected);
+
+  master.agent_store = true;
+  auto with_store = worker_variables(config, master, {0, 0, "e"},
+                                     {{"TORCH_NCCL_ASYNC_ERROR_HANDLING", "0"}});
+  CHECK(with_store.at("TORCHELASTIC_USE_AGENT_STORE") == "True");
+  CHECK(with_store.at("TORCH_NCCL_ASYNC_ERROR_HANDLING") == "0");
+}
+
+TEST_CASE("OMP_NUM_THREADS defaults to 1 only when unset with several workers") {
+  LaunchConfig config;
+  config.nproc_per_node = 2;
+  CHECK(needs_omp_default(config, {}));
+  CHECK_FALSE(needs_omp_default(config, {{"OMP_NUM_THREADS", "8"}}));
+  config.nproc_per_node = 1;
+  CHECK_FALSE(needs_omp_default(config, {}));
+}
+
+TEST_CASE("merge_environment overlays the contract on the agent's environment") {
+  auto env = merge_environment({{"PATH", "/bin"}, {"RANK", "9"}}, {{"RANK", "0"}});
+  CHECK(env == std::vector<std::string>{"PATH=/bin", "RANK=0"});
+}

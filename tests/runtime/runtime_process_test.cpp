@@ -1,0 +1,121 @@
+// libddp over real processes on loopback: under ddprun, under an agent-hosted store, and
+// under python3-torch's torchrun (1.x store dialect).
+#include <catch2/catch.hpp>
+
+#include <sys/wait.h>
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
+#include <cstdio>
+#include <memory>
+#include <regex>
+#include <thread>
+
+#include "ddp/store/server.hpp"
+#include "test_support.hpp"
+
+namespace {
+
+struct Result {
+  int status = -1;
+  std::string output;
+};
+
+// Runs a shell command (bounded by coreutils timeout) and collects stdout + stderr.
+Result run(const std::string& command) {
+  const std::string full = "timeout 120 " + command + " 2>&1";
+  std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(full.c_str(), "r"), pclose);
+  REQUIRE(pipe);
+  Result result;
+  char buffer[4096];
+  for (std::size_t n; (n = std::fread(buffer, 1, sizeof buffer, pipe.get())) > 0;) {
+    result.output.append(buffer, n);
+  }
+  const int raw = pclose(pipe.release());
+  result.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
+  return result;
+}
+
+std::size_t count_matches(const std::string& text, const std::string& pattern) {
+  const std::regex re(pattern);
+  return static_cast<std::size_t>(
+      std::distance(std::sregex_iterator(text.begin(), text.end(), re), std::sregex_iterator()));
+}
+
+std::string bin(const std::string& name) { return ddp::test::bin_path(name).string(); }
+
+// The env contract for rank r of 3 with the agent's store at port (as torchrun's static
+// rendezvous sets it).
+std::string agent_store_worker(int rank, std::uint16_t port, const std::string& program) {
+  return "RANK=" + std::to_string(rank) + " LOCAL_RANK=" + std::to_string(rank) +
+         " WORLD_SIZE=3 LOCAL_WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
+         std::to_string(port) + " TORCHELASTIC_USE_AGENT_STORE=True "
+         "TORCHELASTIC_RESTART_COUNT=0 " + program;
+}
+
+}  // namespace
+
+TEST_CASE("the sample program prints sum=3 on each of 3 ranks under ddprun") {
+  const auto result = run(bin("ddprun") + " --nproc_per_node=3 " + bin("ddp-example-sum"));
+  INFO(result.output);
+  REQUIRE(result.status == 0);
+  REQUIRE(count_matches(result.output, "rank=[012] world=3 sum=3\\b") == 3);
+}
+
+TEST_CASE("every collective and dtype over 3 Gloo processes under ddprun") {
+  const auto result = run("env DDP_BACKEND=gloo " + bin("ddprun") + " --nproc_per_node=3 " +
+                          bin("ddp-runtime-worker") + " collectives");
+  INFO(result.output);
+  REQUIRE(result.status == 0);
+  REQUIRE(count_matches(result.output, "ok rank=[012] world=3 backend=gloo") == 3);
+}
+
+TEST_CASE("the Reducer equals one all-reduce over 3 processes under ddprun") {
+  const auto result = run(bin("ddprun") + " --nproc_per_node=3 " + bin("ddp-runtime-worker") +
+                          " reducer");
+  INFO(result.output);
+  REQUIRE(result.status == 0);
+  REQUIRE(count_matches(result.output, "ok rank=[012]") == 3);
+}
+
+TEST_CASE("ranks use the agent's store when TORCHELASTIC_USE_AGENT_STORE=True") {
+  boost::asio::io_context io;
+  ddp::store::ServerOptions options;
+  options.host = "127.0.0.1";
+  ddp::store::Server server(io, options);
+  std::thread thread([&] { io.run(); });
+  const auto port = server.port();
+  const std::string program = bin("ddp-example-sum");
+  const auto result = run("sh -c '" + agent_store_worker(0, port, program) + " & " +
+                          agent_store_worker(1, port, program) + " & " +
+                          agent_store_worker(2, port, program) + " & wait'");
+  const auto keys = server.stats().keys;
+  boost::asio::post(io, [&] { server.close(); io.stop(); });
+  thread.join();
+  INFO(result.output);
+  REQUIRE(count_matches(result.output, "sum=3\\b") == 3);
+  REQUIRE(keys > 0);  // the ranks met through this store, not one of their own
+}
+
+TEST_CASE("the sample program works under python3-torch's torchrun (1.x store)") {
+  if (!ddp::test::torch_available()) {
+    WARN("skipped: " << ddp::test::torch_python() << " cannot import torch");
+    return;
+  }
+  const std::string torchrun = ddp::test::torch_python() + " " +
+                               ddp::test::source_path("tests/runtime/torchrun.py").string();
+  // Static rendezvous: the agent hosts a 1.x store (TORCHELASTIC_USE_AGENT_STORE=True) on
+  // a port we pick by binding port 0 through a throwaway server.
+  std::uint16_t port;
+  {
+    boost::asio::io_context io;
+    ddp::store::ServerOptions options;
+    options.host = "127.0.0.1";
+    port = ddp::store::Server(io, options).port();
+  }
+  const auto result = run(torchrun + " --nproc_per_node=3 --master_port=" +
+                          std::to_string(port) + " --no_python " + bin("ddp-example-sum"));
+  INFO(result.output);
+  REQUIRE(result.status == 0);
+  REQUIRE(count_matches(result.output, "sum=3\\b") == 3);
+}
