@@ -12,12 +12,14 @@
 //                        "child pid=P"
 //   --ignore SIG         ignore a signal (e.g. SIGTERM, to test the kill timeout)
 //   --wait               wait until a signal ends the process
+//   --wait-for-file PATH wait until PATH exists ({rank} and {restart} expanded)
 //   --error-file MSG     write a torchelastic error file ($TORCHELASTIC_ERROR_FILE)
 //   --exit CODE          exit now with CODE
 //   --signal SIG         kill itself with SIG (a name like SIGKILL or a number)
 // Filters for the next action only:
 //   --if-rank R          only on RANK R
 //   --if-restart-below K only while TORCHELASTIC_RESTART_COUNT < K
+#include <sys/inotify.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -41,6 +43,9 @@ std::string env_or(const char* name, const char* fallback) {
   return value ? value : fallback;
 }
 
+// One write per line, so that lines of workers sharing a console never mix.
+void emit(std::ostream& out, const std::string& line) { out << (line + "\n") << std::flush; }
+
 int parse_signal(const std::string& text) {
   if (!text.empty() && std::isdigit(static_cast<unsigned char>(text[0]))) return std::stoi(text);
   std::string name = text.starts_with("SIG") ? text.substr(3) : text;
@@ -52,6 +57,36 @@ int parse_signal(const std::string& text) {
   std::exit(64);
 }
 
+// "{rank}" and "{restart}" in path become $RANK and $TORCHELASTIC_RESTART_COUNT.
+std::string expand(std::string path) {
+  if (auto at = path.find("{rank}"); at != std::string::npos) {
+    path.replace(at, 6, env_or("RANK", "x"));
+  }
+  if (auto at = path.find("{restart}"); at != std::string::npos) {
+    path.replace(at, 9, env_or("TORCHELASTIC_RESTART_COUNT", "x"));
+  }
+  return path;
+}
+
+// Blocks until path exists (inotify on its directory: an event, not polling).
+void wait_for_file(const std::string& path) {
+  auto slash = path.rfind('/');
+  std::string dir = slash == std::string::npos ? "." : path.substr(0, slash);
+  int fd = ::inotify_init1(IN_CLOEXEC);
+  if (fd < 0 || ::inotify_add_watch(fd, dir.c_str(), IN_CREATE | IN_MOVED_TO) < 0) {
+    std::cerr << "ddp-sample-worker: inotify on " << dir << ": " << std::strerror(errno) << "\n";
+    std::exit(65);
+  }
+  alignas(inotify_event) char events[4096];
+  while (::access(path.c_str(), F_OK) != 0) {
+    if (::read(fd, events, sizeof events) < 0 && errno != EINTR) {
+      std::cerr << "ddp-sample-worker: inotify read: " << std::strerror(errno) << "\n";
+      std::exit(65);
+    }
+  }
+  ::close(fd);
+}
+
 void dump_env(std::string path) {
   nlohmann::json env = nlohmann::json::object();
   for (char** e = environ; *e; ++e) {
@@ -59,16 +94,8 @@ void dump_env(std::string path) {
     auto eq = entry.find('=');
     if (eq != std::string::npos) env[entry.substr(0, eq)] = entry.substr(eq + 1);
   }
-  if (path == "-") {
-    std::cout << env.dump() << std::endl;
-    return;
-  }
-  if (auto at = path.find("{rank}"); at != std::string::npos) {
-    path.replace(at, 6, env_or("RANK", "x"));
-  }
-  if (auto at = path.find("{restart}"); at != std::string::npos) {
-    path.replace(at, 9, env_or("TORCHELASTIC_RESTART_COUNT", "x"));
-  }
+  if (path == "-") return emit(std::cout, env.dump());
+  path = expand(path);
   std::string tmp = path + ".tmp";
   std::ofstream(tmp) << env.dump(2) << "\n";
   std::rename(tmp.c_str(), path.c_str());  // readers never see half a file
@@ -92,7 +119,7 @@ void spawn_child() {
   if (pid == 0) {
     for (;;) ::pause();
   }
-  std::cout << "child pid=" << pid << std::endl;
+  emit(std::cout, "child pid=" + std::to_string(pid));
 }
 
 }  // namespace
@@ -124,28 +151,33 @@ int main(int argc, char** argv) {
     if (a == "--env-json") {
       std::string path = value();
       if (run) dump_env(path);
+    } else if (a == "--wait-for-file") {
+      std::string path = expand(value());
+      if (run) wait_for_file(path);
     } else if (a == "--print") {
       std::string text = value();
-      if (run) std::cout << text << std::endl;
+      if (run) emit(std::cout, text);
     } else if (a == "--eprint") {
       std::string text = value();
-      if (run) std::cerr << text << std::endl;
+      if (run) emit(std::cerr, text);
     } else if (a == "--partial") {
       std::string text = value();
       if (run) std::cout << text << std::flush;
     } else if (a == "--lines") {
       int n = std::stoi(value());
-      for (int k = 0; run && k < n; ++k) std::cout << "rank " << rank << " line " << k << "\n";
-      std::cout.flush();
+      std::string text;
+      for (int k = 0; run && k < n; ++k) text += "rank " + rank + " line " + std::to_string(k) + "\n";
+      std::cout << text << std::flush;
     } else if (a == "--hello") {
       if (run) {
-        std::cout << "hello from rank " << rank << " of " << env_or("WORLD_SIZE", "?")
-                  << " (local rank " << env_or("LOCAL_RANK", "?") << ", pid " << ::getpid()
-                  << ", master " << env_or("MASTER_ADDR", "?") << ":"
-                  << env_or("MASTER_PORT", "?") << ", restart " << restart << ")" << std::endl;
+        emit(std::cout, "hello from rank " + rank + " of " + env_or("WORLD_SIZE", "?") +
+                            " (local rank " + env_or("LOCAL_RANK", "?") + ", pid " +
+                            std::to_string(::getpid()) + ", master " +
+                            env_or("MASTER_ADDR", "?") + ":" + env_or("MASTER_PORT", "?") +
+                            ", restart " + std::to_string(restart) + ")");
       }
     } else if (a == "--ready") {
-      if (run) std::cout << "ready rank=" << rank << " pid=" << ::getpid() << std::endl;
+      if (run) emit(std::cout, "ready rank=" + rank + " pid=" + std::to_string(::getpid()));
     } else if (a == "--spawn-child") {
       if (run) spawn_child();
     } else if (a == "--ignore") {

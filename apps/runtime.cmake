@@ -2,3 +2,13 @@
 add_executable(ddp-example-sum examples/sum.cpp)
 target_link_libraries(ddp-example-sum PRIVATE ddp::runtime)
 ddp_strict(ddp-example-sum)
+
+# A complete training loop (docs/runtime.md walks through it).
+add_executable(ddp-example-train examples/train_linear.cpp)
+target_link_libraries(ddp-example-train PRIVATE ddp::runtime)
+ddp_strict(ddp-example-train)
+
+find_package(BLAS REQUIRED)
+add_executable(ddp-reducer-bench reducer_bench.cpp)
+target_link_libraries(ddp-reducer-bench PRIVATE ddp::runtime CLI11::CLI11 ${BLAS_LIBRARIES})
+ddp_strict(ddp-reducer-bench)

@@ -105,7 +105,7 @@ class Agent::Impl {
         temp_dir_ = base;
       }
     }
-    log_root_ = base / config_.rdzv_id;
+    log_root_ = fs::absolute(base) / config_.rdzv_id;  // TORCHELASTIC_ERROR_FILE is absolute
   }
 
   void remove_temp_dir() {
@@ -123,6 +123,7 @@ class Agent::Impl {
     for (int local_rank = 0; local_rank < config_.nproc_per_node; ++local_rank) {
       start_worker(local_rank, dir / std::to_string(local_rank));
     }
+    for (auto& worker : workers_) worker->confirm_started();
   }
 
   void start_worker(int local_rank, const fs::path& dir) {
@@ -184,8 +185,9 @@ class Agent::Impl {
       if (worker->running()) worker->signal_group(signal);
     }
     kill_timer_.expires_after(config_.shutdown_timeout);
-    kill_timer_.async_wait([this](boost::system::error_code ec) {
-      if (!ec) kill_running(SIGKILL);
+    kill_timer_.async_wait([this, attempt = attempt_](boost::system::error_code ec) {
+      // A completion queued just before a cancel still arrives: only this attempt's workers.
+      if (!ec && attempt == attempt_ && state_ != State::kRunning) kill_running(SIGKILL);
     });
   }
 
@@ -212,6 +214,9 @@ class Agent::Impl {
       return start_attempt();
     }
     report_ = format_failure_report(config_.entrypoint, *root_cause_, other_failures_);
+    bool wrote_error_file = root_cause_->error.has_value();
+    for (const auto& other : other_failures_) wrote_error_file |= other.error.has_value();
+    if (wrote_error_file) temp_dir_.clear();  // keep the error files the report points to
     finish(root_cause_->status());
   }
 

@@ -62,6 +62,15 @@ std::pair<std::vector<std::string>, std::vector<std::string>> split_arguments(
   return {options, std::vector<std::string>(args.begin() + static_cast<std::ptrdiff_t>(i), args.end())};
 }
 
+std::optional<long> to_long(const std::string& text) {
+  if (text.empty()) return std::nullopt;
+  char* end = nullptr;
+  errno = 0;
+  long value = std::strtol(text.c_str(), &end, 10);
+  if (*end != '\0' || errno == ERANGE) return std::nullopt;
+  return value;
+}
+
 RawOptions defaults_and_environment(const CliContext& context) {
   RawOptions raw;
   for (const OptionSpec& spec : option_table()) {
@@ -69,11 +78,10 @@ RawOptions defaults_and_environment(const CliContext& context) {
     std::optional<std::string> env = context.getenv ? context.getenv(detail::env_name(spec)) : std::nullopt;
     if (spec.is_flag) {
       raw.flags[dest] = false;
-      if (env) {
-        if (*env != "0" && *env != "1") {
-          throw UsageError(detail::env_name(spec) + "=" + *env + ": expected 0 or 1");
-        }
-        raw.flags[dest] = *env == "1";
+      if (env) {  // torchrun: bool(int(value))
+        auto number = to_long(*env);
+        if (!number) throw UsageError(detail::env_name(spec) + "=" + *env + ": expected 0 or 1");
+        raw.flags[dest] = *number != 0;
       }
     } else {
       raw.values[dest] = std::string(spec.default_value);
@@ -131,14 +139,6 @@ std::string where(const RawOptions& raw, const std::string& dest) {
   return name + "=" + raw.values.at(dest);
 }
 
-std::optional<long> to_long(const std::string& text) {
-  if (text.empty()) return std::nullopt;
-  char* end = nullptr;
-  errno = 0;
-  long value = std::strtol(text.c_str(), &end, 10);
-  if (*end != '\0' || errno == ERANGE) return std::nullopt;
-  return value;
-}
 
 int int_option(const RawOptions& raw, const std::string& dest, long min, long max) {
   auto value = to_long(raw.values.at(dest));

@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <sys/prctl.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <csignal>
@@ -33,9 +32,10 @@ std::vector<char*> c_strings(const std::vector<std::string>& strings) {
   if (::getppid() != agent) ::_exit(128 + SIGKILL);  // the agent died before prctl took hold
   if (options.stdout_fd >= 0 && ::dup2(options.stdout_fd, STDOUT_FILENO) < 0) fail();
   if (options.stderr_fd >= 0 && ::dup2(options.stderr_fd, STDERR_FILENO) < 0) fail();
-  struct sigaction dfl {};
-  dfl.sa_handler = SIG_DFL;
-  for (int s = 1; s < NSIG; ++s) ::sigaction(s, &dfl, nullptr);  // undo the agent's handlers
+  // exec resets caught signals; ignored ones stay ignored. Restore the ones the agent
+  // ignores (as Python's subprocess does), and unblock everything.
+  ::signal(SIGPIPE, SIG_DFL);
+  ::signal(SIGXFSZ, SIG_DFL);
   sigset_t none;
   ::sigemptyset(&none);
   ::sigprocmask(SIG_SETMASK, &none, nullptr);
@@ -46,7 +46,7 @@ std::vector<char*> c_strings(const std::vector<std::string>& strings) {
 
 }  // namespace
 
-pid_t spawn_process(const SpawnOptions& options) {
+SpawnedProcess spawn_process(const SpawnOptions& options) {
   std::vector<char*> argv = c_strings(options.argv);
   std::vector<char*> envp = c_strings(options.env);
   int error_pipe[2];
@@ -58,22 +58,25 @@ pid_t spawn_process(const SpawnOptions& options) {
   if (pid == 0) exec_child(options, argv.data(), envp.data(), agent, error_pipe[1]);
   int fork_errno = errno;
   ::close(error_pipe[1]);
+  SpawnedProcess process{pid, options.program, UniqueFd(error_pipe[0])};
   if (pid < 0) {
-    ::close(error_pipe[0]);
     throw SpawnError("cannot start " + options.program + ": fork: " + std::strerror(fork_errno));
   }
   ::setpgid(pid, pid);  // also from the parent, so that the group exists before we signal it
+  return process;
+}
+
+void confirm_exec(SpawnedProcess& process) {
+  if (!process.exec_report.valid()) return;
   int child_errno = 0;
   ssize_t n;
   do {
-    n = ::read(error_pipe[0], &child_errno, sizeof child_errno);
+    n = ::read(process.exec_report.get(), &child_errno, sizeof child_errno);
   } while (n < 0 && errno == EINTR);
-  ::close(error_pipe[0]);
+  process.exec_report.reset();
   if (n > 0) {
-    ::waitpid(pid, nullptr, 0);
-    throw SpawnError("cannot execute " + options.program + ": " + std::strerror(child_errno));
+    throw SpawnError("cannot execute " + process.program + ": " + std::strerror(child_errno));
   }
-  return pid;
 }
 
 }  // namespace ddp::launcher

@@ -26,7 +26,8 @@ void Worker::kill_and_reap() {
 
 void Worker::start(const SpawnOptions& options, ExitHandler on_exit) {
   on_exit_ = std::move(on_exit);
-  pid_ = spawn_process(options);
+  spawned_ = spawn_process(options);
+  pid_ = spawned_.pid;
   int fd = static_cast<int>(::syscall(SYS_pidfd_open, pid_, 0));
   if (fd < 0) {
     int error = errno;
@@ -39,6 +40,8 @@ void Worker::start(const SpawnOptions& options, ExitHandler on_exit) {
   pidfd_.assign(fd);
   watch();
 }
+
+void Worker::confirm_started() { confirm_exec(spawned_); }
 
 void Worker::watch() {
   pidfd_.async_wait(boost::asio::posix::stream_descriptor::wait_read,

@@ -33,8 +33,12 @@ class Worker : public std::enable_shared_from_this<Worker> {
   Worker& operator=(const Worker&) = delete;
 
   // Spawns the process (throws SpawnError) and calls on_exit once, from the io_context,
-  // when it has exited and been reaped. Call once.
+  // when it has exited and been reaped. Returns before the exec: call confirm_started()
+  // (after starting the other workers, so that they exec in parallel). Call once.
   void start(const SpawnOptions& options, ExitHandler on_exit);
+
+  // Waits for the exec of start(); throws SpawnError when it failed.
+  void confirm_started();
 
   // Reaps the process if it has already exited, without waiting; true once it has exited
   // (on_exit then runs from the io_context as usual).
@@ -58,6 +62,7 @@ class Worker : public std::enable_shared_from_this<Worker> {
 
   int local_rank_;
   pid_t pid_ = 0;
+  SpawnedProcess spawned_;
   boost::asio::posix::stream_descriptor pidfd_;
   std::optional<WorkerExit> exit_;
   ExitHandler on_exit_;

@@ -22,13 +22,34 @@ std::string op_with_key(std::string_view op, const std::string& key) {
 // How long a canceled wait waits for the server's WAIT_CANCELED.
 constexpr std::chrono::milliseconds kCancelReplyTimeout{5000};
 
+// Connects (retrying until connect_timeout), sends the 1.x GETNUMKEYS byte and returns V1
+// when its 8-byte reply arrives within reply_timeout, else V2.
+Dialect probe_dialect(const std::string& host, std::uint16_t port,
+                      std::chrono::milliseconds connect_timeout,
+                      std::chrono::milliseconds reply_timeout) {
+  std::string error;
+  auto conn = TcpConnection::connect(host, port, Clock::now() + connect_timeout, error);
+  const std::string where = endpoint_of(host, port);
+  if (!conn) {
+    throw StoreError("store client " + where + ": detect dialect: no store server answered within " +
+                     ms_text(connect_timeout) + " (last error: " + error + ")");
+  }
+  std::string probe;
+  put_u8(probe, *encode_command(Dialect::V1, Command::GetNumKeys));
+  if (conn->send_all(probe, reply_timeout) != TcpConnection::Io::Ok) {
+    throw StoreError("store client " + where + ": detect dialect: cannot send the probe");
+  }
+  char reply[8];
+  return conn->read(reply, 8, reply_timeout) == TcpConnection::Io::Ok ? Dialect::V1 : Dialect::V2;
+}
+
 }  // namespace
 
 Client::Client(ClientOptions options)
     : options_(std::move(options)), endpoint_(endpoint_of(options_.host, options_.port)) {
   dialect_ = options_.dialect ? *options_.dialect
-                              : detect_dialect(options_.host, options_.port,
-                                               std::min(kDefaultProbeTimeout, options_.connect_timeout));
+                              : probe_dialect(options_.host, options_.port,
+                                              options_.connect_timeout, kDefaultProbeTimeout);
   set_timeout(options_.timeout);
   std::lock_guard lock(mutex_);
   connect_locked();
@@ -357,20 +378,7 @@ std::int64_t Client::queue_len(const std::string& key) {
 
 Dialect detect_dialect(const std::string& host, std::uint16_t port,
                        std::chrono::milliseconds timeout) {
-  std::string error;
-  auto conn = TcpConnection::connect(host, port, Clock::now() + timeout, error);
-  const std::string where = endpoint_of(host, port);
-  if (!conn) {
-    throw StoreError("store client " + where + ": detect dialect: no store server answered within " +
-                     ms_text(timeout) + " (last error: " + error + ")");
-  }
-  std::string probe;
-  put_u8(probe, *encode_command(Dialect::V1, Command::GetNumKeys));
-  if (conn->send_all(probe, timeout) != TcpConnection::Io::Ok) {
-    throw StoreError("store client " + where + ": detect dialect: cannot send the probe");
-  }
-  char reply[8];
-  return conn->read(reply, 8, timeout) == TcpConnection::Io::Ok ? Dialect::V1 : Dialect::V2;
+  return probe_dialect(host, port, timeout, timeout);
 }
 
 }  // namespace ddp::store

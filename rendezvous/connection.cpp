@@ -175,6 +175,12 @@ bool Connection::handle(Request& r) {
 }
 
 bool Connection::handle_wait(const Request& r) {
+  bool all = true;
+  for (std::size_t i = 0; i < r.key_count && all; ++i) all = server_->table.present(r.key(i));
+  if (all) {  // the common case: answer without registering anything
+    put_u8(out_, kStopWaiting);
+    return true;
+  }
   Waiter& waiter = waiters_.emplace_back();
   waiter.owner = this;
   if (!server_->table.begin_wait(waiter, r.keys, r.key_count)) {
@@ -218,6 +224,17 @@ void Connection::on_key_event(std::uint8_t event, std::string_view key, std::str
 
 void Connection::flush() {
   if (writing_ || out_.empty() || closed_) return;
+  // Most replies fit the socket buffer: send at once and skip the event loop. Errors are
+  // left to the asynchronous write below, so that a connection never closes in the middle
+  // of another one's wake-ups.
+  boost::system::error_code ec;
+  std::size_t sent = socket_.send(boost::asio::buffer(out_), 0, ec);
+  if (ec) sent = 0;
+  if (sent == out_.size()) {
+    out_.clear();
+    return;
+  }
+  out_.erase(0, sent);
   writing_ = true;
   std::swap(out_, sending_);
   boost::asio::async_write(

@@ -12,7 +12,8 @@ bool nccl_usable();
 
 // Builds the NCCL communicator through `store` (a view private to it). Throws Unsupported
 // when libddp was built without CUDA, InitError on failure (naming missing ranks).
-std::unique_ptr<Communicator> make_nccl_communicator(store::Store& store, const LaunchEnv& env,
+std::unique_ptr<Communicator> make_nccl_communicator(std::shared_ptr<store::Store> store,
+                                                     const LaunchEnv& env,
                                                      const InitOptions& options,
                                                      MismatchCheck check);
 

@@ -61,12 +61,12 @@ Context build_context(const LaunchEnv& env, std::shared_ptr<store::Store> base,
   job_store->set_timeout(options.init_timeout);
   const Backend backend = choose_backend(options);
   const MismatchCheck check = choose_check(options);
-  store::PrefixStore backend_store(to_string(backend), job_store);
-  backend_store.set_timeout(options.init_timeout);
+  auto backend_store = std::make_shared<store::PrefixStore>(to_string(backend), job_store);
+  backend_store->set_timeout(options.init_timeout);
   std::unique_ptr<Communicator> communicator =
       backend == Backend::Nccl
           ? detail::make_nccl_communicator(backend_store, env, options, check)
-          : detail::make_gloo_communicator(backend_store, env, options, check);
+          : detail::make_gloo_communicator(*backend_store, env, options, check);
   job_store->set_timeout(store::kDefaultTimeout);
   return Context(env, std::move(job_store), std::move(communicator), options.timeout,
                  std::move(keep_alive));

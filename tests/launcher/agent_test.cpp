@@ -88,10 +88,10 @@ TEST_CASE("every worker gets torchrun's environment") {
   CHECK(count(r.err, "OMP_NUM_THREADS=1") == 1);  // the notice, once
 }
 
-TEST_CASE("--standalone, --role, --master_port, PET_ and a set OMP_NUM_THREADS") {
+TEST_CASE("standalone run with role and master endpoint from options and workers from PET_NPROC_PER_NODE") {
   TempDir dir;
   ProcessResult r = run_process(
-      ddprun({"--standalone", "--role=trainer", "--master_port=29555"},
+      ddprun({"--standalone", "--role=trainer", "--master_port=29555", "--local_addr=127.0.0.3"},
              {"--env-json", (dir.path() / "env-{rank}.json").string()}),
       {{"PET_NPROC_PER_NODE", "2"}, {"OMP_NUM_THREADS", "3"}});
   INFO(r.err);
@@ -101,6 +101,7 @@ TEST_CASE("--standalone, --role, --master_port, PET_ and a set OMP_NUM_THREADS")
   CHECK(env1["WORLD_SIZE"] == "2");
   CHECK(env0["ROLE_NAME"] == "trainer");
   CHECK(env0["MASTER_PORT"] == "29555");
+  CHECK(env0["MASTER_ADDR"] == "127.0.0.3");
   CHECK(env0["OMP_NUM_THREADS"] == "3");
   CHECK(r.err.find("OMP_NUM_THREADS") == std::string::npos);
   std::string run_id = env0["TORCHELASTIC_RUN_ID"];
@@ -108,7 +109,7 @@ TEST_CASE("--standalone, --role, --master_port, PET_ and a set OMP_NUM_THREADS")
   CHECK(env1["TORCHELASTIC_RUN_ID"] == run_id);
 }
 
-TEST_CASE("a failing rank: its exit code, and a report naming it") {
+TEST_CASE("a failing rank gives its exit code and a report naming it") {
   ProcessResult r = run_process(
       ddprun({"--nproc_per_node=3"}, {"--if-rank", "1", "--exit", "3", "--wait"}));
   CHECK(r.status == 3);
@@ -132,21 +133,27 @@ TEST_CASE("a worker killed by a signal: 128+signal and the signal's name") {
 }
 
 TEST_CASE("a worker's torchelastic error file is the report's message and traceback") {
+  TempDir dir;
   ProcessResult r = run_process(ddprun(
-      {"--nproc_per_node=2"}, {"--if-rank", "1", "--error-file", "disk full", "--if-rank", "1",
-                               "--exit", "5", "--wait"}));
+      {"--nproc_per_node=2", "--log_dir", dir.path().string()},
+      {"--if-rank", "1", "--error-file", "disk full", "--if-rank", "1", "--exit", "5", "--wait"}));
   CHECK(r.status == 5);
   INFO(r.err);
   CHECK_THAT(r.err, Catch::Contains("message   : RuntimeError: disk full"));
   CHECK_THAT(r.err, Catch::Contains("    Traceback (most recent call last):"));
-  CHECK_THAT(r.err, Catch::Contains("attempt_0/1/error.json"));
+  const auto error_file = dir.path() / "none" / "attempt_0" / "1" / "error.json";
+  CHECK_THAT(r.err, Catch::Contains("error_file: " + error_file.string()));
+  CHECK(std::filesystem::exists(error_file));
 }
 
 TEST_CASE("restarts increment TORCHELASTIC_RESTART_COUNT and stop at --max_restarts") {
   TempDir dir;
   auto env_file = (dir.path() / "env-{rank}-{restart}.json").string();
-  ProcessResult r = run_process(ddprun({"--nproc_per_node=2", "--max_restarts=2"},
-                                       {"--env-json", env_file, "--if-rank", "1", "--exit", "4"}));
+  // Rank 1 fails once rank 0 has written its file, so that both files exist every attempt.
+  ProcessResult r = run_process(ddprun(
+      {"--nproc_per_node=2", "--max_restarts=2"},
+      {"--env-json", env_file, "--if-rank", "1", "--wait-for-file",
+       (dir.path() / "env-0-{restart}.json").string(), "--if-rank", "1", "--exit", "4", "--wait"}));
   CHECK(r.status == 4);
   INFO(r.err);
   CHECK(count(r.err, "restarting it") == 2);
@@ -167,7 +174,7 @@ TEST_CASE("restarts increment TORCHELASTIC_RESTART_COUNT and stop at --max_resta
   CHECK(count(ok.out, "done") == 2);
 }
 
-TEST_CASE("SIGTERM to ddprun: forwarded, exit 143, no process left in any worker group") {
+TEST_CASE("SIGTERM to ddprun is forwarded and leaves no process in any worker group") {
   ChildProcess run(ddprun({"--nproc_per_node=2"}, {"--spawn-child", "--ready", "--wait"}));
   auto ready = run.wait_for_stdout_lines("ready", 2);
   auto children = run.wait_for_stdout_lines("child pid=", 2);
@@ -207,6 +214,23 @@ TEST_CASE("a second Ctrl-C kills at once") {
   CHECK_THAT(r.err, Catch::Contains("killing the workers now"));
 }
 
+TEST_CASE("each handled signal is forwarded and gives 128+signal") {
+  for (int signal : {SIGHUP, SIGINT}) {  // (SIGQUIT too, but it would dump cores)
+    ChildProcess run(ddprun({"--nproc_per_node=2"}, {"--ready", "--wait"}));
+    run.wait_for_stdout_lines("ready", 2);
+    run.signal(signal);
+    CHECK(run.wait().status == 128 + signal);
+  }
+  // --signals_to_handle replaces the list: SIGUSR1 is forwarded (and ends the workers).
+  ChildProcess run(ddprun({"--nproc_per_node=2", "--signals_to_handle=SIGUSR1"},
+                          {"--ready", "--wait"}));
+  run.wait_for_stdout_lines("ready", 2);
+  run.signal(SIGUSR1);
+  ProcessResult r = run.wait();
+  CHECK(r.status == 128 + SIGUSR1);
+  CHECK_THAT(r.err, Catch::Contains("got SIGUSR1"));
+}
+
 TEST_CASE("kill -9 of ddprun leaves no worker") {
   ChildProcess run(ddprun({"--nproc_per_node=2"}, {"--ready", "--wait"}));
   auto ready = run.wait_for_stdout_lines("ready", 2);
@@ -218,7 +242,7 @@ TEST_CASE("kill -9 of ddprun leaves no worker") {
   check_no_process_left(groups);
 }
 
-TEST_CASE("--tee: prefixed whole lines on the console, plain files in the log layout") {
+TEST_CASE("tee gives prefixed whole lines on the console and plain files in the log layout") {
   TempDir dir;
   const int lines = 3000;
   ProcessResult r = run_process(ddprun(
@@ -251,7 +275,7 @@ TEST_CASE("--tee: prefixed whole lines on the console, plain files in the log la
   }
 }
 
-TEST_CASE("--redirects, per-rank maps, and --local_ranks_filter") {
+TEST_CASE("redirects and per-rank maps and the local ranks filter") {
   TempDir dir;
   const auto base = dir.path() / "none" / "attempt_0";
   ProcessResult r = run_process(ddprun(

@@ -178,7 +178,7 @@ TEST_CASE("every valued option in every spelling") {
   }
 }
 
-TEST_CASE("--standalone makes a local c10d rendezvous with a fresh run id") {
+TEST_CASE("standalone makes a local c10d rendezvous with a fresh run id") {
   LaunchConfig a = parse({"--standalone", "--rdzv_id=ignored", "train.py"});
   LaunchConfig b = parse({"--standalone", "train.py"});
   CHECK(a.standalone);
@@ -189,7 +189,7 @@ TEST_CASE("--standalone makes a local c10d rendezvous with a fresh run id") {
   CHECK(a.rdzv_id != b.rdzv_id);
 }
 
-TEST_CASE("nproc_per_node: cpu, gpu and auto") {
+TEST_CASE("nproc_per_node as cpu or gpu or auto") {
   Fake fake;
   fake.cpus = 6;
   CHECK(parse({"--nproc_per_node=cpu", "x"}, fake).nproc_per_node == 6);
@@ -201,7 +201,7 @@ TEST_CASE("nproc_per_node: cpu, gpu and auto") {
   CHECK(parse({"--nproc_per_node=gpu", "x"}, fake).nproc_per_node_spec == "gpu");
 }
 
-TEST_CASE("PET_ variables give every option its default; the command line wins") {
+TEST_CASE("PET_ variables give every option its default and the command line wins") {
   Fake fake;
   fake.env = {{"PET_NPROC_PER_NODE", "4"},  {"PET_MAX_RESTARTS", "2"},
               {"PET_RDZV_ID", "pet-job"},   {"PET_ROLE", "r"},
@@ -284,7 +284,7 @@ TEST_CASE("bad input is a UsageError naming the option") {
   Fake fake;
   fake.env = {{"PET_NPROC_PER_NODE", "abc"}};
   CHECK_THAT(usage_error({"x"}, fake), Catch::Contains("PET_NPROC_PER_NODE=abc"));
-  fake.env = {{"PET_STANDALONE", "yes"}};
+  fake.env = {{"PET_STANDALONE", "yes"}};  // torchrun: int(value)
   CHECK_THAT(usage_error({"x"}, fake), Catch::Contains("PET_STANDALONE=yes"));
 }
 
@@ -302,7 +302,7 @@ TEST_CASE("multi-node options are parsed and refused as not implemented") {
   CHECK(parse({"--rdzv_backend=c10d", "--rdzv_endpoint=[::1]:29400", "x"}).max_nodes == 1);
 }
 
-TEST_CASE("--help and --version") {
+TEST_CASE("help and version texts") {
   Fake fake;
   CliResult help = parse_command_line({"--help"}, fake.context());
   CHECK(help.action == CliResult::Action::kHelp);

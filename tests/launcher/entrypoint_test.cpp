@@ -48,7 +48,7 @@ TEST_CASE("a .py entrypoint runs under PYTHON_EXEC -u with its arguments") {
   }
 }
 
-TEST_CASE("-m NAME runs python3 -u -m NAME; --legacy-local-rank adds --local_rank") {
+TEST_CASE("a module entrypoint runs under python3 -u -m and legacy local rank adds --local_rank") {
   ProcessResult r = run_process(
       {ddprun_path(), "--nproc_per_node=2", "-m", "--legacy-local-rank", "ddp_probe", "a"},
       {{"PYTHONPATH", python_dir()}});
@@ -61,7 +61,7 @@ TEST_CASE("-m NAME runs python3 -u -m NAME; --legacy-local-rank adds --local_ran
   CHECK(p[0]["name"] == "__main__");
 }
 
-TEST_CASE("other programs, and --no_python, run directly") {
+TEST_CASE("other programs and no_python entrypoints run directly") {
   ProcessResult direct = run_process({ddprun_path(), "--nproc_per_node=2",
                                       bin_path("ddp-sample-worker").string(), "--hello"});
   CHECK(direct.status == 0);
@@ -99,7 +99,17 @@ TEST_CASE("bad input exits 2 with one line and starts nothing") {
   CHECK(std::filesystem::is_empty(dir.path()));  // no worker (nor its log dir) was started
 }
 
-TEST_CASE("--help and --version exit 0") {
+TEST_CASE("a program the kernel cannot execute: exit 1 naming it and the reason") {
+  TempDir dir;
+  auto program = dir.path() / "no-shebang";
+  std::ofstream(program) << "echo hi\n";
+  std::filesystem::permissions(program, std::filesystem::perms::owner_all);
+  ProcessResult r = run_process({ddprun_path(), "--nproc_per_node=2", program.string()});
+  CHECK(r.status == 1);
+  CHECK_THAT(r.err, Catch::Contains("cannot execute " + program.string() + ": Exec format error"));
+}
+
+TEST_CASE("help and version exit 0") {
   ProcessResult help = run_process({ddprun_path(), "--help"});
   CHECK(help.status == 0);
   CHECK_THAT(help.out, Catch::StartsWith("usage: ddprun"));
@@ -127,8 +137,10 @@ TEST_CASE("PyTorch: @record's error file becomes the report's root cause") {
     WARN("skipped: " << torch_python() << " cannot import torch");
     return;
   }
+  TempDir dir;
   ProcessResult r = run_process(
-      {ddprun_path(), "--nproc_per_node=2", python_dir() + "/torch_record_error.py"},
+      {ddprun_path(), "--nproc_per_node=2", "--log_dir", dir.path().string(),
+       python_dir() + "/torch_record_error.py"},
       {{"PYTHON_EXEC", torch_python()}}, {}, std::chrono::seconds(120));
   CHECK(r.status == 1);
   INFO(r.err);

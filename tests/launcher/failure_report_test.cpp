@@ -32,7 +32,7 @@ TEST_CASE("read_error_file reads @record's format") {
   CHECK(read_error_file(path)->message == "not json at all");
 }
 
-TEST_CASE("the report shows the root cause first, then the others") {
+TEST_CASE("the report shows the root cause first and then the others") {
   WorkerFailure root;
   root.time = std::chrono::system_clock::now();
   root.host = "node1";

@@ -31,7 +31,7 @@ LaunchConfig config_for(std::string entrypoint, std::vector<std::string> args = 
 
 }  // namespace
 
-TEST_CASE("a .py entrypoint runs under python3 -u, or PYTHON_EXEC") {
+TEST_CASE("a .py entrypoint runs under python3 -u or PYTHON_EXEC") {
   ddp::test::TempDir dir;
   std::string script = (dir.path() / "train.py").string();
   std::ofstream(script) << "print('hi')\n";
@@ -46,7 +46,7 @@ TEST_CASE("a .py entrypoint runs under python3 -u, or PYTHON_EXEC") {
   CHECK(d.argv == std::vector<std::string>{"/usr/bin/python3", "-u", script});
 }
 
-TEST_CASE("-m runs python3 -u -m NAME; --no_python and other files run directly") {
+TEST_CASE("module entrypoints run python3 -u -m NAME and other files run directly") {
   auto path = env_of({{"PATH", "/usr/bin:/bin"}});
   WorkerCommand m = resolve_worker_command(
       config_for("pkg.train", {"a"}, EntrypointKind::kModule), path);
@@ -81,7 +81,7 @@ TEST_CASE("a missing entrypoint or interpreter is a UsageError") {
       Catch::Contains("/no/python"));
 }
 
-TEST_CASE("--legacy-local-rank puts --local_rank=<n> after the entrypoint") {
+TEST_CASE("legacy local rank puts --local_rank=N after the entrypoint") {
   auto path = env_of({{"PATH", "/usr/bin:/bin"}});
   LaunchConfig c = config_for("true", {"a", "b"});
   WorkerCommand command = resolve_worker_command(c, path);

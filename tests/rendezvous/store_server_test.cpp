@@ -251,3 +251,17 @@ TEST_CASE("detect_dialect: our server answers the 1.x probe") {
   client.set("a", "b");
   CHECK(client.get("a") == "b");
 }
+
+TEST_CASE("detect_dialect: a server that does not answer the 1.x probe is taken for 2.x") {
+  // A listening socket that never answers, as a 2.x server waiting for the rest of a WAIT.
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  REQUIRE(::listen(fd, 4) == 0);
+  socklen_t len = sizeof(addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  CHECK(detect_dialect("127.0.0.1", ntohs(addr.sin_port), 100ms) == Dialect::V2);
+  ::close(fd);
+}

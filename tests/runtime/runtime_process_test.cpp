@@ -119,3 +119,14 @@ TEST_CASE("the sample program works under python3-torch's torchrun (1.x store)")
   REQUIRE(result.status == 0);
   REQUIRE(count_matches(result.output, "sum=3\\b") == 3);
 }
+
+TEST_CASE("the training-loop example converges with equal parameters on 3 ranks") {
+  const auto result = run(bin("ddprun") + " --nproc_per_node=3 " + bin("ddp-example-train") +
+                          " --epochs 3");
+  INFO(result.output);
+  REQUIRE(result.status == 0);
+  REQUIRE(result.output.find("[rank 0] parameters equal on all ranks: yes") != std::string::npos);
+  std::smatch last;
+  REQUIRE(std::regex_search(result.output, last, std::regex("\\[rank 0\\] epoch 2 loss (\\S+)")));
+  REQUIRE(std::stod(last[1].str()) < 1e-2);  // from about 1 in epoch 0
+}

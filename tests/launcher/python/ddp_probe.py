@@ -6,10 +6,12 @@ import os
 import sys
 
 KEYS = ["RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID"]
-print("probe " + json.dumps({
+line = "probe " + json.dumps({
     "argv": sys.argv[1:],
     "executable": sys.executable,
     "name": __name__,
     "unbuffered": sys.stdout.write_through,
     "env": {k: os.environ.get(k) for k in KEYS},
-}), flush=True)
+})
+sys.stdout.write(line + "\n")  # one write: lines of ranks sharing a console stay whole
+sys.stdout.flush()

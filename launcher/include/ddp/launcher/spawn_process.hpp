@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "ddp/launcher/unique_fd.hpp"
+
 namespace ddp::launcher {
 
 struct SpawnOptions {
@@ -25,10 +27,22 @@ class SpawnError : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// Forks and execs; returns the child's pid, which is also its process group id. Returns only
-// once the exec has happened (or throws SpawnError naming the program and errno, after
-// reaping the child). Call from the agent's only thread: the parent-death signal is tied to
-// the calling thread.
-pid_t spawn_process(const SpawnOptions& options);
+// A forked child on its way to exec.
+struct SpawnedProcess {
+  pid_t pid = 0;           // also its process group id
+  std::string program;     // for the error message
+  UniqueFd exec_report;    // EOF once the exec happened; an errno when it failed
+};
+
+// Forks; the child execs options.program. Returns at once, without waiting for the exec,
+// so that several workers exec in parallel; confirm_exec says whether it worked. Throws
+// SpawnError when fork fails. Call from the agent's only thread: the parent-death signal is
+// tied to the calling thread.
+SpawnedProcess spawn_process(const SpawnOptions& options);
+
+// Waits until the child has exec'd (microseconds to milliseconds: the time the kernel takes
+// to load the program); throws SpawnError naming the program and errno when the exec
+// failed. The child has then exited with status 127: reap it as usual.
+void confirm_exec(SpawnedProcess& process);
 
 }  // namespace ddp::launcher

@@ -1,0 +1,175 @@
+// ddp-reducer-bench: a synthetic backward (one sgemm per parameter, ResNet-50's parameter
+// sizes) on every rank, timed three ways: compute alone, compute with the Reducer
+// overlapping the all-reduce, and compute followed by one all-reduce of everything.
+// Exposed communication = step - compute. Run it under ddprun; scripts/bench-reducer runs
+// it beside PyTorch DDP on the same layers.
+//   ddprun --nproc_per_node=2 build/bin/ddp-reducer-bench --steps 10
+#include <cblas.h>
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "ddp/runtime.hpp"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+struct BenchConfig {
+  int steps = 10;               // timed steps per mode
+  int warmup = 2;               // untimed steps per mode
+  int tokens = 32;              // M: columns of each layer's sgemm (compute per parameter)
+  double first_bucket_mb = 1;   // the Reducer's first bucket cap
+  double bucket_cap_mb = 25;    // the Reducer's later bucket caps
+  bool print_layers = false;    // print "rows cols" per parameter and exit (for the DDP side)
+};
+
+// One parameter as a matrix: rows x cols (conv weights flattened to out x in*kh*kw).
+struct Layer {
+  int rows;
+  int cols;
+  std::size_t size() const { return static_cast<std::size_t>(rows) * cols; }
+};
+
+// ResNet-50's parameters in torchvision's registration order (161 tensors, 25.6 M floats).
+std::vector<Layer> resnet50_layers() {
+  std::vector<Layer> layers;
+  auto conv = [&](int out, int in, int k) { layers.push_back({out, in * k * k}); };
+  auto bn = [&](int c) { layers.push_back({c, 1}); layers.push_back({c, 1}); };
+  conv(64, 3, 7);
+  bn(64);
+  int in = 64;
+  const int blocks[] = {3, 4, 6, 3};
+  for (int stage = 0; stage < 4; ++stage) {
+    const int width = 64 << stage;
+    for (int b = 0; b < blocks[stage]; ++b) {
+      conv(width, in, 1); bn(width);
+      conv(width, width, 3); bn(width);
+      conv(width * 4, width, 1); bn(width * 4);
+      if (b == 0) { conv(width * 4, in, 1); bn(width * 4); }
+      in = width * 4;
+    }
+  }
+  layers.push_back({1000, 2048});  // fc.weight
+  layers.push_back({1000, 1});     // fc.bias
+  return layers;
+}
+
+// The per-layer backward: grad (rows x cols) = dY (rows x M) * X^T (M x cols), written
+// straight into the gradient buffer.
+class SyntheticBackward {
+ public:
+  SyntheticBackward(const std::vector<Layer>& layers, int tokens) : layers_(layers), tokens_(tokens) {
+    int max_rows = 1, max_cols = 1;
+    for (const auto& l : layers) { max_rows = std::max(max_rows, l.rows); max_cols = std::max(max_cols, l.cols); }
+    std::mt19937 rng(1);
+    std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+    dy_.resize(static_cast<std::size_t>(max_rows) * tokens);
+    x_.resize(static_cast<std::size_t>(max_cols) * tokens);
+    for (auto& v : dy_) v = dist(rng);
+    for (auto& v : x_) v = dist(rng);
+  }
+  void layer(std::size_t i, float* grad) const {
+    const Layer& l = layers_[i];
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, l.rows, l.cols, tokens_, 1.0f,
+                dy_.data(), tokens_, x_.data(), tokens_, 0.0f, grad, l.cols);
+  }
+
+ private:
+  const std::vector<Layer>& layers_;
+  int tokens_;
+  std::vector<float> dy_, x_;
+};
+
+// Median of this rank's step times, then the largest over ranks (the job's pace).
+double job_median_ms(ddp::Context& ctx, std::vector<double> times) {
+  std::sort(times.begin(), times.end());
+  double median = times[times.size() / 2];
+  ctx.allreduce(std::span<double>(&median, 1), ddp::ReduceOp::Max);
+  return median;
+}
+
+template <typename Step>
+double time_steps(ddp::Context& ctx, const BenchConfig& config, Step&& step) {
+  std::vector<double> times;
+  for (int s = 0; s < config.warmup + config.steps; ++s) {
+    ctx.barrier();
+    const auto start = Clock::now();
+    step();
+    const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+    if (s >= config.warmup) times.push_back(ms);
+  }
+  return job_median_ms(ctx, times);
+}
+
+int run(const BenchConfig& config) {
+  const auto layers = resnet50_layers();
+  if (config.print_layers) {
+    for (const auto& l : layers) std::printf("%d %d\n", l.rows, l.cols);
+    return 0;
+  }
+  openblas_set_num_threads(1);  // one compute thread per rank, as torch.set_num_threads(1)
+  ddp::Context ctx = ddp::init();
+  ddp::Logger log(ctx, false, stdout);
+  std::size_t total = 0;
+  for (const auto& l : layers) total += l.size();
+  std::vector<float> params(total, 0.01f);
+  std::vector<ddp::Parameter> parameters;
+  std::vector<std::size_t> offsets;
+  for (std::size_t i = 0, off = 0; i < layers.size(); off += layers[i].size(), ++i) {
+    offsets.push_back(off);
+    parameters.push_back({"layer" + std::to_string(i), std::span<float>(params).subspan(off, layers[i].size())});
+  }
+  SyntheticBackward backward(layers, config.tokens);
+  std::vector<float> flat(total);  // compute-only and one-all-reduce modes write here
+
+  const double compute = time_steps(ctx, config, [&] {
+    for (std::size_t i = layers.size(); i-- > 0;) backward.layer(i, flat.data() + offsets[i]);
+  });
+  const double one_allreduce = time_steps(ctx, config, [&] {
+    for (std::size_t i = layers.size(); i-- > 0;) backward.layer(i, flat.data() + offsets[i]);
+    ctx.allreduce(std::span<float>(flat), ddp::ReduceOp::Avg);
+  });
+  ddp::ReducerOptions options;
+  options.first_bucket_mb = config.first_bucket_mb;
+  options.bucket_cap_mb = config.bucket_cap_mb;
+  ddp::Reducer reducer(ctx, parameters, options);
+  const double with_reducer = time_steps(ctx, config, [&] {
+    for (std::size_t i = layers.size(); i-- > 0;) {
+      backward.layer(i, reducer.grad(i).data());
+      reducer.mark_ready(i);
+    }
+    reducer.finalize();
+  });
+  log.info("{\"impl\": \"ddp\", \"world\": ", ctx.world_size(), ", \"params\": ", total,
+           ", \"buckets\": ", reducer.buckets().size(), ", \"tokens\": ", config.tokens,
+           ", \"compute_ms\": ", compute, ", \"one_allreduce_ms\": ", one_allreduce,
+           ", \"overlapped_ms\": ", with_reducer, ", \"exposed_one_allreduce_ms\": ",
+           one_allreduce - compute, ", \"exposed_overlapped_ms\": ", with_reducer - compute, "}");
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  BenchConfig config;
+  CLI::App app("ddp-reducer-bench: exposed gradient communication with ddp::Reducer");
+  app.add_option("--steps", config.steps, "Timed steps per mode")->check(CLI::PositiveNumber);
+  app.add_option("--warmup", config.warmup, "Untimed steps per mode");
+  app.add_option("--tokens", config.tokens, "Columns of each layer's sgemm")->check(CLI::PositiveNumber);
+  app.add_option("--first_bucket_mb", config.first_bucket_mb, "First bucket cap (MiB)");
+  app.add_option("--bucket_cap_mb", config.bucket_cap_mb, "Later bucket caps (MiB)");
+  app.add_flag("--print_layers", config.print_layers, "Print each parameter's rows and cols");
+  CLI11_PARSE(app, argc, argv);
+  try {
+    return run(config);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "ddp-reducer-bench: %s\n", e.what());
+    return 1;
+  }
+}

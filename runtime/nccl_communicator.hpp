@@ -1,0 +1,70 @@
+#pragma once
+// The GPU backend: NCCL on a dedicated CUDA stream. Collectives are ordered after an event
+// recorded on the caller's stream (CollectiveOptions::after_stream) and complete through an
+// event, never a host sync on the issuing path. Host buffers are accepted too: they are
+// staged through device memory and such calls complete before they return. Internal to
+// libddp; built only with CUDA + NCCL.
+
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <memory>
+
+#include "call_check.hpp"
+#include "ddp/communicator.hpp"
+#include "ddp/context.hpp"
+
+namespace ddp::detail {
+
+class NcclCommunicator : public Communicator {
+ public:
+  // Picks the device, waits (up to options.init_timeout) until every rank has arrived in the
+  // store (InitError naming the missing ranks otherwise), exchanges the unique id(s) and
+  // builds the communicator. `store` is a view private to this communicator.
+  NcclCommunicator(std::shared_ptr<store::Store> store, const LaunchEnv& env,
+                   const InitOptions& options, MismatchCheck check);
+  ~NcclCommunicator() override;
+
+  Backend backend() const override { return Backend::Nccl; }
+  int rank() const override { return rank_; }
+  int world_size() const override { return world_size_; }
+  int device() const { return device_; }
+
+  Work allreduce(void* data, std::size_t count, DType dtype, ReduceOp op,
+                 const CollectiveOptions& options) override;
+  Work broadcast(void* data, std::size_t count, DType dtype, int root,
+                 const CollectiveOptions& options) override;
+  Work allgather(const void* in, void* out, std::size_t count, DType dtype,
+                 const CollectiveOptions& options) override;
+  Work reduce_scatter(const void* in, void* out, std::size_t count, DType dtype, ReduceOp op,
+                      const CollectiveOptions& options) override;
+  Work barrier() override;
+  std::shared_ptr<void> allocate(std::size_t bytes) override;
+  void fill_zero(void* data, std::size_t bytes, void* stream) override;
+  void set_mismatch_check(MismatchCheck check) override { policy_.set(check); }
+
+ private:
+  void wait_for_all_ranks(std::chrono::milliseconds timeout);
+  void init_communicator(const InitOptions& options);
+  // Cross-rank comparison through the store (NCCL has no cheap host-side collective).
+  void check_call(const CallDescriptor& call);
+  // Orders the communication stream after `after` and returns a Work completing with what
+  // was queued by `enqueue` on it.
+  template <typename Enqueue>
+  Work launch(const CallDescriptor& call, void* after, Enqueue&& enqueue);
+  // A device buffer of at least `bytes` for staging host memory (grows, never shrinks).
+  void* staging(std::size_t bytes, std::size_t slot);
+
+  std::shared_ptr<store::Store> store_;
+  const int rank_;
+  const int world_size_;
+  int device_ = 0;
+  ncclComm_t comm_ = nullptr;
+  cudaStream_t stream_ = nullptr;
+  MismatchPolicy policy_;
+  std::uint64_t checks_ = 0;
+  std::shared_ptr<void> staging_[2];
+  std::size_t staging_bytes_[2] = {0, 0};
+};
+
+}  // namespace ddp::detail

@@ -1,0 +1,118 @@
+// The NCCL backend at world size 1 (one GPU). Built with CUDA; skips without a device.
+#include <catch2/catch.hpp>
+
+#include <cuda_runtime.h>
+
+#include <vector>
+
+#include "ddp/runtime.hpp"
+#include "ddp/store/memory_store.hpp"
+#include "thread_world.hpp"
+
+namespace {
+
+// Why the GPU tests cannot run here, or "" when they can.
+std::string no_gpu_reason() {
+  int count = 0;
+  const cudaError_t status = cudaGetDeviceCount(&count);
+  if (status != cudaSuccess) return std::string("no usable CUDA device: ") + cudaGetErrorString(status);
+  if (count == 0) return "no CUDA device";
+  return "";
+}
+
+ddp::Context nccl_context() {
+  ddp::InitOptions options;
+  options.backend = ddp::Backend::Nccl;
+  options.init_timeout = std::chrono::seconds(60);
+  return ddp::init(ddp::test::thread_env(0, 1), std::make_shared<ddp::store::MemoryStore>(), options);
+}
+
+template <typename T>
+std::vector<T> round_trip(ddp::Context& ctx, const std::vector<T>& host, ddp::ReduceOp op) {
+  void* device = nullptr;
+  REQUIRE(cudaMalloc(&device, host.size() * sizeof(T) + 1) == cudaSuccess);
+  REQUIRE(cudaMemcpy(device, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice) == cudaSuccess);
+  ctx.allreduce(std::span<T>(static_cast<T*>(device), host.size()), op);
+  std::vector<T> out(host.size());
+  REQUIRE(cudaMemcpy(out.data(), device, out.size() * sizeof(T), cudaMemcpyDeviceToHost) == cudaSuccess);
+  cudaFree(device);
+  return out;
+}
+
+}  // namespace
+
+#define SKIP_WITHOUT_GPU()                                   \
+  do {                                                       \
+    const std::string reason = no_gpu_reason();              \
+    if (!reason.empty()) {                                   \
+      WARN("skipped: " << reason);                           \
+      return;                                                \
+    }                                                        \
+  } while (false)
+
+TEST_CASE("nccl: every dtype and op on device memory, and host memory staged") {
+  SKIP_WITHOUT_GPU();
+  ddp::Context ctx = nccl_context();
+  REQUIRE(ctx.backend() == ddp::Backend::Nccl);
+  for (auto op : {ddp::ReduceOp::Sum, ddp::ReduceOp::Avg, ddp::ReduceOp::Min, ddp::ReduceOp::Max}) {
+    REQUIRE(round_trip(ctx, std::vector<float>(1001, 2.5f), op) == std::vector<float>(1001, 2.5f));
+    REQUIRE(round_trip(ctx, std::vector<double>(7, -1.0), op) == std::vector<double>(7, -1.0));
+    REQUIRE(round_trip(ctx, std::vector<std::int32_t>(3, 9), op) == std::vector<std::int32_t>(3, 9));
+    REQUIRE(round_trip(ctx, std::vector<std::int64_t>(0), op).empty());
+    auto bf = round_trip(ctx, std::vector<ddp::bfloat16>(5, ddp::to_bfloat16(1.5f)), op);
+    REQUIRE(ddp::to_float(bf[4]) == 1.5f);
+    auto h = round_trip(ctx, std::vector<ddp::float16>(5, ddp::to_float16(0.75f)), op);
+    REQUIRE(ddp::to_float(h[0]) == 0.75f);
+  }
+  std::vector<float> host(1000, 1.0f);  // the sample program's host vector
+  ctx.allreduce(std::span<float>(host), ddp::ReduceOp::Sum);
+  REQUIRE(host[999] == 1.0f);
+  ctx.barrier();
+}
+
+TEST_CASE("nccl: bucket all-reduces are queued while backward work is still pending") {
+  SKIP_WITHOUT_GPU();
+  ddp::Context ctx = nccl_context();
+  const std::size_t n = 1 << 20;
+  void* params = nullptr;
+  REQUIRE(cudaMalloc(&params, 4 * n * sizeof(float)) == cudaSuccess);
+  std::vector<ddp::Parameter> parameters;
+  for (int i = 0; i < 4; ++i) {
+    parameters.push_back({"p" + std::to_string(i), {static_cast<float*>(params) + i * n, n}});
+  }
+  cudaStream_t compute = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking) == cudaSuccess);
+  ddp::ReducerOptions options;
+  options.compute_stream = compute;
+  options.first_bucket_mb = 4;
+  options.bucket_cap_mb = 4;
+  ddp::Reducer reducer(ctx, parameters, options);
+  REQUIRE(reducer.buckets().size() == 4);
+  // "Backward": a long queue of device copies on the compute stream, then the gradients.
+  void* scratch = nullptr;
+  const std::size_t scratch_bytes = 256u << 20;
+  REQUIRE(cudaMalloc(&scratch, 2 * scratch_bytes) == cudaSuccess);
+  cudaEvent_t backward_done = nullptr;
+  REQUIRE(cudaEventCreate(&backward_done) == cudaSuccess);
+  for (int k = 0; k < 200; ++k) {
+    cudaMemcpyAsync(static_cast<char*>(scratch) + scratch_bytes, scratch, scratch_bytes,
+                    cudaMemcpyDeviceToDevice, compute);
+  }
+  for (std::size_t i = 4; i-- > 0;) {
+    auto g = reducer.grad(i);
+    cudaMemsetAsync(g.data(), 0, g.size() * sizeof(float), compute);
+    reducer.mark_ready(i);  // queues the bucket's all-reduce after the work above
+  }
+  cudaEventRecord(backward_done, compute);
+  // Every bucket is queued and the host never waited: backward is still running.
+  CHECK(cudaEventQuery(backward_done) == cudaErrorNotReady);
+  reducer.finalize();  // orders compute after the last bucket, no host sync
+  REQUIRE(cudaStreamSynchronize(compute) == cudaSuccess);
+  std::vector<float> g(n);
+  REQUIRE(cudaMemcpy(g.data(), reducer.grad(0).data(), n * sizeof(float), cudaMemcpyDeviceToHost) == cudaSuccess);
+  REQUIRE(g[n - 1] == 0.0f);
+  cudaFree(scratch);
+  cudaFree(params);
+  cudaEventDestroy(backward_done);
+  cudaStreamDestroy(compute);
+}
