@@ -278,9 +278,8 @@ class Rendezvous {
   }
 
  private:
-  void fail(int rank, const std::string& what) {
-    std::cerr << "rank " << rank << ": " << what << "\n";
-    std::exit(2);  // a benchmark program: give up at once
+  [[noreturn]] void fail(int rank, const std::string& what) {
+    throw StoreError("rank " + std::to_string(rank) + ": " + what);
   }
 
   void start(int rank) {
@@ -364,7 +363,6 @@ class Rendezvous {
       ev.data.u32 = static_cast<std::uint32_t>(rank);
       ::epoll_ctl(epoll_, EPOLL_CTL_MOD, r.fd, &ev);
       r.phase = dialect_ == Dialect::V2 ? 1 : 2;
-      if (r.phase == 2) --connecting_;
       send_phase(rank);
       return;
     }
@@ -376,7 +374,8 @@ class Rendezvous {
     r.received += static_cast<std::size_t>(n);
     if (r.received < r.expected) return;
     if (r.received > r.expected) fail(rank, "more reply bytes than expected");
-    if (r.phase == 1) --connecting_;
+    // A rank stops counting as connecting once the server answered its first request.
+    if (r.phase == (dialect_ == Dialect::V2 ? 1 : 2)) --connecting_;
     if (++r.phase == 5) {
       ++done_;
       return;

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -94,17 +95,23 @@ double job_median_ms(ddp::Context& ctx, std::vector<double> times) {
   return median;
 }
 
-template <typename Step>
-double time_steps(ddp::Context& ctx, const BenchConfig& config, Step&& step) {
-  std::vector<double> times;
+// Runs the modes round-robin, one step each, so that a change in machine load hits every
+// mode alike; returns each mode's job median.
+std::vector<double> time_modes(ddp::Context& ctx, const BenchConfig& config,
+                               const std::vector<std::function<void()>>& modes) {
+  std::vector<std::vector<double>> times(modes.size());
   for (int s = 0; s < config.warmup + config.steps; ++s) {
-    ctx.barrier();
-    const auto start = Clock::now();
-    step();
-    const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-    if (s >= config.warmup) times.push_back(ms);
+    for (std::size_t m = 0; m < modes.size(); ++m) {
+      ctx.barrier();
+      const auto start = Clock::now();
+      modes[m]();
+      const double ms = std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+      if (s >= config.warmup) times[m].push_back(ms);
+    }
   }
-  return job_median_ms(ctx, times);
+  std::vector<double> medians;
+  for (auto& t : times) medians.push_back(job_median_ms(ctx, t));
+  return medians;
 }
 
 int run(const BenchConfig& config) {
@@ -128,29 +135,44 @@ int run(const BenchConfig& config) {
   SyntheticBackward backward(layers, config.tokens);
   std::vector<float> flat(total);  // compute-only and one-all-reduce modes write here
 
-  const double compute = time_steps(ctx, config, [&] {
-    for (std::size_t i = layers.size(); i-- > 0;) backward.layer(i, flat.data() + offsets[i]);
-  });
-  const double one_allreduce = time_steps(ctx, config, [&] {
-    for (std::size_t i = layers.size(); i-- > 0;) backward.layer(i, flat.data() + offsets[i]);
-    ctx.allreduce(std::span<float>(flat), ddp::ReduceOp::Avg);
-  });
   ddp::ReducerOptions options;
   options.first_bucket_mb = config.first_bucket_mb;
   options.bucket_cap_mb = config.bucket_cap_mb;
   ddp::Reducer reducer(ctx, parameters, options);
-  const double with_reducer = time_steps(ctx, config, [&] {
-    for (std::size_t i = layers.size(); i-- > 0;) {
-      backward.layer(i, reducer.grad(i).data());
-      reducer.mark_ready(i);
-    }
-    reducer.finalize();
-  });
+  options.compression = ddp::DType::BF16;
+  options.broadcast_parameters = false;  // already equal
+  ddp::Reducer compressed(ctx, parameters, options);
+  const auto medians = time_modes(ctx, config, {
+      [&] {  // compute alone
+        for (std::size_t i = layers.size(); i-- > 0;) backward.layer(i, flat.data() + offsets[i]);
+      },
+      [&] {  // compute, then one all-reduce of everything
+        for (std::size_t i = layers.size(); i-- > 0;) backward.layer(i, flat.data() + offsets[i]);
+        ctx.allreduce(std::span<float>(flat), ddp::ReduceOp::Avg);
+      },
+      [&] {  // compute with the Reducer overlapping the all-reduces
+        for (std::size_t i = layers.size(); i-- > 0;) {
+          backward.layer(i, reducer.grad(i).data());
+          reducer.mark_ready(i);
+        }
+        reducer.finalize();
+      },
+      [&] {  // the same, all-reducing in bf16
+        for (std::size_t i = layers.size(); i-- > 0;) {
+          backward.layer(i, compressed.grad(i).data());
+          compressed.mark_ready(i);
+        }
+        compressed.finalize();
+      }});
+  const double compute = medians[0], one_allreduce = medians[1], with_reducer = medians[2];
+  const double with_bf16 = medians[3];
   log.info("{\"impl\": \"ddp\", \"world\": ", ctx.world_size(), ", \"params\": ", total,
            ", \"buckets\": ", reducer.buckets().size(), ", \"tokens\": ", config.tokens,
            ", \"compute_ms\": ", compute, ", \"one_allreduce_ms\": ", one_allreduce,
            ", \"overlapped_ms\": ", with_reducer, ", \"exposed_one_allreduce_ms\": ",
-           one_allreduce - compute, ", \"exposed_overlapped_ms\": ", with_reducer - compute, "}");
+           one_allreduce - compute, ", \"exposed_overlapped_ms\": ", with_reducer - compute,
+           ", \"overlapped_compressed_ms\": ", with_bf16,
+           ", \"exposed_overlapped_compressed_ms\": ", with_bf16 - compute, "}");
   return 0;
 }
 

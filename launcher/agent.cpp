@@ -164,13 +164,14 @@ class Agent::Impl {
     if (exits_seen_ == workers_.size()) on_group_exited();
   }
 
-  // The root cause. Workers that have already failed too are "other failures"; the rest
-  // are stopped and not reported (their exit is our doing).
+  // The root cause. Workers that have already failed too (reaped or not, their exit event
+  // may still be queued) are "other failures"; the rest are stopped and not reported (their
+  // exit is our doing).
   void on_first_failure(Worker& failed) {
     root_cause_ = failure_of(failed);
     other_failures_.clear();
     for (auto& worker : workers_) {
-      if (worker.get() == &failed || !worker->running()) continue;
+      if (worker.get() == &failed) continue;
       if (worker->poll_exit() && worker->exit()->failed()) {
         other_failures_.push_back(failure_of(*worker));
       }

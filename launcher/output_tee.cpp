@@ -1,18 +1,28 @@
 #include "ddp/launcher/output_tee.hpp"
 
+#include <poll.h>
+
 #include <cerrno>
+#include <chrono>
 #include <cstring>
 
 namespace ddp::launcher {
 
 namespace {
 constexpr std::size_t kReadChunk = 64 * 1024;
-}
+// How long a write waits for a full, non-blocking console (or file) to take more.
+constexpr std::chrono::milliseconds kConsoleWriteTimeout{10000};
+}  // namespace
 
 bool write_all(int fd, const char* data, std::size_t size) {
   while (size > 0) {
     ssize_t n = ::write(fd, data, size);
     if (n < 0 && errno == EINTR) continue;
+    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {  // a non-blocking console
+      pollfd writable{fd, POLLOUT, 0};
+      if (::poll(&writable, 1, static_cast<int>(kConsoleWriteTimeout.count())) == 1) continue;
+      return false;
+    }
     if (n <= 0) return false;
     data += n;
     size -= static_cast<std::size_t>(n);

@@ -218,14 +218,16 @@ void Client::wait_locked(const std::vector<std::string>& keys, std::chrono::mill
   for (const auto& key : keys) put_bytes(out_, key);
   send(op);
   char reply = 0;
-  auto io = conn_->read(&reply, 1, timeout);
-  if (io == TcpConnection::Io::Ok) {
-    if (static_cast<std::uint8_t>(reply) != kStopWaiting) {
-      fail(op, "unexpected wait reply " + std::to_string(static_cast<int>(reply)));
-    }
-    return;
+  switch (conn_->read(&reply, 1, timeout)) {
+    case TcpConnection::Io::Ok:
+      if (static_cast<std::uint8_t>(reply) != kStopWaiting) {
+        fail(op, "unexpected wait reply " + std::to_string(static_cast<int>(reply)));
+      }
+      return;
+    case TcpConnection::Io::Timeout: break;
+    case TcpConnection::Io::Closed: fail(op, "the server closed the connection");
+    case TcpConnection::Io::Error: fail(op, "receive failed: " + conn_->last_error());
   }
-  if (io != TcpConnection::Io::Timeout) read(&reply, 1, op, timeout);  // throws the right error
   const std::string detail = "timed out after " + ms_text(timeout) + " waiting for " +
                              describe_keys(keys);
   if (dialect_ == Dialect::V1) fail(op, detail, true);  // 1.x cannot cancel: reconnect later

@@ -9,12 +9,12 @@
 #include <gloo/barrier.h>
 #include <gloo/broadcast.h>
 #include <gloo/common/error.h>
-#include <gloo/math.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/transport/tcp/device.h>
 
 #include "gloo_store_adapter.hpp"
 #include "promise_work.hpp"
+#include "reduce_kernels.hpp"
 
 namespace ddp::detail {
 
@@ -30,65 +30,6 @@ void dispatch(DType dtype, F&& f) {
     case DType::I64: return f(std::int64_t{});
     case DType::F16: return f(float16{});
     case DType::BF16: return f(bfloat16{});
-  }
-}
-
-template <typename T>
-constexpr bool is_half = std::is_same_v<T, float16> || std::is_same_v<T, bfloat16>;
-
-template <typename T>
-float widen(T v) { return to_float(v); }
-template <typename T>
-T narrow(float v) {
-  if constexpr (std::is_same_v<T, float16>) return to_float16(v);
-  else return to_bfloat16(v);
-}
-
-// Element-wise c = a (op) b for the 16-bit types, computed in float.
-template <typename T, typename Op>
-void half_reduce(void* c, const void* a, const void* b, std::size_t n, Op op) {
-  auto* out = static_cast<T*>(c);
-  const auto* x = static_cast<const T*>(a);
-  const auto* y = static_cast<const T*>(b);
-  for (std::size_t i = 0; i < n; ++i) out[i] = narrow<T>(op(widen(x[i]), widen(y[i])));
-}
-
-template <typename T>
-gloo::AllreduceOptions::Func reduce_function(ReduceOp op) {
-  if constexpr (is_half<T>) {
-    switch (op) {
-      case ReduceOp::Min:
-        return [](void* c, const void* a, const void* b, std::size_t n) {
-          half_reduce<T>(c, a, b, n, [](float x, float y) { return std::min(x, y); });
-        };
-      case ReduceOp::Max:
-        return [](void* c, const void* a, const void* b, std::size_t n) {
-          half_reduce<T>(c, a, b, n, [](float x, float y) { return std::max(x, y); });
-        };
-      default:
-        return [](void* c, const void* a, const void* b, std::size_t n) {
-          half_reduce<T>(c, a, b, n, [](float x, float y) { return x + y; });
-        };
-    }
-  } else {
-    using Fn = void (*)(void*, const void*, const void*, std::size_t);
-    switch (op) {
-      case ReduceOp::Min: return static_cast<Fn>(&gloo::min<T>);
-      case ReduceOp::Max: return static_cast<Fn>(&gloo::max<T>);
-      default: return static_cast<Fn>(&gloo::sum<T>);
-    }
-  }
-}
-
-// Divides a sum by the world size in place (integer types truncate, as integer division).
-template <typename T>
-void divide(T* data, std::size_t count, int world_size) {
-  for (std::size_t i = 0; i < count; ++i) {
-    if constexpr (is_half<T>) {
-      data[i] = narrow<T>(widen(data[i]) / static_cast<float>(world_size));
-    } else {
-      data[i] = static_cast<T>(data[i] / static_cast<T>(world_size));
-    }
   }
 }
 
@@ -163,24 +104,20 @@ void GlooCommunicator::run_allreduce(void* data, std::size_t count, DType dtype,
     using T = decltype(tag_value);
     gloo::AllreduceOptions options(context_);
     options.setOutput(static_cast<T*>(data), count);
-    options.setReduceFunction(reduce_function<T>(op));
+    options.setReduceFunction(reduce_function(dtype, op));
     options.setTag(next_tag());
     gloo::allreduce(options);
-    if (op == ReduceOp::Avg) divide(static_cast<T*>(data), count, world_size_);
   });
+  if (op == ReduceOp::Avg) divide(data, count, dtype, world_size_);
 }
 
 void GlooCommunicator::run_compressed_allreduce(float* data, std::size_t count, DType wire,
                                                 ReduceOp op) {
-  dispatch(wire, [&](auto tag_value) {
-    using T = decltype(tag_value);
-    if constexpr (is_half<T>) {
-      std::vector<T> scratch(count);
-      for (std::size_t i = 0; i < count; ++i) scratch[i] = narrow<T>(data[i]);
-      run_allreduce(scratch.data(), count, wire, op);
-      for (std::size_t i = 0; i < count; ++i) data[i] = widen(scratch[i]);
-    }
-  });
+  // Kept between calls: a fresh buffer per bucket would page-fault its way in every step.
+  if (wire_scratch_.size() < count) wire_scratch_.resize(count);
+  narrow(data, wire_scratch_.data(), count, wire);
+  run_allreduce(wire_scratch_.data(), count, wire, op);
+  widen(wire_scratch_.data(), data, count, wire);
 }
 
 Work GlooCommunicator::allreduce(void* data, std::size_t count, DType dtype, ReduceOp op,

@@ -5,6 +5,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "call_check.hpp"
 #include "ddp/communicator.hpp"
@@ -64,6 +65,7 @@ class GlooCommunicator : public Communicator {
   MismatchPolicy policy_;
   std::uint32_t next_tag_ = 0;          // used on the communication thread only
   std::exception_ptr first_failure_;    // used on the communication thread only
+  std::vector<std::uint16_t> wire_scratch_;  // compressed all-reduce; communication thread only
   TaskQueue queue_;                     // last: its thread stops before the rest goes
 };
 

@@ -123,6 +123,30 @@ TEST_CASE("a failing rank gives its exit code and a report naming it") {
   CHECK_THAT(root, Catch::Contains("<NO_OTHER_FAILURES>"));  // the others were stopped by us
 }
 
+TEST_CASE("workers that failed together: the first is the root cause and the other is listed") {
+  ChildProcess run(ddprun({"--nproc_per_node=3"}, {"--ready", "--wait"}));
+  auto ready = run.wait_for_stdout_lines("ready", 3);
+  std::map<long, pid_t> pid_of;
+  for (const auto& line : ready) pid_of[field_of(line, "rank")] = static_cast<pid_t>(field_of(line, "pid"));
+  // Both fail while the agent is stopped, so that it sees them in one go when it resumes.
+  run.signal(SIGSTOP);
+  ::kill(pid_of[1], SIGKILL);
+  ::kill(pid_of[2], SIGUSR1);  // (not SIGSEGV: ASan would turn it into SIGABRT)
+  CHECK(wait_for_process_exit(pid_of[1]));
+  CHECK(wait_for_process_exit(pid_of[2]));
+  run.signal(SIGCONT);
+  ProcessResult r = run.wait();
+  INFO(r.err);
+  CHECK((r.status == 128 + SIGKILL || r.status == 128 + SIGUSR1));
+  auto others = r.err.substr(r.err.find("Other Failures"));
+  auto root = r.err.substr(r.err.find("Root Cause"), r.err.find("Other Failures") - r.err.find("Root Cause"));
+  const bool rank1_first = r.status == 128 + SIGKILL;
+  CHECK_THAT(root, Catch::Contains(rank1_first ? "rank      : 1" : "rank      : 2"));
+  CHECK_THAT(others, Catch::Contains(rank1_first ? "rank      : 2" : "rank      : 1"));
+  CHECK_THAT(others, Catch::Contains(rank1_first ? "signal SIGUSR1" : "signal SIGKILL"));
+  CHECK(others.find("rank      : 0") == std::string::npos);  // stopped by ddprun: not a failure
+}
+
 TEST_CASE("a worker killed by a signal: 128+signal and the signal's name") {
   ProcessResult r = run_process(
       ddprun({"--nproc_per_node=2"}, {"--if-rank", "0", "--signal", "SIGKILL", "--wait"}));

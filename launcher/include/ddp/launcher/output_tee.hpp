@@ -41,7 +41,8 @@ class OutputTee : public std::enable_shared_from_this<OutputTee> {
   std::string partial_line_;  // console bytes after the last newline
 };
 
-// Writes all of data to fd, retrying short writes and EINTR. Returns false on error.
+// Writes all of data to fd, retrying short writes and EINTR, and waiting (10 s at most) when
+// a non-blocking fd is full. Returns false on error or timeout.
 bool write_all(int fd, const char* data, std::size_t size);
 
 }  // namespace ddp::launcher

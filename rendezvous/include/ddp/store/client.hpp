@@ -93,7 +93,7 @@ class Client : public Store {
   std::string read_bytes(std::string_view op);
   void wait_locked(const std::vector<std::string>& keys, std::chrono::milliseconds timeout,
                    std::string_view op);
-  void require_v2(std::string_view op) ;
+  void require_v2(std::string_view op);
 
   ClientOptions options_;
   std::string endpoint_;
