@@ -13,6 +13,10 @@
 //     init/complete and the addresses of rank 0 and both ring neighbours, then fetch those
 //     (2.x: MULTI_GET; 1.x: GETs). Non-blocking sockets on one epoll loop, spread over
 //     several loopback source addresses (127.0.0.2, .3, ...) so ephemeral ports never run out.
+//
+//   ddpstore-bench floor-server [--port P]
+//     A reference "server" for the 1.x mix that parses and stores nothing, only answers each
+//     read: its CPU per request is the kernel's floor on this machine.
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -417,6 +421,8 @@ int run_rendezvous(const BenchOptions& o) {
 
 }  // namespace
 
+int run_floor_server(std::uint16_t port);  // bench_floor_server.cpp
+
 int main(int argc, char** argv) {
   BenchOptions o;
   CLI::App app("ddpstore-bench: load generator for c10d TCPStore servers");
@@ -440,8 +446,13 @@ int main(int argc, char** argv) {
   rdv->add_option("--ranks-per-source", o.ranks_per_source,
                   "Ranks per loopback source address (127.0.0.2, .3, ...)")->capture_default_str();
   rdv->add_option("--time-limit", o.time_limit, "Seconds before giving up")->capture_default_str();
+  std::uint16_t floor_port = 0;
+  auto* floor = app.add_subcommand(
+      "floor-server", "a reference server for the 1.x mix that stores nothing: recv + send only");
+  floor->add_option("--port", floor_port, "Port (0 picks one; printed)")->capture_default_str();
   CLI11_PARSE(app, argc, argv);
   try {
+    if (floor->parsed()) return run_floor_server(floor_port);
     return mix->parsed() ? run_mix(o) : run_rendezvous(o);
   } catch (const std::exception& e) {
     std::cerr << "ddpstore-bench: " << e.what() << std::endl;

@@ -12,7 +12,7 @@ constexpr std::size_t kMaxQueuedOutput = 32 * 1024 * 1024;
 // Keep at most this much write buffer capacity between bursts.
 constexpr std::size_t kKeptOutputCapacity = 256 * 1024;
 
-std::string quoted(std::string_view key) {
+std::string quoted(std::string_view key) {  // for log lines: long keys cut short
   constexpr std::size_t kShown = 64;
   std::string out = "'";
   out.append(key.substr(0, kShown));
@@ -69,9 +69,11 @@ void Connection::on_readable() {
     }
     if (!process(buffer.data(), n)) return;
     if (out_.size() + sending_.size() > kMaxQueuedOutput) {
-      read_paused_ = true;
       flush();
-      return;
+      if (writing_) {  // the socket is full: read again once the write drained
+        read_paused_ = true;
+        return;
+      }
     }
     if (n < buffer.size()) break;  // drained: the next arrival raises a new edge
   }
@@ -119,12 +121,9 @@ bool Connection::handle(Request& r) {
       put_bytes(out_, table.compare_set(r.key(), std::move(r.values[0]), std::move(r.values[1])));
       return true;
     case Command::Get: {
+      // Like PyTorch's server: a missing key reads as empty (clients WAIT first).
       const std::string* value = table.find(r.key());
-      if (!value) {
-        close("GET of missing key " + quoted(r.key()) + " (clients WAIT first)");
-        return false;
-      }
-      put_bytes(out_, *value);
+      put_bytes(out_, value ? std::string_view(*value) : std::string_view());
       return true;
     }
     case Command::Add: {
@@ -193,15 +192,9 @@ bool Connection::handle_wait(const Request& r) {
 }
 
 bool Connection::handle_multi_get(const Request& r) {
-  const std::size_t start = out_.size();
   for (std::size_t i = 0; i < r.key_count; ++i) {
     const std::string* value = server_->table.find(r.key(i));
-    if (!value) {
-      out_.resize(start);
-      close("MULTI_GET of missing key " + quoted(r.key(i)) + " (clients WAIT first)");
-      return false;
-    }
-    put_bytes(out_, *value);
+    put_bytes(out_, value ? std::string_view(*value) : std::string_view());
   }
   return true;
 }

@@ -162,3 +162,29 @@ TEST_CASE("thousands of disconnects with waits pending leave nothing behind") {
   client.set("shared-missing", "now");
   CHECK(client.num_keys() == 1);
 }
+
+TEST_CASE("a client that sends faster than it reads is paused, then served in full") {
+  TestServer server;
+  Client client(server.client_options());
+  const std::string big(1024 * 1024, 'b');
+  client.set("big", big);
+  REQUIRE(client.get("big") == big);  // stored before the raw GETs arrive
+  RawSocket greedy(server.port());
+  constexpr int kGets = 80;  // 80 MiB of replies, more than the server queues for one client
+  std::string requests;
+  for (int i = 0; i < kGets; ++i) requests += encode(Dialect::V1, make_request(Command::Get, {"big"}));
+  REQUIRE(greedy.send(requests));
+  client.set("others", "still served");  // while the greedy client reads nothing
+  CHECK(client.get("others") == "still served");
+  std::size_t complete = 0;
+  for (int i = 0; i < kGets; ++i) {
+    auto got = greedy.read(8 + big.size());
+    if (got == u64le(big.size()) + big) {
+      ++complete;
+    } else {
+      WARN("reply " << i << ": " << got.size() << " bytes");
+      break;
+    }
+  }
+  CHECK(complete == kGets);
+}

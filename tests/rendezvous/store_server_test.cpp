@@ -180,6 +180,7 @@ TEST_CASE("bad requests close only their own connection, with a logged reason") 
   TestServer server;
   Client good(server.client_options());
   good.set("text", "not a number");
+  REQUIRE(good.get("text") == "not a number");  // stored before the raw requests arrive
 
   struct Case {
     std::string name;
@@ -264,4 +265,15 @@ TEST_CASE("detect_dialect: a server that does not answer the 1.x probe is taken 
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
   CHECK(detect_dialect("127.0.0.1", ntohs(addr.sin_port), 100ms) == Dialect::V2);
   ::close(fd);
+}
+
+TEST_CASE("raw: GET and MULTI_GET of a missing key answer an empty value, as PyTorch's server") {
+  TestServer server;
+  RawSocket s(server.port());
+  s.send(bytes({0x00, 0xCE, 0xF7, 0x85, 0x3C}));
+  s.send(bytes({0x03, 1, 0, 0, 0, 0, 0, 0, 0, 'm'}));  // GET "m"
+  CHECK(s.read(8) == bytes({0, 0, 0, 0, 0, 0, 0, 0}));
+  s.send(bytes({0x0a, 2, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 'a', 1, 0, 0, 0, 0, 0, 0, 0, 'b'}));
+  CHECK(s.read(16) == std::string(16, '\0'));
+  CHECK(server.stats().rejected == 0);
 }

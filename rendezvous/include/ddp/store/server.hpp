@@ -5,9 +5,10 @@
 // Threading: the server lives on the caller's io_context and must only be touched from the
 // one thread that runs it (construct it anywhere before run() starts). stats() may be read
 // from any thread. Lifetime: the io_context must outlive the Server; destroying the Server
-// closes it.
+// closes it, so destroy it on the loop's thread or after the loop stopped. Handlers still
+// queued on the io_context keep the server's internals alive until they ran or the
+// io_context is destroyed.
 
-#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <memory>
