@@ -78,7 +78,7 @@ TEST_CASE("every worker gets torchrun's environment") {
     CHECK(env["TORCHELASTIC_RESTART_COUNT"] == "0");
     CHECK(env["TORCHELASTIC_MAX_RESTARTS"] == "2");
     CHECK(env["TORCHELASTIC_RUN_ID"] == "none");
-    CHECK(env["TORCHELASTIC_USE_AGENT_STORE"] == "False");
+    CHECK(env["TORCHELASTIC_USE_AGENT_STORE"] == "True");
     CHECK(env["TORCHELASTIC_ERROR_FILE"] == logs + "/none/attempt_0/" + r_text + "/error.json");
     CHECK(env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1");
     CHECK(env["OMP_NUM_THREADS"] == "1");

@@ -11,13 +11,14 @@
 #include <string>
 
 #include "ddp/launcher/launch_config.hpp"
+#include "ddp/launcher/agent_store.hpp"
 #include "ddp/launcher/master_endpoint.hpp"
 #include "ddp/launcher/worker_command.hpp"
 
 namespace ddp::launcher {
 
 struct AgentOptions {
-  MasterHostFactory master_host = reserve_master_port;  // who serves MASTER_PORT
+  MasterHostFactory master_host = host_agent_store;  // who serves MASTER_PORT
   std::map<std::string, std::string> base_env;  // the workers' environment before the contract
   int console_out = STDOUT_FILENO;  // inherited by workers; teed stdout lines go here
   int console_err = STDERR_FILENO;  // inherited by workers; teed stderr lines, notices, report
