@@ -45,13 +45,21 @@ std::string bin(const std::string& name) { return ddp::test::bin_path(name).stri
 
 // The env contract for rank r of 3 with the agent's store at port (as torchrun's static
 // rendezvous sets it).
-std::string agent_store_worker(int rank, std::uint16_t port, const std::string& program) {
+std::string agent_store_worker(int rank, std::uint16_t port, const std::string& program,
+                               bool agent_store = true) {
   return "RANK=" + std::to_string(rank) + " LOCAL_RANK=" + std::to_string(rank) +
          " WORLD_SIZE=3 LOCAL_WORLD_SIZE=3 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
          std::to_string(port) +
-         " TORCHELASTIC_USE_AGENT_STORE=True "
-         "TORCHELASTIC_RESTART_COUNT=0 " +
-         program;
+         " TORCHELASTIC_USE_AGENT_STORE=" + (agent_store ? "True" : "False") +
+         " TORCHELASTIC_RESTART_COUNT=0 " + program;
+}
+
+// A port that was free a moment ago (bound to port 0 by a throwaway server).
+std::uint16_t free_port() {
+  boost::asio::io_context io;
+  ddp::store::ServerOptions options;
+  options.host = "127.0.0.1";
+  return ddp::store::Server(io, options).port();
 }
 
 }  // namespace
@@ -104,6 +112,16 @@ TEST_CASE("ranks use the agent's store when TORCHELASTIC_USE_AGENT_STORE=True") 
   REQUIRE(keys > 0);  // the ranks met through this store, not one of their own
 }
 
+TEST_CASE("rank 0 hosts the store when the agent does not (TORCHELASTIC_USE_AGENT_STORE=False)") {
+  const auto port = free_port();
+  const std::string program = bin("ddp-example-sum");
+  const auto result = run("sh -c '" + agent_store_worker(2, port, program, false) + " & " +
+                          agent_store_worker(1, port, program, false) + " & " +
+                          agent_store_worker(0, port, program, false) + " & wait'");
+  INFO(result.output);
+  REQUIRE(count_matches(result.output, "sum=3\\b") == 3);
+}
+
 TEST_CASE("the sample program works under python3-torch's torchrun (1.x store)") {
   if (!ddp::test::torch_available()) {
     WARN("skipped: " << ddp::test::torch_python() << " cannot import torch");
@@ -111,15 +129,8 @@ TEST_CASE("the sample program works under python3-torch's torchrun (1.x store)")
   }
   const std::string torchrun = ddp::test::torch_python() + " " +
                                ddp::test::source_path("tests/runtime/torchrun.py").string();
-  // Static rendezvous: the agent hosts a 1.x store (TORCHELASTIC_USE_AGENT_STORE=True) on
-  // a port we pick by binding port 0 through a throwaway server.
-  std::uint16_t port;
-  {
-    boost::asio::io_context io;
-    ddp::store::ServerOptions options;
-    options.host = "127.0.0.1";
-    port = ddp::store::Server(io, options).port();
-  }
+  // Static rendezvous: the agent hosts a 1.x store (TORCHELASTIC_USE_AGENT_STORE=True).
+  const auto port = free_port();
   const auto result = run(torchrun + " --nproc_per_node=3 --master_port=" + std::to_string(port) +
                           " --no_python " + bin("ddp-example-sum"));
   INFO(result.output);
