@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <catch2/catch.hpp>
-#include <cstdio>
 #include <memory>
 #include <set>
 #include <sstream>
@@ -103,14 +102,9 @@ TEST_CASE("sampler: shuffle off gives exactly PyTorch's indices") {
     command += " " + std::to_string(c.n) + "," + std::to_string(c.replicas) + "," +
                std::to_string(c.rank) + "," + (c.drop_last ? "1" : "0");
   }
-  std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(command.c_str(), "r"), pclose);
-  REQUIRE(pipe);
-  std::string output;
-  char buffer[4096];
-  for (std::size_t got; (got = fread(buffer, 1, sizeof buffer, pipe.get())) > 0;) {
-    output.append(buffer, got);
-  }
-  std::istringstream lines(output);
+  const auto result = ddp::test::run_shell(command + " 2>/dev/null", 120);
+  REQUIRE(result.status == 0);
+  std::istringstream lines(result.output);
   for (const auto& c : cases) {
     std::string line;
     REQUIRE(std::getline(lines, line));

@@ -1,34 +1,15 @@
 // The installed package: a user project builds the sample program with find_package(ddp)
 // (and with pkg-config), and it prints sum=3 on 3 ranks under ddprun.
-#include <sys/wait.h>
-
 #include <catch2/catch.hpp>
-#include <cstdio>
 #include <fstream>
-#include <memory>
 #include <regex>
 
 #include "test_support.hpp"
 
 namespace {
 
-struct Result {
-  int status = -1;
-  std::string output;
-};
-
-Result run(const std::string& command) {
-  const std::string full = "timeout 300 " + command + " 2>&1";
-  std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(full.c_str(), "r"), pclose);
-  REQUIRE(pipe);
-  Result result;
-  char buffer[4096];
-  for (std::size_t n; (n = std::fread(buffer, 1, sizeof buffer, pipe.get())) > 0;) {
-    result.output.append(buffer, n);
-  }
-  const int raw = pclose(pipe.release());
-  result.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
-  return result;
+ddp::test::ShellResult run(const std::string& command) {
+  return ddp::test::run_shell(command, 300);
 }
 
 void write_file(const std::filesystem::path& path, const std::string& text) {

@@ -1,12 +1,8 @@
 // libddp over real processes on loopback: under ddprun, under an agent-hosted store, and
 // under python3-torch's torchrun (1.x store dialect).
-#include <sys/wait.h>
-
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 #include <catch2/catch.hpp>
-#include <cstdio>
-#include <memory>
 #include <regex>
 #include <thread>
 
@@ -15,24 +11,8 @@
 
 namespace {
 
-struct Result {
-  int status = -1;
-  std::string output;
-};
-
-// Runs a shell command (bounded by coreutils timeout) and collects stdout + stderr.
-Result run(const std::string& command) {
-  const std::string full = "timeout 120 " + command + " 2>&1";
-  std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(full.c_str(), "r"), pclose);
-  REQUIRE(pipe);
-  Result result;
-  char buffer[4096];
-  for (std::size_t n; (n = std::fread(buffer, 1, sizeof buffer, pipe.get())) > 0;) {
-    result.output.append(buffer, n);
-  }
-  const int raw = pclose(pipe.release());
-  result.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
-  return result;
+ddp::test::ShellResult run(const std::string& command) {
+  return ddp::test::run_shell(command, 120);
 }
 
 std::size_t count_matches(const std::string& text, const std::string& pattern) {

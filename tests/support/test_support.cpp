@@ -1,12 +1,26 @@
 #include "test_support.hpp"
 
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <cstdio>
 #include <cstdlib>
+#include <memory>
 #include <random>
+#include <stdexcept>
 #include <system_error>
 
 namespace ddp::test {
+namespace {
+
+// command with each ' written as '\'' so that it survives inside '...'.
+std::string quote_for_sh(const std::string& command) {
+  std::string out;
+  for (char c : command) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out;
+}
+
+}  // namespace
 
 std::filesystem::path bin_path(const std::string& name) {
   return std::filesystem::path(DDP_BIN_DIR) / name;
@@ -26,6 +40,21 @@ bool torch_available() {
     return std::system(cmd.c_str()) == 0;
   }();
   return available;
+}
+
+ShellResult run_shell(const std::string& command, int timeout_seconds) {
+  const std::string full =
+      "timeout " + std::to_string(timeout_seconds) + " sh -c '" + quote_for_sh(command) + "' 2>&1";
+  std::unique_ptr<FILE, int (*)(FILE*)> pipe(popen(full.c_str(), "r"), pclose);
+  if (!pipe) throw std::runtime_error("popen failed for: " + command);
+  ShellResult result;
+  char buffer[4096];
+  for (std::size_t n; (n = std::fread(buffer, 1, sizeof buffer, pipe.get())) > 0;) {
+    result.output.append(buffer, n);
+  }
+  const int raw = pclose(pipe.release());
+  result.status = WIFEXITED(raw) ? WEXITSTATUS(raw) : -1;
+  return result;
 }
 
 TempDir::TempDir() {

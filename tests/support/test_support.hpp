@@ -15,6 +15,16 @@ std::string torch_python();
 // True when torch_python() can import torch with Gloo.
 bool torch_available();
 
+// The exit status (or -1 when killed) and the stdout + stderr of a shell command.
+struct ShellResult {
+  int status = -1;
+  std::string output;
+};
+
+// Runs command through /bin/sh, bounded by coreutils `timeout` (killed after
+// timeout_seconds, status then 124), and collects its stdout and stderr.
+ShellResult run_shell(const std::string& command, int timeout_seconds);
+
 // A fresh directory under the system temp dir, removed with everything in it on destruction.
 class TempDir {
  public:
