@@ -13,7 +13,7 @@ std::map<std::string, std::string> worker_variables(
   const int world = local_world * config.max_nodes;
   const int rank = config.node_rank * local_world + worker.local_rank;
   auto nccl = base_env.find("TORCH_NCCL_ASYNC_ERROR_HANDLING");
-  return {
+  std::map<std::string, std::string> variables = {
       {"RANK", std::to_string(rank)},
       {"LOCAL_RANK", std::to_string(worker.local_rank)},
       {"WORLD_SIZE", std::to_string(world)},
@@ -32,6 +32,10 @@ std::map<std::string, std::string> worker_variables(
       {"TORCHELASTIC_ERROR_FILE", worker.error_file},
       {"TORCH_NCCL_ASYNC_ERROR_HANDLING", nccl == base_env.end() ? "1" : nccl->second},
   };
+  if (master.agent_store && !base_env.contains("DDP_STORE_DIALECT")) {
+    variables["DDP_STORE_DIALECT"] = "v2";
+  }
+  return variables;
 }
 
 bool needs_omp_default(const LaunchConfig& config,

@@ -39,6 +39,9 @@ TEST_CASE("worker_variables sets exactly torchrun's contract") {
                                      {{"TORCH_NCCL_ASYNC_ERROR_HANDLING", "0"}});
   CHECK(with_store.at("TORCHELASTIC_USE_AGENT_STORE") == "True");
   CHECK(with_store.at("TORCH_NCCL_ASYNC_ERROR_HANDLING") == "0");
+  CHECK(with_store.at("DDP_STORE_DIALECT") == "v2");  // libddp: our store's 2.x dialect
+  auto chosen = worker_variables(config, master, {0, 0, "e"}, {{"DDP_STORE_DIALECT", "v1"}});
+  CHECK_FALSE(chosen.contains("DDP_STORE_DIALECT"));  // the user's own choice is inherited
 }
 
 TEST_CASE("OMP_NUM_THREADS defaults to 1 only when unset with several workers") {

@@ -23,6 +23,9 @@ struct WorkerIdentity {
 // TORCHELASTIC_RESTART_COUNT TORCHELASTIC_MAX_RESTARTS TORCHELASTIC_RUN_ID
 // TORCHELASTIC_USE_AGENT_STORE TORCHELASTIC_ERROR_FILE TORCH_NCCL_ASYNC_ERROR_HANDLING.
 // base_env supplies TORCH_NCCL_ASYNC_ERROR_HANDLING when set there (default "1").
+// Beyond torchrun's contract: DDP_STORE_DIALECT=v2 when the agent hosts the store and
+// base_env does not set it, so libddp workers speak our store's newer dialect (MULTI_GET,
+// APPEND) instead of probing, which a 1.x-capable server answers in 1.x.
 std::map<std::string, std::string> worker_variables(const LaunchConfig& config,
                                                     const MasterEndpoint& master,
                                                     const WorkerIdentity& worker,
