@@ -337,3 +337,17 @@ TEST_CASE("restarts write each attempt's logs in its own directory") {
     CHECK_THAT(text, Catch::Contains("hello from rank 0"));
   }
 }
+
+TEST_CASE("workers inherit no descriptor of the agent but their standard streams") {
+  // The agent's store socket (and its clients' connections) must not leak into workers, as
+  // torchrun's subprocess(close_fds=True) guarantees; nor must the tee pipes of other ranks.
+  ProcessResult r = run_process(ddprun({"--nproc_per_node=2", "--tee=3"}, {"--fds"}));
+  INFO(r.err);
+  REQUIRE(r.status == 0);
+  auto lines = lines_of(r.out);
+  REQUIRE(lines.size() == 2);
+  for (const auto& line : lines) {
+    INFO(line);
+    CHECK(std::regex_match(line, std::regex(R"(\[default[01]\]:fds rank=[01]:( [0-2])*)")));
+  }
+}
