@@ -9,6 +9,7 @@
 //   --hello              a greeting with rank, world size and master endpoint
 //   --ready              "ready rank=R pid=P" on stdout (tests wait for it)
 //   --fds                "fds rank=R: 0 1 2" on stdout: the open file descriptors
+//   --read-line          read a line from stdin; print "got LINE"
 //   --spawn-child        fork a child that stays in this process group and waits; prints
 //                        "child pid=P"
 //   --ignore SIG         ignore a signal (e.g. SIGTERM, to test the kill timeout)
@@ -198,6 +199,9 @@ int main(int argc, char** argv) {
       }
     } else if (a == "--ready") {
       if (run) emit(std::cout, "ready rank=" + rank + " pid=" + std::to_string(::getpid()));
+    } else if (a == "--read-line") {
+      std::string line;
+      if (run && std::getline(std::cin, line)) emit(std::cout, "got " + line);
     } else if (a == "--fds") {
       if (run) emit(std::cout, "fds rank=" + rank + ": " + open_fds());
     } else if (a == "--spawn-child") {

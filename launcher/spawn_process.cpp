@@ -61,7 +61,10 @@ class BlockAllSignals {
     [[maybe_unused]] ssize_t n = ::write(error_fd, &error, sizeof error);
     ::_exit(127);
   };
-  if (::setpgid(0, 0) != 0) fail();
+  // Its own session, hence its own process group: not a background group of the agent's
+  // terminal, so that reading it (input(), pdb) works as under torchrun instead of stopping
+  // the worker with SIGTTIN.
+  if (::setsid() < 0) fail();
   if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) fail();
   if (::getppid() != agent) ::_exit(128 + SIGKILL);  // the agent died before prctl took hold
   if (options.stdout_fd >= 0 && ::dup2(options.stdout_fd, STDOUT_FILENO) < 0) fail();
@@ -111,7 +114,9 @@ SpawnedProcess spawn_process(const SpawnOptions& options) {
   if (pid < 0) {
     throw SpawnError("cannot start " + options.program + ": fork: " + std::strerror(fork_errno));
   }
-  ::setpgid(pid, pid);  // also from the parent, so that the group exists before we signal it
+  // No setpgid from here: it would make the child a group leader, and then its setsid fails.
+  // Until the child's setsid the group does not exist: Worker::signal_group falls back to
+  // the pid.
   return process;
 }
 
