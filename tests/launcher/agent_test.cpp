@@ -272,6 +272,26 @@ TEST_CASE("kill -9 of ddprun leaves no worker") {
   check_no_process_left(groups);
 }
 
+TEST_CASE("kill -9 of ddprun leaves no child process of a worker either") {
+  // The workers die by their parent-death signal; their own children have none, and only
+  // a process outside ddprun can still signal their groups.
+  ChildProcess run(ddprun({"--nproc_per_node=2"}, {"--spawn-child", "--ready", "--wait"}));
+  auto ready = run.wait_for_stdout_lines("ready", 2);
+  auto children = run.wait_for_stdout_lines("child pid=", 2);
+  run.signal(SIGKILL);
+  CHECK(run.wait().status == 128 + SIGKILL);
+  std::vector<pid_t> groups;
+  for (const auto& line : ready) groups.push_back(static_cast<pid_t>(field_of(line, "pid")));
+  check_no_process_left(groups);
+  for (const auto& line : children) {
+    const auto pid = static_cast<pid_t>(field_of(line, "pid"));
+    INFO("child " << pid);
+    const bool gone = wait_for_process_exit(pid, std::chrono::seconds(10));
+    if (!gone) ::kill(pid, SIGKILL);
+    CHECK(gone);
+  }
+}
+
 TEST_CASE("tee gives prefixed whole lines on the console and plain files in the log layout") {
   TempDir dir;
   const int lines = 3000;
