@@ -1,5 +1,7 @@
 #include "connection.hpp"
 
+#include <utility>
+
 #include <boost/asio/write.hpp>
 
 #include "ddp/store/store_util.hpp"
@@ -55,27 +57,35 @@ void Connection::close(std::string_view reason) {
 }
 
 // Reads until the socket has nothing more (the reactor is edge-triggered), handling each
-// complete request as it arrives, then sends the batched replies and waits for more.
+// complete request as it arrives, then sends the batched replies and waits for more. Bytes
+// left unhandled when the backlog grew too large (unread_) are handled first.
 void Connection::on_readable() {
   auto& buffer = server_->read_buffer;
   for (;;) {
     if (closed_) return;
-    boost::system::error_code ec;
-    std::size_t n = socket_.read_some(boost::asio::buffer(buffer), ec);
-    if (ec == boost::asio::error::would_block || ec == boost::asio::error::try_again) break;
-    if (ec) {
-      close();  // EOF or reset: an ordinary disconnect
-      return;
+    bool drained = false;
+    if (!unread_.empty()) {
+      std::string pending = std::exchange(unread_, std::string());
+      if (!process(pending.data(), pending.size())) return;
+    } else {
+      boost::system::error_code ec;
+      std::size_t n = socket_.read_some(boost::asio::buffer(buffer), ec);
+      if (ec == boost::asio::error::would_block || ec == boost::asio::error::try_again) break;
+      if (ec) {
+        close();  // EOF or reset: an ordinary disconnect
+        return;
+      }
+      if (!process(buffer.data(), n)) return;
+      drained = n < buffer.size();  // the next arrival raises a new edge
     }
-    if (!process(buffer.data(), n)) return;
-    if (out_.size() + sending_.size() > kMaxQueuedOutput) {
+    if (backlog() > kMaxQueuedOutput) {
       flush();
       if (writing_) {  // the socket is full: read again once the write drained
         read_paused_ = true;
         return;
       }
     }
-    if (n < buffer.size()) break;  // drained: the next arrival raises a new edge
+    if (drained && unread_.empty()) break;
   }
   flush();
   wait_readable();
@@ -92,6 +102,10 @@ void Connection::wait_readable() {
 bool Connection::process(const char* data, std::size_t size) {
   std::string_view rest(data, size);
   while (!rest.empty()) {
+    if (backlog() > kMaxQueuedOutput) {  // answer the rest once the client read some
+      unread_.assign(rest);
+      break;
+    }
     auto result = parser_.feed(rest);
     rest.remove_prefix(result.consumed);
     if (result.status == RequestParser::Status::Error) {
@@ -247,7 +261,7 @@ void Connection::on_written(const boost::system::error_code& ec) {
   sending_.clear();
   if (sending_.capacity() > kKeptOutputCapacity) std::string().swap(sending_);
   flush();
-  if (read_paused_ && out_.size() + sending_.size() <= kMaxQueuedOutput / 2) {
+  if (read_paused_ && backlog() <= kMaxQueuedOutput / 2) {
     read_paused_ = false;
     on_readable();
   }
