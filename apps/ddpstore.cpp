@@ -43,6 +43,8 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--max-request-bytes", options.limits.max_request_bytes, "Largest request")
       ->capture_default_str();
+  app.add_option("--max-reply-bytes", options.limits.max_reply_bytes, "Largest MULTI_GET reply")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   raise_open_file_limit();

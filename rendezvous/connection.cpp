@@ -206,6 +206,18 @@ bool Connection::handle_wait(const Request& r) {
 }
 
 bool Connection::handle_multi_get(const Request& r) {
+  std::size_t reply_bytes = 0;
+  for (std::size_t i = 0; i < r.key_count; ++i) {
+    const std::string* value = server_->table.find(r.key(i));
+    reply_bytes += 8 + (value ? value->size() : 0);
+  }
+  const std::size_t limit = server_->options.limits.max_reply_bytes;
+  if (reply_bytes > limit) {
+    close("MULTI_GET of " + std::to_string(r.key_count) + " keys needs a reply of " +
+          std::to_string(reply_bytes) + " bytes, over the limit of " + std::to_string(limit) +
+          " bytes");
+    return false;
+  }
   for (std::size_t i = 0; i < r.key_count; ++i) {
     const std::string* value = server_->table.find(r.key(i));
     put_bytes(out_, value ? std::string_view(*value) : std::string_view());

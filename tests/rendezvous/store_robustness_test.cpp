@@ -220,3 +220,23 @@ TEST_CASE("a burst of small requests for large replies is answered a bounded amo
   }
   CHECK(complete == kGets);
 }
+
+TEST_CASE("a MULTI_GET whose reply would exceed the limit closes its connection") {
+  TestServer server;
+  Client client(server.client_options());
+  client.set("big", std::string(1024 * 1024, 'b'));
+  REQUIRE(client.check({"big"}));
+  RawSocket greedy(server.port());
+  // 100 times the same 1 MiB value: a 100 MiB reply from a 1.7 KB request.
+  std::vector<std::string> keys(100, "big");
+  REQUIRE(greedy.send(kOpening + v2(make_request(Command::MultiGet, keys))));
+  CHECK(greedy.closed_by_peer());
+  CHECK(server.stats().rejected == 1);
+  bool logged = false;
+  for (const auto& line : server.log()) {
+    logged = logged || (line.find("MULTI_GET") != std::string::npos &&
+                        line.find("127.0.0.1:") != std::string::npos);
+  }
+  CHECK(logged);
+  CHECK(client.multi_get({"big", "big"}).size() == 2);  // a modest one is still answered
+}
