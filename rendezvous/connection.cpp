@@ -2,6 +2,7 @@
 
 #include <utility>
 
+#include <boost/asio/post.hpp>
 #include <boost/asio/write.hpp>
 
 #include "ddp/store/store_util.hpp"
@@ -11,6 +12,8 @@ namespace {
 
 // Stop reading a client that does not read its replies once this much output is queued.
 constexpr std::size_t kMaxQueuedOutput = 32 * 1024 * 1024;
+// Close a client that lets this much pushed output (watch events) pile up unread.
+constexpr std::size_t kMaxPushedOutput = 2 * kMaxQueuedOutput;
 // Keep at most this much write buffer capacity between bursts.
 constexpr std::size_t kKeptOutputCapacity = 256 * 1024;
 
@@ -234,6 +237,16 @@ void Connection::on_wait_done(Waiter& waiter) {
 
 void Connection::on_key_event(std::uint8_t event, std::string_view key, std::string_view old_value,
                               std::string_view new_value) {
+  if (closing_) return;
+  if (backlog() > kMaxPushedOutput) {
+    // Not from inside the table's notification loop: close on the next turn of the loop.
+    closing_ = true;
+    boost::asio::post(socket_.get_executor(), [self = shared_from_this()] {
+      self->close("more than " + std::to_string(kMaxPushedOutput) +
+                  " bytes of watch events queued and not read");
+    });
+    return;
+  }
   put_u8(out_, event);
   put_bytes(out_, key);
   put_bytes(out_, old_value);

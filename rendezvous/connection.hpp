@@ -53,6 +53,7 @@ class Connection final : public Subscriber, public std::enable_shared_from_this<
   bool writing_ = false;
   bool read_paused_ = false;  // too much output queued: stop reading until it drains
   bool closed_ = false;
+  bool closing_ = false;  // a close is posted: push nothing more
   std::string unread_;    // bytes read but not yet handled when the backlog grew too large
   std::list<Waiter> waiters_;
   std::vector<std::string> watched_;

@@ -240,3 +240,19 @@ TEST_CASE("a MULTI_GET whose reply would exceed the limit closes its connection"
   CHECK(logged);
   CHECK(client.multi_get({"big", "big"}).size() == 2);  // a modest one is still answered
 }
+
+TEST_CASE("a 1.x watcher that never reads its events is closed, not buffered without bound") {
+  TestServer server;
+  RawSocket watcher(server.port());
+  REQUIRE(watcher.send(encode(Dialect::V1, make_request(Command::WatchKey, {"w"}))));
+  REQUIRE(watcher.read(1) == std::string(1, '\x03'));
+  REQUIRE(server.stats().connections == 1);  // the watch is registered
+  Client setter(server.client_options(Dialect::V1));
+  REQUIRE(setter.num_keys() == 0);  // accepted: two connections now
+  const std::string value(1024 * 1024, 'v');
+  // Each change pushes old and new value: about 2 MiB of events a SET, 100 MiB for 50.
+  for (int i = 0; i < 50; ++i) setter.set("w", value);
+  CHECK(eventually([&] { return server.stats().connections == 1; }));  // the setter alone
+  CHECK(watcher.closed_by_peer());
+  CHECK(setter.get("w") == value);
+}
