@@ -51,8 +51,9 @@ int main(int argc, char** argv) {
   boost::asio::io_context io(1);
   try {
     ddp::store::Server server(io, options);
-    std::cout << "listening on " << options.host << ":" << server.port() << std::endl;
+    // Before the first line: whoever reads it may signal at once.
     boost::asio::signal_set signals(io, SIGINT, SIGTERM);
+    std::cout << "listening on " << options.host << ":" << server.port() << std::endl;
     signals.async_wait([&](const boost::system::error_code&, int) {
       server.close();
       io.stop();
