@@ -166,7 +166,20 @@ bool Connection::handle(Request& r) {
       put_u8(out_, kWatchCallbackRegistered);
       return true;
     case Command::DeleteKey: put_i64(out_, table.erase(r.key()) ? 1 : 0); return true;
-    case Command::Append: table.append(r.key(), r.value()); return true;
+    case Command::Append: {
+      // Like SET, no value may outgrow the value limit (clients refuse larger replies).
+      const std::string* current = table.find(r.key());
+      const std::size_t size = (current ? current->size() : 0) + r.value().size();
+      const std::size_t limit = server_->options.limits.max_value_bytes;
+      if (size > limit) {
+        close("APPEND to key " + quoted(r.key()) + " would make a value of " +
+              std::to_string(size) + " bytes, over the limit of " + std::to_string(limit) +
+              " bytes");
+        return false;
+      }
+      table.append(r.key(), r.value());
+      return true;
+    }
     case Command::MultiGet: return handle_multi_get(r);
     case Command::MultiSet:
       for (std::size_t i = 0; i < r.key_count; ++i) table.set(r.key(i), std::move(r.values[i]));

@@ -277,3 +277,18 @@ TEST_CASE("raw: GET and MULTI_GET of a missing key answer an empty value, as PyT
   CHECK(s.read(16) == std::string(16, '\0'));
   CHECK(server.stats().rejected == 0);
 }
+
+TEST_CASE("an APPEND that would grow a value past the value limit closes its connection") {
+  Limits limits;
+  limits.max_value_bytes = 1000;
+  TestServer server(limits);
+  Client client(server.client_options());
+  client.append("log", std::string(600, 'a'));
+  CHECK(client.get("log").size() == 600);
+  client.append("log", std::string(600, 'b'));  // APPEND has no reply
+  CHECK_THROWS_AS(client.num_keys(), StoreError);  // the next call finds the connection closed
+  CHECK(eventually([&] { return server.stats().rejected == 1; }));
+  CHECK(log_mentions(server, "APPEND"));
+  Client other(server.client_options());
+  CHECK(other.get("log") == std::string(600, 'a'));
+}
