@@ -5,6 +5,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <limits>
 #include <thread>
 
 #include "ddp/store/client.hpp"
@@ -291,4 +292,19 @@ TEST_CASE("an APPEND that would grow a value past the value limit closes its con
   CHECK(log_mentions(server, "APPEND"));
   Client other(server.client_options());
   CHECK(other.get("log") == std::string(600, 'a'));
+}
+
+TEST_CASE("client and server: ADD past INT64_MAX wraps to INT64_MIN in both dialects") {
+  for (Dialect dialect : {Dialect::V1, Dialect::V2}) {
+    CAPTURE(dialect_name(dialect));
+    TestServer server;
+    Client client(server.client_options(dialect));
+    constexpr auto kMax = std::numeric_limits<std::int64_t>::max();
+    constexpr auto kMin = std::numeric_limits<std::int64_t>::min();
+    CHECK(client.add("n", kMax) == kMax);
+    CHECK(client.add("n", 1) == kMin);
+    CHECK(client.get("n") == std::to_string(kMin));
+    CHECK(client.add("n", -1) == kMax);
+    CHECK(server.stats().rejected == 0);
+  }
 }
