@@ -308,3 +308,28 @@ TEST_CASE("client and server: ADD past INT64_MAX wraps to INT64_MIN in both dial
     CHECK(server.stats().rejected == 0);
   }
 }
+
+TEST_CASE("a server that accepts but never answers the 2.x handshake fails the client within its connect timeout") {
+  // A listening socket that never answers: the kernel accepts the connection, no one reads.
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  REQUIRE(::listen(fd, 4) == 0);
+  socklen_t len = sizeof(addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ClientOptions options;
+  options.port = ntohs(addr.sin_port);
+  options.connect_timeout = 200ms;
+  options.timeout = 20s;  // for later calls: not the connect's bound
+  try {
+    Client client(options);
+    FAIL("connected to a server that never answered");
+  } catch (const StoreError& e) {
+    CHECK_THAT(e.what(), Catch::Contains("127.0.0.1:" + std::to_string(options.port)));
+    CHECK_THAT(e.what(), Catch::Contains("connect"));
+    CHECK_THAT(e.what(), !Catch::Contains("20000 ms"));
+  }
+  ::close(fd);
+}
