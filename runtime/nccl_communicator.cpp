@@ -113,7 +113,11 @@ std::unique_ptr<Communicator> make_nccl_communicator(std::shared_ptr<store::Stor
 
 NcclCommunicator::NcclCommunicator(std::shared_ptr<store::Store> store, const LaunchEnv& env,
                                    const InitOptions& options, MismatchCheck check)
-    : store_(std::move(store)), rank_(env.rank), world_size_(env.world_size), policy_(check) {
+    : store_(std::move(store)),
+      rank_(env.rank),
+      world_size_(env.world_size),
+      timeout_(options.timeout),
+      policy_(check) {
   const std::string me = "rank " + std::to_string(rank_) + " of " + std::to_string(world_size_);
   try {
     int count = 0;
@@ -125,17 +129,44 @@ NcclCommunicator::NcclCommunicator(std::shared_ptr<store::Store> store, const La
     wait_for_all_ranks(options.init_timeout);
     init_communicator(options);
   } catch (const InitError&) {
+    release();  // no destructor runs for a constructor that throws
     throw;
   } catch (const std::exception& e) {
+    release();
     throw InitError(me + ": building the NCCL communicator on device " + std::to_string(device_) +
                     ": " + e.what());
   }
 }
 
-NcclCommunicator::~NcclCommunicator() {
-  if (stream_ != nullptr) cudaStreamSynchronize(stream_);
-  if (comm_ != nullptr) ncclCommDestroy(comm_);
-  if (stream_ != nullptr) cudaStreamDestroy(stream_);
+NcclCommunicator::~NcclCommunicator() { release(); }
+
+void NcclCommunicator::release() noexcept {
+  // A stream stuck behind a collective whose peer is gone never drains: wait for its last
+  // operation on the host, with a timeout, instead of an unbounded cudaStreamSynchronize.
+  bool drained = true;
+  if (last_) {
+    try {
+      drained = last_->wait_for(timeout_);
+    } catch (...) {
+      drained = true;  // it finished (with an error): the stream has passed it
+    }
+  }
+  if (comm_ != nullptr || stream_ != nullptr) cudaSetDevice(device_);
+  if (comm_ != nullptr) {
+    // Abort stops kernels that wait for a lost peer; destroy would wait for them.
+    if (drained) {
+      ncclCommDestroy(comm_);
+    } else {
+      ncclCommAbort(comm_);
+    }
+    comm_ = nullptr;
+  }
+  if (stream_ != nullptr) {
+    if (drained) cudaStreamSynchronize(stream_);
+    cudaStreamDestroy(stream_);  // with work still queued: released once it completes
+    stream_ = nullptr;
+  }
+  last_.reset();
 }
 
 // Every rank announces itself, then waits for all others: a rank that never comes is named
@@ -216,6 +247,8 @@ template <typename Enqueue>
 Work NcclCommunicator::launch(const CallDescriptor& call, void* after, Enqueue&& enqueue) {
   if (policy_.next()) check_call(call);
   const std::string what = call.str() + where(rank_);
+  // The calling thread may not have made this communicator's device current.
+  cuda_check(cudaSetDevice(device_), what);
   cudaEvent_t ready = nullptr;
   cuda_check(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), what);
   cuda_check(cudaEventRecord(ready, static_cast<cudaStream_t>(after)), what);
@@ -229,6 +262,7 @@ Work NcclCommunicator::launch(const CallDescriptor& call, void* after, Enqueue&&
   auto holder = std::make_unique<std::shared_ptr<PromiseWork>>(work->promise());
   cuda_check(cudaLaunchHostFunc(stream_, complete_promise, holder.get()), what);
   holder.release();  // owned by the callback now
+  last_ = work->promise();
   return Work(work);
 }
 
@@ -350,6 +384,7 @@ Work NcclCommunicator::barrier() {
 
 std::shared_ptr<void> NcclCommunicator::allocate(std::size_t bytes) {
   void* p = nullptr;
+  cuda_check(cudaSetDevice(device_), "selecting CUDA device " + std::to_string(device_));
   cuda_check(cudaMalloc(&p, std::max<std::size_t>(bytes, 1)),
              "allocating " + std::to_string(bytes) + " bytes on device " + std::to_string(device_));
   std::shared_ptr<void> owned(p, [](void* q) { cudaFree(q); });

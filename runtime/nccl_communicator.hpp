@@ -13,6 +13,7 @@
 #include "call_check.hpp"
 #include "ddp/communicator.hpp"
 #include "ddp/context.hpp"
+#include "promise_work.hpp"
 
 namespace ddp::detail {
 
@@ -44,6 +45,9 @@ class NcclCommunicator : public Communicator {
   void set_mismatch_check(MismatchCheck check) override { policy_.set(check); }
 
  private:
+  // Waits (up to timeout_) for the last queued operation; destroys the communicator, or
+  // aborts it when that operation never finished (a lost peer); frees the stream. Idempotent.
+  void release() noexcept;
   void wait_for_all_ranks(std::chrono::milliseconds timeout);
   void init_communicator(const InitOptions& options);
   // Cross-rank comparison through the store (NCCL has no cheap host-side collective).
@@ -58,11 +62,13 @@ class NcclCommunicator : public Communicator {
   std::shared_ptr<store::Store> store_;
   const int rank_;
   const int world_size_;
+  const std::chrono::milliseconds timeout_;  // each collective, and the drain at destruction
   int device_ = 0;
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
   MismatchPolicy policy_;
   std::uint64_t checks_ = 0;
+  std::shared_ptr<PromiseWork> last_;  // the latest operation queued on stream_
   std::shared_ptr<void> staging_[2];
   std::size_t staging_bytes_[2] = {0, 0};
 };
