@@ -2,6 +2,7 @@
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <numeric>
+#include <thread>
 
 #include "ddp/runtime.hpp"
 #include "thread_world.hpp"
@@ -201,4 +202,48 @@ TEST_CASE("allgather with a wrong output size is refused before any communicatio
     std::vector<float> in(3), out(4);
     REQUIRE_THROWS_AS(ctx.allgather(std::span<float>(in), std::span<float>(out)), ddp::CommError);
   });
+}
+
+TEST_CASE("a rank that leaves mid-job fails the survivors' next collective instead of hanging") {
+  const bool shared_memory = GENERATE(false, true);
+  INFO("shared memory: " << shared_memory);
+  ddp::InitOptions options;
+  options.backend = ddp::Backend::Gloo;
+  options.init_timeout = std::chrono::seconds(30);
+  options.timeout = std::chrono::seconds(2);  // bounds the survivor's wait
+  options.shared_memory = shared_memory;
+  auto store = std::make_shared<ddp::store::MemoryStore>();
+  std::exception_ptr leaver_error;
+  std::thread leaver([&] {
+    try {
+      Context ctx = ddp::init(ddp::test::thread_env(1, 2), store, options);
+      std::vector<float> v(1000, 1.0f);
+      ctx.allreduce(std::span<float>(v));
+    } catch (...) {
+      leaver_error = std::current_exception();
+    }
+    // Leaves: the Context (its connections, its shared-memory mapping) goes away.
+  });
+  float first_sum = 0.0f;
+  std::string survivor_what;
+  try {
+    Context ctx = ddp::init(ddp::test::thread_env(0, 2), store, options);
+    std::vector<float> v(1000, 1.0f);
+    ctx.allreduce(std::span<float>(v));
+    first_sum = v[999];
+    leaver.join();
+    try {
+      ctx.allreduce(std::span<float>(v));
+    } catch (const ddp::Error& e) {
+      survivor_what = e.what();
+    }
+  } catch (...) {
+    if (leaver.joinable()) leaver.join();
+    throw;
+  }
+  if (leaver_error) std::rethrow_exception(leaver_error);
+  REQUIRE(first_sum == 2.0f);
+  INFO("error: " << survivor_what);
+  REQUIRE_FALSE(survivor_what.empty());
+  CHECK(survivor_what.find("rank 0") != std::string::npos);
 }
