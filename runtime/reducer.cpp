@@ -91,7 +91,11 @@ std::string Reducer::describe_layout() const {
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
     text += (b ? "," : "") + std::to_string(buckets_[b].elements);
   }
-  return text + "]";
+  // The wire type is part of the layout: ranks that disagree on it would reduce different
+  // byte counts (a hang) or mix f32 and 16-bit bytes (garbage).
+  text += "] reduced in ";
+  text += options_.compression ? to_string(*options_.compression) : "f32";
+  return text;
 }
 
 // Every rank publishes its layout and reads everybody's: all ranks see a mismatch and fail

@@ -348,3 +348,21 @@ TEST_CASE("misuse: compression on a backend without it fails at construction") {
   options.compression = ddp::DType::BF16;
   REQUIRE_THROWS_WITH(Reducer(ctx, model.parameters(), options), Catch::Contains("nccl"));
 }
+
+TEST_CASE("misuse: compression on some ranks only fails at construction on every rank") {
+  std::atomic<int> failures{0};
+  ddp::test::run_world(2, [&](Context& ctx) {
+    ddp::ReducerOptions options;
+    if (ctx.rank() == 1) options.compression = ddp::DType::BF16;
+    Model model = make_model({4, 4}, 0.0f);
+    try {
+      Reducer reducer(ctx, model.parameters(), options);
+    } catch (const ddp::ReducerError& e) {
+      const std::string what = e.what();
+      CHECK(what.find("bf16") != std::string::npos);
+      CHECK(what.find("f32") != std::string::npos);
+      failures.fetch_add(1);
+    }
+  });
+  REQUIRE(failures.load() == 2);
+}
