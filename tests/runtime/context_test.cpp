@@ -3,6 +3,8 @@
 #include <catch2/catch.hpp>
 #include <numeric>
 #include <thread>
+#include <filesystem>
+#include <unistd.h>
 
 #include "ddp/runtime.hpp"
 #include "thread_world.hpp"
@@ -246,4 +248,48 @@ TEST_CASE("a rank that leaves mid-job fails the survivors' next collective inste
   INFO("error: " << survivor_what);
   REQUIRE_FALSE(survivor_what.empty());
   CHECK(survivor_what.find("rank 0") != std::string::npos);
+}
+
+namespace {
+
+// A store that fails when rank 0 publishes the shared-memory segment's name.
+class FailingShmStore : public ddp::store::MemoryStore {
+ public:
+  void set(const std::string& key, std::string_view value) override {
+    if (key.ends_with("shm/name")) throw ddp::store::StoreError("scripted: store lost");
+    MemoryStore::set(key, value);
+  }
+};
+
+std::size_t shm_segments_of_this_process() {
+  const std::string prefix = "ddp-allreduce-" + std::to_string(::getpid()) + "-";
+  std::size_t n = 0;
+  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm")) {
+    if (entry.path().filename().string().starts_with(prefix)) ++n;
+  }
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("a store failure while setting up shared memory leaves no segment in /dev/shm") {
+  REQUIRE(shm_segments_of_this_process() == 0);
+  ddp::InitOptions options;
+  options.backend = ddp::Backend::Gloo;
+  options.init_timeout = std::chrono::seconds(2);  // rank 1 waits for the name in vain
+  auto store = std::make_shared<FailingShmStore>();
+  std::atomic<int> failures{0};
+  std::vector<std::thread> ranks;
+  for (int rank = 0; rank < 2; ++rank) {
+    ranks.emplace_back([&, rank] {
+      try {
+        Context ctx = ddp::init(ddp::test::thread_env(rank, 2), store, options);
+      } catch (const ddp::Error&) {
+        failures.fetch_add(1);
+      }
+    });
+  }
+  for (auto& t : ranks) t.join();
+  REQUIRE(failures.load() == 2);
+  REQUIRE(shm_segments_of_this_process() == 0);
 }
