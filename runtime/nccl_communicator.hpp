@@ -56,8 +56,18 @@ class NcclCommunicator : public Communicator {
   // was queued by `enqueue` on it.
   template <typename Enqueue>
   Work launch(const CallDescriptor& call, void* after, Enqueue&& enqueue);
+  // allgather / reduce_scatter: runs collective(src, dst) on device buffers, staging `in`
+  // and `out` when either is host memory.
+  template <typename Collective>
+  Work staged(const CallDescriptor& call, void* after, const void* in, std::size_t in_bytes,
+              void* out, std::size_t out_bytes, Collective&& collective);
   // A device buffer of at least `bytes` for staging host memory (grows, never shrinks).
   void* staging(std::size_t bytes, std::size_t slot);
+  // Pinned host memory of at least `bytes` (grows, never shrinks): the host end of staged
+  // copies. Copies to or from pageable memory would block the host until the stream drains,
+  // with no timeout; from pinned memory they are asynchronous and the host waits on the
+  // Work instead.
+  void* pinned(std::size_t bytes, std::size_t slot);
 
   std::shared_ptr<store::Store> store_;
   const int rank_;
@@ -71,6 +81,8 @@ class NcclCommunicator : public Communicator {
   std::shared_ptr<PromiseWork> last_;  // the latest operation queued on stream_
   std::shared_ptr<void> staging_[2];
   std::size_t staging_bytes_[2] = {0, 0};
+  std::shared_ptr<void> pinned_[2];
+  std::size_t pinned_bytes_[2] = {0, 0};
 };
 
 }  // namespace ddp::detail
