@@ -293,3 +293,31 @@ TEST_CASE("a store failure while setting up shared memory leaves no segment in /
   REQUIRE(failures.load() == 2);
   REQUIRE(shm_segments_of_this_process() == 0);
 }
+
+TEST_CASE("a second Context in the same job builds its own mesh, not the first one's") {
+  auto store = std::make_shared<ddp::store::MemoryStore>();
+  ddp::InitOptions options;
+  options.backend = ddp::Backend::Gloo;
+  options.init_timeout = std::chrono::seconds(10);
+  options.timeout = std::chrono::seconds(5);
+  for (const bool shared_memory : {true, false}) {
+    options.shared_memory = shared_memory;
+    std::atomic<int> correct{0};
+    std::vector<std::thread> ranks;
+    for (int rank = 0; rank < 2; ++rank) {
+      ranks.emplace_back([&, rank] {
+        try {
+          Context ctx = ddp::init(ddp::test::thread_env(rank, 2), store, options);
+          std::vector<float> v(10, 1.0f + rank);
+          ctx.allreduce(std::span<float>(v));
+          if (v[9] == 3.0f) correct.fetch_add(1);
+        } catch (const ddp::Error& e) {
+          WARN("rank " << rank << ": " << e.what());
+        }
+      });
+    }
+    for (auto& t : ranks) t.join();
+    INFO("shared memory: " << shared_memory);
+    REQUIRE(correct.load() == 2);
+  }
+}
