@@ -139,7 +139,7 @@ TEST_CASE("parameters are broadcast from rank 0 at construction") {
   });
 }
 
-TEST_CASE("no_sync accumulates locally; the next synced step averages the sum") {
+TEST_CASE("no_sync accumulates locally, the next synced step averages the sum") {
   ddp::test::run_world(kWorld, [](Context& ctx) {
     Model model = make_model({5, 300}, 0.0f);
     Reducer reducer(ctx, model.parameters());
@@ -301,7 +301,7 @@ ddp::ReducerOptions one_gradient_per_bucket() {
 
 }  // namespace
 
-TEST_CASE("a failed bucket surfaces in finalize after every bucket ended; the next step is clean") {
+TEST_CASE("a failed bucket surfaces in finalize after every bucket ended, and the next step is clean") {
   auto owned = std::make_unique<ScriptedComm>();
   ScriptedComm& comm = *owned;
   comm.script = {"fail", "ok"};  // bucket 0 fails, bucket 1 is still in flight
