@@ -8,6 +8,8 @@
 //   --lines N            N lines "rank R line I" on stdout
 //   --hello              a greeting with rank, world size and master endpoint
 //   --ready              "ready rank=R pid=P" on stdout (tests wait for it)
+//   --fds                "fds rank=R: 0 1 2" on stdout: the open file descriptors
+//   --read-line          read a line from stdin; print "got LINE"
 //   --spawn-child        fork a child that stays in this process group and waits; prints
 //                        "child pid=P"
 //   --ignore SIG         ignore a signal (e.g. SIGTERM, to test the kill timeout)
@@ -19,10 +21,12 @@
 // Filters for the next action only:
 //   --if-rank R          only on RANK R
 //   --if-restart-below K only while TORCHELASTIC_RESTART_COUNT < K
+#include <dirent.h>
 #include <sys/inotify.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -114,6 +118,23 @@ void write_error_file(const std::string& message) {
   std::ofstream(path) << data.dump();
 }
 
+// "0 1 2": the descriptors open in this process (without the one that lists them).
+std::string open_fds() {
+  DIR* dir = ::opendir("/proc/self/fd");
+  if (!dir) return "?";
+  std::vector<int> fds;
+  while (dirent* entry = ::readdir(dir)) {
+    if (entry->d_name[0] == '.') continue;
+    int fd = std::atoi(entry->d_name);
+    if (fd != ::dirfd(dir)) fds.push_back(fd);
+  }
+  ::closedir(dir);
+  std::sort(fds.begin(), fds.end());
+  std::string text;
+  for (int fd : fds) text += (text.empty() ? "" : " ") + std::to_string(fd);
+  return text;
+}
+
 void spawn_child() {
   pid_t pid = ::fork();
   if (pid == 0) {
@@ -178,6 +199,11 @@ int main(int argc, char** argv) {
       }
     } else if (a == "--ready") {
       if (run) emit(std::cout, "ready rank=" + rank + " pid=" + std::to_string(::getpid()));
+    } else if (a == "--read-line") {
+      std::string line;
+      if (run && std::getline(std::cin, line)) emit(std::cout, "got " + line);
+    } else if (a == "--fds") {
+      if (run) emit(std::cout, "fds rank=" + rank + ": " + open_fds());
     } else if (a == "--spawn-child") {
       if (run) spawn_child();
     } else if (a == "--ignore") {

@@ -43,14 +43,17 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--max-request-bytes", options.limits.max_request_bytes, "Largest request")
       ->capture_default_str();
+  app.add_option("--max-reply-bytes", options.limits.max_reply_bytes, "Largest MULTI_GET reply")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   raise_open_file_limit();
   boost::asio::io_context io(1);
   try {
     ddp::store::Server server(io, options);
-    std::cout << "listening on " << options.host << ":" << server.port() << std::endl;
+    // Before the first line: whoever reads it may signal at once.
     boost::asio::signal_set signals(io, SIGINT, SIGTERM);
+    std::cout << "listening on " << options.host << ":" << server.port() << std::endl;
     signals.async_wait([&](const boost::system::error_code&, int) {
       server.close();
       io.stop();

@@ -13,6 +13,7 @@
 #include "ddp/launcher/output_tee.hpp"
 #include "ddp/launcher/signal_names.hpp"
 #include "ddp/launcher/worker_env.hpp"
+#include "group_reaper.hpp"
 #include "worker.hpp"
 #include "worker_streams.hpp"
 
@@ -68,6 +69,7 @@ class Agent::Impl {
   }
 
   int run() {
+    reaper_.emplace();  // before any handler or socket of ours exists to be inherited
     for (int signal : config_.signals_to_handle) signals_.add(signal);
     wait_for_signal();
     master_ = options_.master_host(io_, config_);
@@ -146,6 +148,7 @@ class Agent::Impl {
       if (attempt == attempt_) on_worker_exit(w);
     });
     workers_.push_back(worker);
+    reaper_->watch(worker->pid());
     error_files_.resize(config_.nproc_per_node);
     error_files_[local_rank] = identity.error_file;
 
@@ -201,7 +204,10 @@ class Agent::Impl {
   // Step 4: the whole group has exited. Decide: done, restart, or fail.
   void on_group_exited() {
     kill_timer_.cancel();
-    for (auto& worker : workers_) worker->signal_group(SIGKILL);  // stragglers in the groups
+    for (auto& worker : workers_) {
+      worker->signal_group(SIGKILL);  // stragglers in the groups
+      reaper_->forget(worker->pid());
+    }
     if (state_ == State::kShuttingDown) return finish(128 + shutdown_signal_);
     if (!root_cause_) return finish(0);
     if (attempt_ < config_.max_restarts) {
@@ -291,6 +297,7 @@ class Agent::Impl {
   LaunchConfig config_;
   WorkerCommand command_;
   AgentOptions options_;
+  std::optional<GroupReaper> reaper_;  // kills the groups if this process dies first
   std::unique_ptr<MasterHost> master_;
   MasterEndpoint endpoint_;
   boost::asio::signal_set signals_;

@@ -2,6 +2,7 @@
 
 #include <poll.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -65,16 +66,21 @@ void OutputTee::consume(const char* data, std::size_t size) {
   std::string lines;
   const char* end = data + size;
   while (data < end) {
-    const char* newline = static_cast<const char*>(std::memchr(data, '\n', end - data));
-    if (!newline) {
+    const std::size_t room = kMaxLine - partial_line_.size();  // 0 when partial_line_ is full
+    const std::size_t span = std::min(static_cast<std::size_t>(end - data), room + 1);
+    const char* newline = static_cast<const char*>(std::memchr(data, '\n', span));
+    if (!newline && span <= room) {
       partial_line_.append(data, end);
       break;
     }
+    // A whole line, or kMaxLine bytes of one that goes on: out it goes, with a newline.
+    const char* line_end = newline ? newline + 1 : data + room;
     lines += prefix_;
     lines += partial_line_;
-    lines.append(data, newline + 1);
+    lines.append(data, line_end);
+    if (!newline) lines += '\n';
     partial_line_.clear();
-    data = newline + 1;
+    data = line_end;
   }
   if (!lines.empty()) write_all(console_fd_, lines.data(), lines.size());
 }

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <boost/asio/post.hpp>
+#include <cerrno>
 #include <csignal>
 #include <cstring>
 
@@ -79,7 +80,10 @@ bool Worker::poll_exit() {
 }
 
 void Worker::signal_group(int signal) const {
-  if (pid_ > 0) ::kill(-pid_, signal);
+  if (pid_ <= 0) return;
+  // ESRCH: the group is gone, or not made yet (the child has not reached its setsid). The
+  // pid itself is ours to signal only until it is reaped.
+  if (::kill(-pid_, signal) != 0 && errno == ESRCH && !exit_) ::kill(pid_, signal);
 }
 
 }  // namespace ddp::launcher

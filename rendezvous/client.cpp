@@ -1,5 +1,7 @@
 #include "ddp/store/client.hpp"
 
+#include <algorithm>
+
 #include "ddp/store/store_util.hpp"
 #include "tcp_connection.hpp"
 
@@ -21,6 +23,8 @@ std::string op_with_key(std::string_view op, const std::string& key) {
 
 // How long a canceled wait waits for the server's WAIT_CANCELED.
 constexpr std::chrono::milliseconds kCancelReplyTimeout{5000};
+// The 2.x handshake gets what is left of connect_timeout, but at least this long.
+constexpr std::chrono::milliseconds kMinHandshakeTimeout{1000};
 
 // Connects (retrying until connect_timeout), sends the 1.x GETNUMKEYS byte and returns V1
 // when its 8-byte reply arrives within reply_timeout, else V2.
@@ -72,8 +76,10 @@ void Client::connect_locked() {
     put_u8(out_, *encode_command(Dialect::V2, Command::Ping));
     put_u32(out_, ++nonce_);
     send("connect (VALIDATE + PING)");
+    // Part of connecting: bounded by connect_timeout, not by the (longer) reply timeout.
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
     char reply[4];
-    read(reply, 4, "connect (PING)", timeout());
+    read(reply, 4, "connect (PING)", std::min(timeout(), std::max(left, kMinHandshakeTimeout)));
     if (get_u32(reply) != nonce_) fail("connect (PING)", "the server answered a wrong nonce");
   }
 }

@@ -1,5 +1,8 @@
 #include "connection.hpp"
 
+#include <utility>
+
+#include <boost/asio/post.hpp>
 #include <boost/asio/write.hpp>
 
 #include "ddp/store/store_util.hpp"
@@ -9,6 +12,8 @@ namespace {
 
 // Stop reading a client that does not read its replies once this much output is queued.
 constexpr std::size_t kMaxQueuedOutput = 32 * 1024 * 1024;
+// Close a client that lets this much pushed output (watch events) pile up unread.
+constexpr std::size_t kMaxPushedOutput = 2 * kMaxQueuedOutput;
 // Keep at most this much write buffer capacity between bursts.
 constexpr std::size_t kKeptOutputCapacity = 256 * 1024;
 
@@ -55,27 +60,35 @@ void Connection::close(std::string_view reason) {
 }
 
 // Reads until the socket has nothing more (the reactor is edge-triggered), handling each
-// complete request as it arrives, then sends the batched replies and waits for more.
+// complete request as it arrives, then sends the batched replies and waits for more. Bytes
+// left unhandled when the backlog grew too large (unread_) are handled first.
 void Connection::on_readable() {
   auto& buffer = server_->read_buffer;
   for (;;) {
     if (closed_) return;
-    boost::system::error_code ec;
-    std::size_t n = socket_.read_some(boost::asio::buffer(buffer), ec);
-    if (ec == boost::asio::error::would_block || ec == boost::asio::error::try_again) break;
-    if (ec) {
-      close();  // EOF or reset: an ordinary disconnect
-      return;
+    bool drained = false;
+    if (!unread_.empty()) {
+      std::string pending = std::exchange(unread_, std::string());
+      if (!process(pending.data(), pending.size())) return;
+    } else {
+      boost::system::error_code ec;
+      std::size_t n = socket_.read_some(boost::asio::buffer(buffer), ec);
+      if (ec == boost::asio::error::would_block || ec == boost::asio::error::try_again) break;
+      if (ec) {
+        close();  // EOF or reset: an ordinary disconnect
+        return;
+      }
+      if (!process(buffer.data(), n)) return;
+      drained = n < buffer.size();  // the next arrival raises a new edge
     }
-    if (!process(buffer.data(), n)) return;
-    if (out_.size() + sending_.size() > kMaxQueuedOutput) {
+    if (backlog() > kMaxQueuedOutput) {
       flush();
       if (writing_) {  // the socket is full: read again once the write drained
         read_paused_ = true;
         return;
       }
     }
-    if (n < buffer.size()) break;  // drained: the next arrival raises a new edge
+    if (drained && unread_.empty()) break;
   }
   flush();
   wait_readable();
@@ -92,6 +105,10 @@ void Connection::wait_readable() {
 bool Connection::process(const char* data, std::size_t size) {
   std::string_view rest(data, size);
   while (!rest.empty()) {
+    if (backlog() > kMaxQueuedOutput) {  // answer the rest once the client read some
+      unread_.assign(rest);
+      break;
+    }
     auto result = parser_.feed(rest);
     rest.remove_prefix(result.consumed);
     if (result.status == RequestParser::Status::Error) {
@@ -149,7 +166,20 @@ bool Connection::handle(Request& r) {
       put_u8(out_, kWatchCallbackRegistered);
       return true;
     case Command::DeleteKey: put_i64(out_, table.erase(r.key()) ? 1 : 0); return true;
-    case Command::Append: table.append(r.key(), r.value()); return true;
+    case Command::Append: {
+      // Like SET, no value may outgrow the value limit (clients refuse larger replies).
+      const std::string* current = table.find(r.key());
+      const std::size_t size = (current ? current->size() : 0) + r.value().size();
+      const std::size_t limit = server_->options.limits.max_value_bytes;
+      if (size > limit) {
+        close("APPEND to key " + quoted(r.key()) + " would make a value of " +
+              std::to_string(size) + " bytes, over the limit of " + std::to_string(limit) +
+              " bytes");
+        return false;
+      }
+      table.append(r.key(), r.value());
+      return true;
+    }
     case Command::MultiGet: return handle_multi_get(r);
     case Command::MultiSet:
       for (std::size_t i = 0; i < r.key_count; ++i) table.set(r.key(i), std::move(r.values[i]));
@@ -192,6 +222,18 @@ bool Connection::handle_wait(const Request& r) {
 }
 
 bool Connection::handle_multi_get(const Request& r) {
+  std::size_t reply_bytes = 0;
+  for (std::size_t i = 0; i < r.key_count; ++i) {
+    const std::string* value = server_->table.find(r.key(i));
+    reply_bytes += 8 + (value ? value->size() : 0);
+  }
+  const std::size_t limit = server_->options.limits.max_reply_bytes;
+  if (reply_bytes > limit) {
+    close("MULTI_GET of " + std::to_string(r.key_count) + " keys needs a reply of " +
+          std::to_string(reply_bytes) + " bytes, over the limit of " + std::to_string(limit) +
+          " bytes");
+    return false;
+  }
   for (std::size_t i = 0; i < r.key_count; ++i) {
     const std::string* value = server_->table.find(r.key(i));
     put_bytes(out_, value ? std::string_view(*value) : std::string_view());
@@ -208,6 +250,16 @@ void Connection::on_wait_done(Waiter& waiter) {
 
 void Connection::on_key_event(std::uint8_t event, std::string_view key, std::string_view old_value,
                               std::string_view new_value) {
+  if (closing_) return;
+  if (backlog() > kMaxPushedOutput) {
+    // Not from inside the table's notification loop: close on the next turn of the loop.
+    closing_ = true;
+    boost::asio::post(socket_.get_executor(), [self = shared_from_this()] {
+      self->close("more than " + std::to_string(kMaxPushedOutput) +
+                  " bytes of watch events queued and not read");
+    });
+    return;
+  }
   put_u8(out_, event);
   put_bytes(out_, key);
   put_bytes(out_, old_value);
@@ -247,7 +299,7 @@ void Connection::on_written(const boost::system::error_code& ec) {
   sending_.clear();
   if (sending_.capacity() > kKeptOutputCapacity) std::string().swap(sending_);
   flush();
-  if (read_paused_ && out_.size() + sending_.size() <= kMaxQueuedOutput / 2) {
+  if (read_paused_ && backlog() <= kMaxQueuedOutput / 2) {
     read_paused_ = false;
     on_readable();
   }

@@ -41,6 +41,8 @@ class Connection final : public Subscriber, public std::enable_shared_from_this<
   bool handle_multi_get(const Request& request);
   void flush();
   void on_written(const boost::system::error_code& ec);
+  // Replies queued or being written.
+  std::size_t backlog() const { return out_.size() + sending_.size(); }
 
   std::shared_ptr<Server::Impl> server_;
   boost::asio::ip::tcp::socket socket_;
@@ -51,6 +53,8 @@ class Connection final : public Subscriber, public std::enable_shared_from_this<
   bool writing_ = false;
   bool read_paused_ = false;  // too much output queued: stop reading until it drains
   bool closed_ = false;
+  bool closing_ = false;  // a close is posted: push nothing more
+  std::string unread_;    // bytes read but not yet handled when the backlog grew too large
   std::list<Waiter> waiters_;
   std::vector<std::string> watched_;
 };

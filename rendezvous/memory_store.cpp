@@ -28,7 +28,9 @@ std::int64_t MemoryStore::add(const std::string& key, std::int64_t delta) {
       if (!current) throw StoreError("add: key '" + key + "' does not hold an integer");
       value = *current;
     }
-    value += delta;
+    // Wraps on overflow like the server's ADD instead of being undefined.
+    value = static_cast<std::int64_t>(static_cast<std::uint64_t>(value) +
+                                      static_cast<std::uint64_t>(delta));
     data_[key] = std::to_string(value);
   }
   changed_.notify_all();

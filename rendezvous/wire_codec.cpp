@@ -370,9 +370,12 @@ bool RequestParser::finish_length() {
              std::to_string(limit) + " bytes";
     return false;
   }
-  if (request_bytes_ + len > limits_.max_request_bytes) {
-    error_ = std::string(command_name(request_.command)) + " request of more than " +
-             std::to_string(request_bytes_ + len) + " bytes exceeds the limit of " +
+  // Written so that no sum can wrap, whatever the limits.
+  if (request_bytes_ > limits_.max_request_bytes ||
+      len > limits_.max_request_bytes - request_bytes_) {
+    error_ = std::string(command_name(request_.command)) + " request of " +
+             std::to_string(request_bytes_) + " bytes and a field of " + std::to_string(len) +
+             " bytes exceeds the limit of " +
              std::to_string(limits_.max_request_bytes) + " bytes";
     return false;
   }

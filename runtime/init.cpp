@@ -64,7 +64,12 @@ Context build_context(const LaunchEnv& env, std::shared_ptr<store::Store> base,
   job_store->set_timeout(options.init_timeout);
   const Backend backend = choose_backend(options);
   const MismatchCheck check = choose_check(options);
-  auto backend_store = std::make_shared<store::PrefixStore>(to_string(backend), job_store);
+  // The n-th Context a rank builds in this attempt uses keys of its own (ranks build their
+  // Contexts in the same order, as with PyTorch's process groups): a second init() must not
+  // read the first one's mesh addresses or shared-memory segment.
+  const auto instance = job_store->add("contexts/rank_" + std::to_string(env.rank), 1);
+  auto backend_store = std::make_shared<store::PrefixStore>(
+      std::string(to_string(backend)) + "/" + std::to_string(instance), job_store);
   backend_store->set_timeout(options.init_timeout);
   std::unique_ptr<Communicator> communicator =
       backend == Backend::Nccl

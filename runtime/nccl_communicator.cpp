@@ -113,7 +113,11 @@ std::unique_ptr<Communicator> make_nccl_communicator(std::shared_ptr<store::Stor
 
 NcclCommunicator::NcclCommunicator(std::shared_ptr<store::Store> store, const LaunchEnv& env,
                                    const InitOptions& options, MismatchCheck check)
-    : store_(std::move(store)), rank_(env.rank), world_size_(env.world_size), policy_(check) {
+    : store_(std::move(store)),
+      rank_(env.rank),
+      world_size_(env.world_size),
+      timeout_(options.timeout),
+      policy_(check) {
   const std::string me = "rank " + std::to_string(rank_) + " of " + std::to_string(world_size_);
   try {
     int count = 0;
@@ -125,17 +129,44 @@ NcclCommunicator::NcclCommunicator(std::shared_ptr<store::Store> store, const La
     wait_for_all_ranks(options.init_timeout);
     init_communicator(options);
   } catch (const InitError&) {
+    release();  // no destructor runs for a constructor that throws
     throw;
   } catch (const std::exception& e) {
+    release();
     throw InitError(me + ": building the NCCL communicator on device " + std::to_string(device_) +
                     ": " + e.what());
   }
 }
 
-NcclCommunicator::~NcclCommunicator() {
-  if (stream_ != nullptr) cudaStreamSynchronize(stream_);
-  if (comm_ != nullptr) ncclCommDestroy(comm_);
-  if (stream_ != nullptr) cudaStreamDestroy(stream_);
+NcclCommunicator::~NcclCommunicator() { release(); }
+
+void NcclCommunicator::release() noexcept {
+  // A stream stuck behind a collective whose peer is gone never drains: wait for its last
+  // operation on the host, with a timeout, instead of an unbounded cudaStreamSynchronize.
+  bool drained = true;
+  if (last_) {
+    try {
+      drained = last_->wait_for(timeout_);
+    } catch (...) {
+      drained = true;  // it finished (with an error): the stream has passed it
+    }
+  }
+  if (comm_ != nullptr || stream_ != nullptr) cudaSetDevice(device_);
+  if (comm_ != nullptr) {
+    // Abort stops kernels that wait for a lost peer; destroy would wait for them.
+    if (drained) {
+      ncclCommDestroy(comm_);
+    } else {
+      ncclCommAbort(comm_);
+    }
+    comm_ = nullptr;
+  }
+  if (stream_ != nullptr) {
+    if (drained) cudaStreamSynchronize(stream_);
+    cudaStreamDestroy(stream_);  // with work still queued: released once it completes
+    stream_ = nullptr;
+  }
+  last_.reset();
 }
 
 // Every rank announces itself, then waits for all others: a rank that never comes is named
@@ -216,6 +247,8 @@ template <typename Enqueue>
 Work NcclCommunicator::launch(const CallDescriptor& call, void* after, Enqueue&& enqueue) {
   if (policy_.next()) check_call(call);
   const std::string what = call.str() + where(rank_);
+  // The calling thread may not have made this communicator's device current.
+  cuda_check(cudaSetDevice(device_), what);
   cudaEvent_t ready = nullptr;
   cuda_check(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), what);
   cuda_check(cudaEventRecord(ready, static_cast<cudaStream_t>(after)), what);
@@ -229,6 +262,7 @@ Work NcclCommunicator::launch(const CallDescriptor& call, void* after, Enqueue&&
   auto holder = std::make_unique<std::shared_ptr<PromiseWork>>(work->promise());
   cuda_check(cudaLaunchHostFunc(stream_, complete_promise, holder.get()), what);
   holder.release();  // owned by the callback now
+  last_ = work->promise();
   return Work(work);
 }
 
@@ -238,6 +272,18 @@ void* NcclCommunicator::staging(std::size_t bytes, std::size_t slot) {
     staging_bytes_[slot] = bytes;
   }
   return staging_[slot].get();
+}
+
+void* NcclCommunicator::pinned(std::size_t bytes, std::size_t slot) {
+  if (pinned_bytes_[slot] < bytes) {
+    pinned_[slot].reset();
+    void* p = nullptr;
+    cuda_check(cudaMallocHost(&p, std::max<std::size_t>(bytes, 1)),
+               "allocating " + std::to_string(bytes) + " bytes of pinned host memory");
+    pinned_[slot] = std::shared_ptr<void>(p, [](void* q) { cudaFreeHost(q); });
+    pinned_bytes_[slot] = bytes;
+  }
+  return pinned_[slot].get();
 }
 
 Work NcclCommunicator::allreduce(void* data, std::size_t count, DType dtype, ReduceOp op,
@@ -256,14 +302,17 @@ Work NcclCommunicator::allreduce(void* data, std::size_t count, DType dtype, Red
     });
   }
   void* device = staging(bytes, 0);
+  void* host = pinned(bytes, 0);
+  if (bytes != 0) std::memcpy(host, data, bytes);
   Work work = launch(call, options.after_stream, [&] {
     if (count == 0) return;
-    cuda_check(cudaMemcpyAsync(device, data, bytes, cudaMemcpyHostToDevice, stream_), call.str());
+    cuda_check(cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, stream_), call.str());
     nccl_check(ncclAllReduce(device, device, count, nccl_type(dtype), nccl_op(op), comm_, stream_),
                call.str());
-    cuda_check(cudaMemcpyAsync(data, device, bytes, cudaMemcpyDeviceToHost, stream_), call.str());
+    cuda_check(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, stream_), call.str());
   });
-  work.wait();  // host memory: complete before returning, as the caller may reuse it
+  work.wait(timeout_);  // host memory: complete before returning, as the caller may reuse it
+  if (bytes != 0) std::memcpy(data, host, bytes);
   return work;
 }
 
@@ -276,18 +325,23 @@ Work NcclCommunicator::broadcast(void* data, std::size_t count, DType dtype, int
   const std::size_t bytes = count * size_of(dtype);
   const bool on_device = is_device_memory(data);
   void* buffer = on_device ? data : staging(bytes, 0);
+  void* host = on_device ? nullptr : pinned(bytes, 0);
+  if (!on_device && bytes != 0) std::memcpy(host, data, bytes);
   Work work = launch(call, options.after_stream, [&] {
     if (count == 0) return;
     if (!on_device) {
-      cuda_check(cudaMemcpyAsync(buffer, data, bytes, cudaMemcpyHostToDevice, stream_), call.str());
+      cuda_check(cudaMemcpyAsync(buffer, host, bytes, cudaMemcpyHostToDevice, stream_), call.str());
     }
     nccl_check(ncclBroadcast(buffer, buffer, count, nccl_type(dtype), root, comm_, stream_),
                call.str());
     if (!on_device) {
-      cuda_check(cudaMemcpyAsync(data, buffer, bytes, cudaMemcpyDeviceToHost, stream_), call.str());
+      cuda_check(cudaMemcpyAsync(host, buffer, bytes, cudaMemcpyDeviceToHost, stream_), call.str());
     }
   });
-  if (!on_device) work.wait();
+  if (!on_device) {
+    work.wait(timeout_);
+    if (bytes != 0) std::memcpy(data, host, bytes);
+  }
   return work;
 }
 
@@ -295,46 +349,60 @@ Work NcclCommunicator::allgather(const void* in, void* out, std::size_t count, D
                                  const CollectiveOptions& options) {
   CallDescriptor call{CallKind::Allgather, dtype, count, 0};
   const std::size_t bytes = count * size_of(dtype);
-  const bool on_device = is_device_memory(in) && is_device_memory(out);
-  const void* src = on_device ? in : staging(bytes, 0);
-  void* dst = on_device ? out : staging(bytes * world_size_, 1);
-  Work work = launch(call, options.after_stream, [&] {
-    if (count == 0) return;
-    if (!on_device) {
-      cuda_check(cudaMemcpyAsync(const_cast<void*>(src), in, bytes, cudaMemcpyDefault, stream_),
-                 call.str());
-    }
-    nccl_check(ncclAllGather(src, dst, count, nccl_type(dtype), comm_, stream_), call.str());
-    if (!on_device) {
-      cuda_check(cudaMemcpyAsync(out, dst, bytes * world_size_, cudaMemcpyDefault, stream_),
-                 call.str());
-    }
-  });
-  if (!on_device) work.wait();
-  return work;
+  return staged(call, options.after_stream, in, bytes, out, bytes * world_size_,
+                [&](const void* src, void* dst) {
+                  nccl_check(ncclAllGather(src, dst, count, nccl_type(dtype), comm_, stream_),
+                             call.str());
+                });
 }
 
 Work NcclCommunicator::reduce_scatter(const void* in, void* out, std::size_t count, DType dtype,
                                       ReduceOp op, const CollectiveOptions& options) {
   CallDescriptor call{CallKind::ReduceScatter, dtype, count, static_cast<std::int64_t>(op)};
   const std::size_t bytes = count * size_of(dtype);
-  const bool on_device = is_device_memory(in) && is_device_memory(out);
-  const void* src = on_device ? in : staging(bytes * world_size_, 0);
-  void* dst = on_device ? out : staging(bytes, 1);
-  Work work = launch(call, options.after_stream, [&] {
-    if (count == 0) return;
+  return staged(call, options.after_stream, in, bytes * world_size_, out, bytes,
+                [&](const void* src, void* dst) {
+                  nccl_check(ncclReduceScatter(src, dst, count, nccl_type(dtype), nccl_op(op),
+                                               comm_, stream_),
+                             call.str());
+                });
+}
+
+// Out of place: device buffers are used as they are; host ones go through pinned memory
+// and device staging, and then the call completes before it returns.
+template <typename Collective>
+Work NcclCommunicator::staged(const CallDescriptor& call, void* after, const void* in,
+                              std::size_t in_bytes, void* out, std::size_t out_bytes,
+                              Collective&& collective) {
+  const bool in_device = is_device_memory(in);
+  const bool out_device = is_device_memory(out);
+  const bool on_device = in_device && out_device;
+  const void* src = on_device ? in : staging(in_bytes, 0);
+  void* dst = on_device ? out : staging(out_bytes, 1);
+  const void* host_in = in;
+  if (!in_device) {
+    void* p = pinned(in_bytes, 0);
+    if (in_bytes != 0) std::memcpy(p, in, in_bytes);
+    host_in = p;
+  }
+  void* host_out = out_device ? out : pinned(out_bytes, 1);
+  Work work = launch(call, after, [&] {
+    if (in_bytes == 0 || out_bytes == 0) return;
     if (!on_device) {
-      cuda_check(cudaMemcpyAsync(const_cast<void*>(src), in, bytes * world_size_, cudaMemcpyDefault,
+      cuda_check(cudaMemcpyAsync(const_cast<void*>(src), host_in, in_bytes, cudaMemcpyDefault,
                                  stream_),
                  call.str());
     }
-    nccl_check(ncclReduceScatter(src, dst, count, nccl_type(dtype), nccl_op(op), comm_, stream_),
-               call.str());
+    collective(src, dst);
     if (!on_device) {
-      cuda_check(cudaMemcpyAsync(out, dst, bytes, cudaMemcpyDefault, stream_), call.str());
+      cuda_check(cudaMemcpyAsync(host_out, dst, out_bytes, cudaMemcpyDefault, stream_),
+                 call.str());
     }
   });
-  if (!on_device) work.wait();
+  if (!on_device) {
+    work.wait(timeout_);
+    if (!out_device && out_bytes != 0) std::memcpy(out, host_out, out_bytes);
+  }
   return work;
 }
 
@@ -344,12 +412,13 @@ Work NcclCommunicator::barrier() {
   Work work = launch(CallDescriptor{}, nullptr, [&] {
     nccl_check(ncclAllReduce(scratch, scratch, 1, ncclFloat32, ncclSum, comm_, stream_), "barrier");
   });
-  work.wait();
+  work.wait(timeout_);
   return work;
 }
 
 std::shared_ptr<void> NcclCommunicator::allocate(std::size_t bytes) {
   void* p = nullptr;
+  cuda_check(cudaSetDevice(device_), "selecting CUDA device " + std::to_string(device_));
   cuda_check(cudaMalloc(&p, std::max<std::size_t>(bytes, 1)),
              "allocating " + std::to_string(bytes) + " bytes on device " + std::to_string(device_));
   std::shared_ptr<void> owned(p, [](void* q) { cudaFree(q); });

@@ -13,6 +13,7 @@
 #include "call_check.hpp"
 #include "ddp/communicator.hpp"
 #include "ddp/context.hpp"
+#include "promise_work.hpp"
 
 namespace ddp::detail {
 
@@ -44,6 +45,9 @@ class NcclCommunicator : public Communicator {
   void set_mismatch_check(MismatchCheck check) override { policy_.set(check); }
 
  private:
+  // Waits (up to timeout_) for the last queued operation; destroys the communicator, or
+  // aborts it when that operation never finished (a lost peer); frees the stream. Idempotent.
+  void release() noexcept;
   void wait_for_all_ranks(std::chrono::milliseconds timeout);
   void init_communicator(const InitOptions& options);
   // Cross-rank comparison through the store (NCCL has no cheap host-side collective).
@@ -52,19 +56,33 @@ class NcclCommunicator : public Communicator {
   // was queued by `enqueue` on it.
   template <typename Enqueue>
   Work launch(const CallDescriptor& call, void* after, Enqueue&& enqueue);
+  // allgather / reduce_scatter: runs collective(src, dst) on device buffers, staging `in`
+  // and `out` when either is host memory.
+  template <typename Collective>
+  Work staged(const CallDescriptor& call, void* after, const void* in, std::size_t in_bytes,
+              void* out, std::size_t out_bytes, Collective&& collective);
   // A device buffer of at least `bytes` for staging host memory (grows, never shrinks).
   void* staging(std::size_t bytes, std::size_t slot);
+  // Pinned host memory of at least `bytes` (grows, never shrinks): the host end of staged
+  // copies. Copies to or from pageable memory would block the host until the stream drains,
+  // with no timeout; from pinned memory they are asynchronous and the host waits on the
+  // Work instead.
+  void* pinned(std::size_t bytes, std::size_t slot);
 
   std::shared_ptr<store::Store> store_;
   const int rank_;
   const int world_size_;
+  const std::chrono::milliseconds timeout_;  // each collective, and the drain at destruction
   int device_ = 0;
   ncclComm_t comm_ = nullptr;
   cudaStream_t stream_ = nullptr;
   MismatchPolicy policy_;
   std::uint64_t checks_ = 0;
+  std::shared_ptr<PromiseWork> last_;  // the latest operation queued on stream_
   std::shared_ptr<void> staging_[2];
   std::size_t staging_bytes_[2] = {0, 0};
+  std::shared_ptr<void> pinned_[2];
+  std::size_t pinned_bytes_[2] = {0, 0};
 };
 
 }  // namespace ddp::detail

@@ -1,6 +1,7 @@
 #include "ddp/reducer.hpp"
 
 #include <cmath>
+#include <exception>
 
 namespace ddp {
 
@@ -42,6 +43,10 @@ Reducer::Reducer(Context& context, std::vector<Parameter> parameters, ReducerOpt
       *options_.compression != DType::BF16) {
     throw ReducerError(std::string("compression to ") + to_string(*options_.compression) +
                        ": only f16 or bf16");
+  }
+  if (options_.compression && context_.backend() == Backend::Nccl) {
+    throw ReducerError(std::string("compression to ") + to_string(*options_.compression) +
+                       " is not available with the nccl backend yet");
   }
   std::vector<std::size_t> sizes;
   for (const auto& p : parameters_) sizes.push_back(p.value.size());
@@ -86,7 +91,11 @@ std::string Reducer::describe_layout() const {
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
     text += (b ? "," : "") + std::to_string(buckets_[b].elements);
   }
-  return text + "]";
+  // The wire type is part of the layout: ranks that disagree on it would reduce different
+  // byte counts (a hang) or mix f32 and 16-bit bytes (garbage).
+  text += "] reduced in ";
+  text += options_.compression ? to_string(*options_.compression) : "f32";
+  return text;
 }
 
 // Every rank publishes its layout and reads everybody's: all ranks see a mismatch and fail
@@ -148,14 +157,19 @@ void Reducer::launch_ready_buckets() {
   Communicator& comm = context_.communicator();
   CollectiveOptions collective{options_.compute_stream, options_.compression};
   while (next_launch_ < buckets_.size() && pending_[next_launch_] == 0) {
-    const std::size_t b = next_launch_++;
+    const std::size_t b = next_launch_;
     timings_[b].launched = Clock::now();
     works_[b] = comm.allreduce(bucket_memory_[b].get(), buckets_[b].elements, DType::F32,
                                ReduceOp::Avg, collective);
+    ++next_launch_;  // only once issued: a bucket whose call threw is not counted as started
   }
 }
 
 void Reducer::wait_bucket(std::size_t b) {
+  if (b >= buckets_.size()) {
+    throw ReducerError("wait_bucket(" + std::to_string(b) + "): there are only " +
+                       std::to_string(buckets_.size()) + " buckets");
+  }
   if (b >= next_launch_) {
     throw ReducerError("wait_bucket(" + std::to_string(b) +
                        "): that bucket's all-reduce "
@@ -175,28 +189,57 @@ void Reducer::finalize() {
     std::string list;
     for (std::size_t k = 0; k < unmarked.size() && k < 16; ++k) list += "\n  " + unmarked[k];
     if (unmarked.size() > 16) list += "\n  (and " + std::to_string(unmarked.size() - 16) + " more)";
-    wait_all_launched(false);
+    try {
+      wait_all_launched(false);
+    } catch (...) {
+      reset_step();
+      throw;
+    }
     reset_step();
     throw ReducerError("finalize() with " + std::to_string(unmarked.size()) +
                        " gradients never marked ready in this step:" + list);
   }
-  if (sync_) launch_ready_buckets();  // in case sync was turned on after the marks
-  wait_all_launched(true);
+  try {
+    if (sync_) launch_ready_buckets();  // in case sync was turned on after the marks
+  } catch (...) {
+    try {
+      wait_all_launched(false);
+    } catch (const std::exception&) {
+      // The launch failure is the one to report.
+    }
+    reset_step();
+    throw;
+  }
+  try {
+    wait_all_launched(true);
+  } catch (...) {
+    reset_step();
+    throw;
+  }
   reset_step();
 }
 
+// Waits for every started bucket, even after one failed (its buffers must not be reused
+// while a later all-reduce may still write them), then rethrows the first failure.
 void Reducer::wait_all_launched(bool record) {
+  std::exception_ptr first_failure;
   for (std::size_t b = 0; b < next_launch_; ++b) {
-    if (options_.compute_stream != nullptr || context_.backend() == Backend::Nccl) {
-      works_[b].wait_on_stream(options_.compute_stream, options_.timeout);
-    } else {
-      works_[b].wait(options_.timeout);
+    try {
+      if (options_.compute_stream != nullptr || context_.backend() == Backend::Nccl) {
+        works_[b].wait_on_stream(options_.compute_stream, options_.timeout);
+      } else {
+        works_[b].wait(options_.timeout);
+      }
+    } catch (...) {
+      if (!first_failure) first_failure = std::current_exception();
+      continue;
     }
     // Keep an earlier observation (wait_bucket) from this step.
     if (record && timings_[b].completed < timings_[b].launched) {
       timings_[b].completed = Clock::now();
     }
   }
+  if (first_failure) std::rethrow_exception(first_failure);
 }
 
 void Reducer::reset_step() {

@@ -74,8 +74,21 @@ std::unique_ptr<ShmAllreduce> ShmAllreduce::create(store::Store& store, int rank
       if (base != nullptr) ::new (base) Header{};  // starts the atomics' lifetime, zeroed
     }
     if (base == nullptr && fd >= 0) shm_unlink(name.c_str());
-    store.set("shm/name", base ? name : "");
-  } else {
+  }
+  // From here on, a failure (the store gone, a rank that never answers) still leaves
+  // nothing behind in /dev/shm.
+  auto discard = [&] {
+    if (rank == 0 && base != nullptr) shm_unlink(name.c_str());
+    if (base != nullptr) munmap(base, bytes);
+  };
+  std::vector<std::string> answers;
+  try {
+    if (rank == 0) store.set("shm/name", base ? name : "");
+  } catch (...) {
+    discard();
+    throw;
+  }
+  if (rank != 0) {
     name = store.get("shm/name");
     if (!name.empty()) {
       const int fd = shm_open(name.c_str(), O_RDWR, 0600);
@@ -85,15 +98,13 @@ std::unique_ptr<ShmAllreduce> ShmAllreduce::create(store::Store& store, int rank
       }
     }
   }
-  store.set("shm/ok/" + std::to_string(rank), base ? "1" : "0");
   std::vector<std::string> keys;
   for (int r = 0; r < world_size; ++r) keys.push_back("shm/ok/" + std::to_string(r));
-  std::vector<std::string> answers;
   try {
+    store.set("shm/ok/" + std::to_string(rank), base ? "1" : "0");
     answers = store.multi_get(keys);
-  } catch (...) {  // a rank never answered: still leave nothing behind in /dev/shm
-    if (rank == 0 && base != nullptr) shm_unlink(name.c_str());
-    if (base != nullptr) munmap(base, bytes);
+  } catch (...) {  // a rank never answered
+    discard();
     throw;
   }
   if (rank == 0 && base != nullptr) shm_unlink(name.c_str());  // every rank has answered

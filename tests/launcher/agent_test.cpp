@@ -1,6 +1,12 @@
 // ddprun end to end with real worker processes: the environment contract, failures and the
 // report, signals, kill -9, restarts, logs. Workers are build/bin/ddp-sample-worker.
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <csignal>
+#include <cstdlib>
 #include <catch2/catch.hpp>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -266,6 +272,26 @@ TEST_CASE("kill -9 of ddprun leaves no worker") {
   check_no_process_left(groups);
 }
 
+TEST_CASE("kill -9 of ddprun leaves no child process of a worker either") {
+  // The workers die by their parent-death signal; their own children have none, and only
+  // a process outside ddprun can still signal their groups.
+  ChildProcess run(ddprun({"--nproc_per_node=2"}, {"--spawn-child", "--ready", "--wait"}));
+  auto ready = run.wait_for_stdout_lines("ready", 2);
+  auto children = run.wait_for_stdout_lines("child pid=", 2);
+  run.signal(SIGKILL);
+  CHECK(run.wait().status == 128 + SIGKILL);
+  std::vector<pid_t> groups;
+  for (const auto& line : ready) groups.push_back(static_cast<pid_t>(field_of(line, "pid")));
+  check_no_process_left(groups);
+  for (const auto& line : children) {
+    const auto pid = static_cast<pid_t>(field_of(line, "pid"));
+    INFO("child " << pid);
+    const bool gone = wait_for_process_exit(pid, std::chrono::seconds(10));
+    if (!gone) ::kill(pid, SIGKILL);
+    CHECK(gone);
+  }
+}
+
 TEST_CASE("tee gives prefixed whole lines on the console and plain files in the log layout") {
   TempDir dir;
   const int lines = 3000;
@@ -336,4 +362,64 @@ TEST_CASE("restarts write each attempt's logs in its own directory") {
     std::string text(std::istreambuf_iterator<char>(std::ifstream(path).rdbuf()), {});
     CHECK_THAT(text, Catch::Contains("hello from rank 0"));
   }
+}
+
+TEST_CASE("workers inherit no descriptor of the agent but their standard streams") {
+  // The agent's store socket (and its clients' connections) must not leak into workers, as
+  // torchrun's subprocess(close_fds=True) guarantees; nor must the tee pipes of other ranks.
+  TempDir dir;
+  ProcessResult r = run_process(
+      ddprun({"--nproc_per_node=2", "--tee=3", "--log_dir", dir.path().string()}, {"--fds"}));
+  INFO(r.err);
+  REQUIRE(r.status == 0);
+  auto lines = lines_of(r.out);
+  REQUIRE(lines.size() == 2);
+  for (const auto& line : lines) {
+    INFO(line);
+    CHECK(std::regex_match(line, std::regex(R"(\[default[01]\]:fds rank=[01]:( [0-2])*)")));
+  }
+}
+
+TEST_CASE("a worker can read the terminal ddprun runs in: input() or pdb") {
+  // ddprun in its own session on a pseudo-terminal, as in an interactive shell. A worker in
+  // a background process group of that terminal would be stopped by SIGTTIN when it reads;
+  // under torchrun the workers read the terminal (same group, or their own session).
+  int master = ::posix_openpt(O_RDWR | O_NOCTTY | O_CLOEXEC);
+  REQUIRE(master >= 0);
+  REQUIRE(::grantpt(master) == 0);
+  REQUIRE(::unlockpt(master) == 0);
+  const std::string slave_name = ::ptsname(master);
+  auto argv = ddprun({"--nproc_per_node=1"}, {"--read-line", "--print", "done"});
+  std::vector<char*> c_argv;
+  for (auto& a : argv) c_argv.push_back(a.data());
+  c_argv.push_back(nullptr);
+  const pid_t pid = ::fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    ::setsid();
+    int slave = ::open(slave_name.c_str(), O_RDWR);  // becomes the controlling terminal
+    if (slave < 0) ::_exit(126);
+    for (int fd = 0; fd < 3; ++fd) ::dup2(slave, fd);
+    ::execv(c_argv[0], c_argv.data());
+    ::_exit(127);
+  }
+  const std::string input = "hello\n";
+  REQUIRE(::write(master, input.data(), input.size()) == static_cast<ssize_t>(input.size()));
+  std::string seen;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (seen.find("done") == std::string::npos && std::chrono::steady_clock::now() < deadline) {
+    pollfd p{master, POLLIN, 0};
+    if (::poll(&p, 1, 200) <= 0) continue;
+    char buffer[4096];
+    ssize_t n = ::read(master, buffer, sizeof buffer);
+    if (n <= 0) break;
+    seen.append(buffer, static_cast<std::size_t>(n));
+  }
+  INFO(seen);
+  CHECK_THAT(seen, Catch::Contains("got hello"));
+  CHECK_THAT(seen, Catch::Contains("done"));
+  ::kill(-pid, SIGKILL);  // ddprun's session (its workers have their own groups)
+  ::kill(pid, SIGKILL);
+  ::waitpid(pid, nullptr, 0);
+  ::close(master);
 }

@@ -63,3 +63,28 @@ TEST_CASE("a tee without console writes only the file") {
   io.run();
   CHECK(read_all(file_path).size() == 65536);
 }
+
+TEST_CASE("a tee bounds a line without newline: it goes out in pieces of at most kMaxLine") {
+  // Binary output or a progress bar drawn with '\r' never ends its line: the tee must not
+  // hold it all in memory (nor keep it off the console) until the stream ends.
+  ddp::test::TempDir dir;
+  auto console_path = dir.path() / "console";
+  UniqueFd console(::open(console_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644));
+  int fds[2];
+  REQUIRE(::pipe(fds) == 0);
+  UniqueFd writer(fds[1]);
+  boost::asio::io_context io;
+  OutputTee::start(io, UniqueFd(fds[0]), UniqueFd(), console.get(), "[p]:", nullptr);
+  const std::size_t total = 3 * OutputTee::kMaxLine + 100;
+  std::string chunk(4096, 'x');
+  for (std::size_t sent = 0; sent < total; sent += chunk.size()) {
+    const std::size_t n = std::min(chunk.size(), total - sent);
+    REQUIRE(write_all(writer.get(), chunk.data(), n));
+    io.run_one();
+  }
+  const std::string piece = "[p]:" + std::string(OutputTee::kMaxLine, 'x') + "\n";
+  CHECK(read_all(console_path) == piece + piece + piece);  // before the stream ends
+  writer.reset();
+  io.run();
+  CHECK(read_all(console_path) == piece + piece + piece + "[p]:" + std::string(100, 'x') + "\n");
+}

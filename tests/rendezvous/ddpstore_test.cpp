@@ -43,3 +43,14 @@ TEST_CASE("ddpstore on a port in use says so and exits non-zero") {
   CHECK(second.next_line().empty());
   CHECK(second.wait() == 1);
 }
+
+TEST_CASE("ddpstore exits 0 on a SIGTERM sent as soon as it printed where it listens") {
+  // The signal handler must be in place before the line that tells the port.
+  for (int i = 0; i < 10; ++i) {
+    ChildProcess store(ddp::test::bin_path("ddpstore").string(),
+                       {"--host", "127.0.0.1", "--port", "0"});
+    port_of(store.next_line());
+    REQUIRE(::kill(store.pid(), SIGTERM) == 0);
+    CHECK(store.wait() == 0);
+  }
+}

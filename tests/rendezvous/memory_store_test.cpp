@@ -1,4 +1,5 @@
 #include <catch2/catch.hpp>
+#include <limits>
 #include <thread>
 
 #include "ddp/store/memory_store.hpp"
@@ -39,4 +40,12 @@ TEST_CASE("memory store: wait wakes when the last key is set, and times out nami
   setter.join();
   CHECK(store.multi_get({"a", "b"}) == std::vector<std::string>{"1", "2"});
   CHECK_THROWS_WITH(store.wait({"a", "missing"}, 10ms), Catch::Contains("'missing'"));
+}
+
+TEST_CASE("memory store: ADD past INT64_MAX wraps as the server's does, without undefined behaviour") {
+  MemoryStore store;
+  constexpr auto kMax = std::numeric_limits<std::int64_t>::max();
+  CHECK(store.add("n", kMax) == kMax);
+  CHECK(store.add("n", 1) == std::numeric_limits<std::int64_t>::min());
+  CHECK(store.get("n") == std::to_string(std::numeric_limits<std::int64_t>::min()));
 }

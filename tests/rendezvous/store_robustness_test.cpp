@@ -46,6 +46,12 @@ bool idle(const TestServer& server) {
 // under AddressSanitizer).
 std::size_t allocated_bytes() { return mallinfo2().uordblks; }
 
+// The same, counting large (mmap'ed) blocks too, such as a big output buffer.
+std::size_t allocated_with_mmapped_bytes() {
+  auto info = mallinfo2();
+  return info.uordblks + info.hblkhd;
+}
+
 }  // namespace
 
 TEST_CASE("1,000 concurrent clients wait together and are all answered") {
@@ -187,4 +193,66 @@ TEST_CASE("a client that sends faster than it reads is paused, then served in fu
     }
   }
   CHECK(complete == kGets);
+}
+
+TEST_CASE("a burst of small requests for large replies is answered a bounded amount at a time") {
+  TestServer server;
+  Client client(server.client_options());
+  const std::string big(1024 * 1024, 'b');
+  client.set("big", big);
+  REQUIRE(client.get("big") == big);
+  RawSocket greedy(server.port());
+  constexpr int kGets = 120;  // 120 MiB of replies asked for in one ~1.5 KB burst
+  std::string requests;
+  for (int i = 0; i < kGets; ++i) requests += encode(Dialect::V1, make_request(Command::Get, {"big"}));
+  const auto handled = server.stats().requests;
+  const auto before = allocated_with_mmapped_bytes();
+  REQUIRE(greedy.send(requests));
+  REQUIRE(eventually([&] { return server.stats().requests > handled + 8; }));
+  // A round trip of another client: the loop has finished with the burst for now.
+  CHECK(client.num_keys() == 1);
+  // About 32 MiB queued (plus what the socket holds), not the whole 120 MiB.
+  CHECK(allocated_with_mmapped_bytes() < before + 48 * 1024 * 1024);
+  std::size_t complete = 0;
+  for (int i = 0; i < kGets; ++i) {
+    if (greedy.read(8 + big.size()) != u64le(big.size()) + big) break;
+    ++complete;
+  }
+  CHECK(complete == kGets);
+}
+
+TEST_CASE("a MULTI_GET whose reply would exceed the limit closes its connection") {
+  TestServer server;
+  Client client(server.client_options());
+  client.set("big", std::string(1024 * 1024, 'b'));
+  REQUIRE(client.check({"big"}));
+  RawSocket greedy(server.port());
+  // 100 times the same 1 MiB value: a 100 MiB reply from a 1.7 KB request.
+  std::vector<std::string> keys(100, "big");
+  REQUIRE(greedy.send(kOpening + v2(make_request(Command::MultiGet, keys))));
+  CHECK(greedy.closed_by_peer());
+  CHECK(server.stats().rejected == 1);
+  bool logged = false;
+  for (const auto& line : server.log()) {
+    logged = logged || (line.find("MULTI_GET") != std::string::npos &&
+                        line.find("127.0.0.1:") != std::string::npos);
+  }
+  CHECK(logged);
+  CHECK(client.multi_get({"big", "big"}).size() == 2);  // a modest one is still answered
+}
+
+TEST_CASE("a 1.x watcher that never reads its events is closed, not buffered without bound") {
+  TestServer server;
+  RawSocket watcher(server.port());
+  REQUIRE(watcher.send(encode(Dialect::V1, make_request(Command::WatchKey, {"w"}))));
+  REQUIRE(watcher.read(1) == std::string(1, '\x03'));
+  REQUIRE(server.stats().connections == 1);  // the watch is registered
+  Client setter(server.client_options(Dialect::V1));
+  REQUIRE(setter.num_keys() == 0);  // accepted: two connections now
+  const std::string value(1024 * 1024, 'v');
+  // Each change pushes old and new value: about 2 MiB of events a SET, 100 MiB for 50.
+  for (int i = 0; i < 50; ++i) setter.set("w", value);
+  CHECK(eventually([&] { return server.stats().connections == 1; }));  // the setter alone
+  CHECK(watcher.closed_by_peer());
+  CHECK(setter.get("w") == value);
 }

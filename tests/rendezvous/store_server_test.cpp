@@ -5,6 +5,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <limits>
 #include <thread>
 
 #include "ddp/store/client.hpp"
@@ -276,4 +277,59 @@ TEST_CASE("raw: GET and MULTI_GET of a missing key answer an empty value, as PyT
   s.send(bytes({0x0a, 2, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 'a', 1, 0, 0, 0, 0, 0, 0, 0, 'b'}));
   CHECK(s.read(16) == std::string(16, '\0'));
   CHECK(server.stats().rejected == 0);
+}
+
+TEST_CASE("an APPEND that would grow a value past the value limit closes its connection") {
+  Limits limits;
+  limits.max_value_bytes = 1000;
+  TestServer server(limits);
+  Client client(server.client_options());
+  client.append("log", std::string(600, 'a'));
+  CHECK(client.get("log").size() == 600);
+  client.append("log", std::string(600, 'b'));  // APPEND has no reply
+  CHECK_THROWS_AS(client.num_keys(), StoreError);  // the next call finds the connection closed
+  CHECK(eventually([&] { return server.stats().rejected == 1; }));
+  CHECK(log_mentions(server, "APPEND"));
+  Client other(server.client_options());
+  CHECK(other.get("log") == std::string(600, 'a'));
+}
+
+TEST_CASE("client and server: ADD past INT64_MAX wraps to INT64_MIN in both dialects") {
+  for (Dialect dialect : {Dialect::V1, Dialect::V2}) {
+    CAPTURE(dialect_name(dialect));
+    TestServer server;
+    Client client(server.client_options(dialect));
+    constexpr auto kMax = std::numeric_limits<std::int64_t>::max();
+    constexpr auto kMin = std::numeric_limits<std::int64_t>::min();
+    CHECK(client.add("n", kMax) == kMax);
+    CHECK(client.add("n", 1) == kMin);
+    CHECK(client.get("n") == std::to_string(kMin));
+    CHECK(client.add("n", -1) == kMax);
+    CHECK(server.stats().rejected == 0);
+  }
+}
+
+TEST_CASE("a server that accepts but never answers the 2.x handshake fails the client within its connect timeout") {
+  // A listening socket that never answers: the kernel accepts the connection, no one reads.
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  REQUIRE(::listen(fd, 4) == 0);
+  socklen_t len = sizeof(addr);
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ClientOptions options;
+  options.port = ntohs(addr.sin_port);
+  options.connect_timeout = 200ms;
+  options.timeout = 20s;  // for later calls: not the connect's bound
+  try {
+    Client client(options);
+    FAIL("connected to a server that never answered");
+  } catch (const StoreError& e) {
+    CHECK_THAT(e.what(), Catch::Contains("127.0.0.1:" + std::to_string(options.port)));
+    CHECK_THAT(e.what(), Catch::Contains("connect"));
+    CHECK_THAT(e.what(), !Catch::Contains("20000 ms"));
+  }
+  ::close(fd);
 }

@@ -233,6 +233,15 @@ TEST_CASE("lengths over the limits fail before anything is allocated") {
     CHECK(big.last == RequestParser::Status::Error);
     CHECK_THAT(big.error, Catch::Contains("exceeds the limit of 40 bytes"));
   }
+  SECTION("a request total that would overflow 64 bits with an unlimited value size") {
+    Limits unlimited_values;
+    unlimited_values.max_value_bytes = ~std::size_t{0};
+    unlimited_values.max_request_bytes = 1024;
+    Fed fed = feed_bytewise(hex_bytes({0x01}) + u64le(1) + "k" + u64le(~0ULL), Dialect::V2,
+                            unlimited_values);
+    CHECK(fed.last == RequestParser::Status::Error);
+    CHECK_THAT(fed.error, Catch::Contains("exceeds the limit of 1024 bytes"));
+  }
 }
 
 TEST_CASE("unknown commands fail and the parser stays failed") {

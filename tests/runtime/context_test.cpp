@@ -2,6 +2,9 @@
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <numeric>
+#include <thread>
+#include <filesystem>
+#include <unistd.h>
 
 #include "ddp/runtime.hpp"
 #include "thread_world.hpp"
@@ -201,4 +204,120 @@ TEST_CASE("allgather with a wrong output size is refused before any communicatio
     std::vector<float> in(3), out(4);
     REQUIRE_THROWS_AS(ctx.allgather(std::span<float>(in), std::span<float>(out)), ddp::CommError);
   });
+}
+
+TEST_CASE("a rank that leaves mid-job fails the survivors' next collective instead of hanging") {
+  const bool shared_memory = GENERATE(false, true);
+  INFO("shared memory: " << shared_memory);
+  ddp::InitOptions options;
+  options.backend = ddp::Backend::Gloo;
+  options.init_timeout = std::chrono::seconds(30);
+  options.timeout = std::chrono::seconds(2);  // bounds the survivor's wait
+  options.shared_memory = shared_memory;
+  auto store = std::make_shared<ddp::store::MemoryStore>();
+  std::exception_ptr leaver_error;
+  std::thread leaver([&] {
+    try {
+      Context ctx = ddp::init(ddp::test::thread_env(1, 2), store, options);
+      std::vector<float> v(1000, 1.0f);
+      ctx.allreduce(std::span<float>(v));
+    } catch (...) {
+      leaver_error = std::current_exception();
+    }
+    // Leaves: the Context (its connections, its shared-memory mapping) goes away.
+  });
+  float first_sum = 0.0f;
+  std::string survivor_what;
+  try {
+    Context ctx = ddp::init(ddp::test::thread_env(0, 2), store, options);
+    std::vector<float> v(1000, 1.0f);
+    ctx.allreduce(std::span<float>(v));
+    first_sum = v[999];
+    leaver.join();
+    try {
+      ctx.allreduce(std::span<float>(v));
+    } catch (const ddp::Error& e) {
+      survivor_what = e.what();
+    }
+  } catch (...) {
+    if (leaver.joinable()) leaver.join();
+    throw;
+  }
+  if (leaver_error) std::rethrow_exception(leaver_error);
+  REQUIRE(first_sum == 2.0f);
+  INFO("error: " << survivor_what);
+  REQUIRE_FALSE(survivor_what.empty());
+  CHECK(survivor_what.find("rank 0") != std::string::npos);
+}
+
+namespace {
+
+// A store that fails when rank 0 publishes the shared-memory segment's name.
+class FailingShmStore : public ddp::store::MemoryStore {
+ public:
+  void set(const std::string& key, std::string_view value) override {
+    if (key.ends_with("shm/name")) throw ddp::store::StoreError("scripted: store lost");
+    MemoryStore::set(key, value);
+  }
+};
+
+std::size_t shm_segments_of_this_process() {
+  const std::string prefix = "ddp-allreduce-" + std::to_string(::getpid()) + "-";
+  std::size_t n = 0;
+  for (const auto& entry : std::filesystem::directory_iterator("/dev/shm")) {
+    if (entry.path().filename().string().starts_with(prefix)) ++n;
+  }
+  return n;
+}
+
+}  // namespace
+
+TEST_CASE("a store failure while setting up shared memory leaves no segment in /dev/shm") {
+  REQUIRE(shm_segments_of_this_process() == 0);
+  ddp::InitOptions options;
+  options.backend = ddp::Backend::Gloo;
+  options.init_timeout = std::chrono::seconds(2);  // rank 1 waits for the name in vain
+  auto store = std::make_shared<FailingShmStore>();
+  std::atomic<int> failures{0};
+  std::vector<std::thread> ranks;
+  for (int rank = 0; rank < 2; ++rank) {
+    ranks.emplace_back([&, rank] {
+      try {
+        Context ctx = ddp::init(ddp::test::thread_env(rank, 2), store, options);
+      } catch (const ddp::Error&) {
+        failures.fetch_add(1);
+      }
+    });
+  }
+  for (auto& t : ranks) t.join();
+  REQUIRE(failures.load() == 2);
+  REQUIRE(shm_segments_of_this_process() == 0);
+}
+
+TEST_CASE("a second Context in the same job builds its own mesh, not the first one's") {
+  auto store = std::make_shared<ddp::store::MemoryStore>();
+  ddp::InitOptions options;
+  options.backend = ddp::Backend::Gloo;
+  options.init_timeout = std::chrono::seconds(10);
+  options.timeout = std::chrono::seconds(5);
+  for (const bool shared_memory : {true, false}) {
+    options.shared_memory = shared_memory;
+    std::atomic<int> correct{0};
+    std::vector<std::thread> ranks;
+    for (int rank = 0; rank < 2; ++rank) {
+      ranks.emplace_back([&, rank] {
+        try {
+          Context ctx = ddp::init(ddp::test::thread_env(rank, 2), store, options);
+          std::vector<float> v(10, 1.0f + rank);
+          ctx.allreduce(std::span<float>(v));
+          if (v[9] == 3.0f) correct.fetch_add(1);
+        } catch (const ddp::Error& e) {
+          WARN("rank " << rank << ": " << e.what());
+        }
+      });
+    }
+    for (auto& t : ranks) t.join();
+    INFO("shared memory: " << shared_memory);
+    REQUIRE(correct.load() == 2);
+  }
 }

@@ -40,7 +40,7 @@ TEST_CASE("sampler: ranks are disjoint and together cover the dataset once (divi
   }
 }
 
-TEST_CASE("sampler: padding wraps around; drop_last cuts the tail") {
+TEST_CASE("sampler: padding wraps around, drop_last cuts the tail") {
   DistributedSamplerOptions padded{false, 0, false};
   auto ranks = all_ranks(10, 4, padded);  // 12 slots: indices 0..9 then 0, 1
   REQUIRE(ranks[0] == std::vector<std::size_t>{0, 4, 8});

@@ -1,6 +1,7 @@
 // ddp::Reducer: ranks as threads over a MemoryStore, Gloo on loopback.
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <catch2/catch.hpp>
 #include <numeric>
 #include <random>
@@ -138,7 +139,7 @@ TEST_CASE("parameters are broadcast from rank 0 at construction") {
   });
 }
 
-TEST_CASE("no_sync accumulates locally; the next synced step averages the sum") {
+TEST_CASE("no_sync accumulates locally, the next synced step averages the sum") {
   ddp::test::run_world(kWorld, [](Context& ctx) {
     Model model = make_model({5, 300}, 0.0f);
     Reducer reducer(ctx, model.parameters());
@@ -229,4 +230,139 @@ TEST_CASE("misuse: a different layout on one rank fails on every rank with both 
     }
   });
   REQUIRE(failures.load() == kWorld);
+}
+
+// A communicator whose all-reduces the test scripts: a synchronous throw, or a Work that
+// fails, per call. Everything else completes at once.
+namespace {
+
+struct ScriptedWork : ddp::detail::WorkState {
+  std::exception_ptr error;
+  bool waited = false;
+  bool wait_for(std::chrono::milliseconds) override {
+    waited = true;
+    if (error) std::rethrow_exception(error);
+    return true;
+  }
+  bool done() override { return true; }
+  std::string describe() const override { return "scripted allreduce"; }
+};
+
+struct ScriptedComm : ddp::Communicator {
+  ddp::Backend kind = ddp::Backend::Gloo;
+  std::vector<std::string> script;  // per allreduce call: "ok", "fail" (Work), "throw" (call)
+  std::vector<std::shared_ptr<ScriptedWork>> issued;
+  std::size_t calls = 0;
+
+  ddp::Backend backend() const override { return kind; }
+  int rank() const override { return 0; }
+  int world_size() const override { return 1; }
+  ddp::Work allreduce(void*, std::size_t, ddp::DType, ddp::ReduceOp,
+                      const ddp::CollectiveOptions&) override {
+    const std::string what = calls < script.size() ? script[calls] : "ok";
+    ++calls;
+    if (what == "throw") throw ddp::Unsupported("scripted synchronous failure");
+    auto work = std::make_shared<ScriptedWork>();
+    if (what == "fail") work->error = std::make_exception_ptr(ddp::CommError("scripted failure"));
+    issued.push_back(work);
+    return ddp::Work(work);
+  }
+  ddp::Work broadcast(void*, std::size_t, ddp::DType, int, const ddp::CollectiveOptions&) override {
+    return {};
+  }
+  ddp::Work allgather(const void*, void*, std::size_t, ddp::DType,
+                      const ddp::CollectiveOptions&) override {
+    return {};
+  }
+  ddp::Work reduce_scatter(const void*, void*, std::size_t, ddp::DType, ddp::ReduceOp,
+                           const ddp::CollectiveOptions&) override {
+    return {};
+  }
+  ddp::Work barrier() override { return {}; }
+  std::shared_ptr<void> allocate(std::size_t bytes) override {
+    auto owner = std::make_shared<std::vector<float>>(bytes / sizeof(float) + 1);
+    return std::shared_ptr<void>(owner, owner->data());
+  }
+  void fill_zero(void* data, std::size_t bytes, void*) override { std::memset(data, 0, bytes); }
+  void set_mismatch_check(ddp::MismatchCheck) override {}
+};
+
+Context scripted_context(std::unique_ptr<ScriptedComm> comm) {
+  return Context(ddp::test::thread_env(0, 1), std::make_shared<ddp::store::MemoryStore>(),
+                 std::move(comm), std::chrono::seconds(5));
+}
+
+ddp::ReducerOptions one_gradient_per_bucket() {
+  ddp::ReducerOptions options;
+  options.first_bucket_mb = 0.0;
+  options.bucket_cap_mb = 0.0;
+  return options;
+}
+
+}  // namespace
+
+TEST_CASE("a failed bucket surfaces in finalize after every bucket ended, and the next step is clean") {
+  auto owned = std::make_unique<ScriptedComm>();
+  ScriptedComm& comm = *owned;
+  comm.script = {"fail", "ok"};  // bucket 0 fails, bucket 1 is still in flight
+  Context ctx = scripted_context(std::move(owned));
+  Model model = make_model({4, 4}, 0.0f);
+  Reducer reducer(ctx, model.parameters(), one_gradient_per_bucket());
+  REQUIRE(reducer.buckets().size() == 2);
+  reducer.mark_ready(1);
+  reducer.mark_ready(0);
+  REQUIRE_THROWS_WITH(reducer.finalize(), Catch::Contains("scripted failure"));
+  REQUIRE(comm.issued.size() == 2);
+  CHECK(comm.issued[1]->waited);  // finalize did not leave bucket 1 in flight
+  // The failed step was reset: the next one is not refused as "marked twice".
+  reducer.mark_ready(1);
+  reducer.mark_ready(0);
+  reducer.finalize();
+}
+
+TEST_CASE("an all-reduce that throws when issued leaves its bucket unreduced: finalize fails") {
+  auto owned = std::make_unique<ScriptedComm>();
+  owned->script = {"throw", "throw"};
+  Context ctx = scripted_context(std::move(owned));
+  Model model = make_model({4}, 0.0f);
+  Reducer reducer(ctx, model.parameters(), one_gradient_per_bucket());
+  REQUIRE_THROWS_AS(reducer.mark_ready(0), ddp::Unsupported);
+  // The bucket never started: finalize must not report averaged gradients.
+  REQUIRE_THROWS_AS(reducer.finalize(), ddp::Unsupported);
+}
+
+TEST_CASE("misuse: wait_bucket of a bucket that does not exist is a ReducerError") {
+  ddp::test::run_world(1, [](Context& ctx) {
+    Model model = make_model({4, 4}, 0.0f);
+    Reducer reducer(ctx, model.parameters());
+    REQUIRE_THROWS_AS(reducer.wait_bucket(7), ddp::ReducerError);
+  });
+}
+
+TEST_CASE("misuse: compression on a backend without it fails at construction") {
+  auto owned = std::make_unique<ScriptedComm>();
+  owned->kind = ddp::Backend::Nccl;
+  Context ctx = scripted_context(std::move(owned));
+  Model model = make_model({4}, 0.0f);
+  ddp::ReducerOptions options;
+  options.compression = ddp::DType::BF16;
+  REQUIRE_THROWS_WITH(Reducer(ctx, model.parameters(), options), Catch::Contains("nccl"));
+}
+
+TEST_CASE("misuse: compression on some ranks only fails at construction on every rank") {
+  std::atomic<int> failures{0};
+  ddp::test::run_world(2, [&](Context& ctx) {
+    ddp::ReducerOptions options;
+    if (ctx.rank() == 1) options.compression = ddp::DType::BF16;
+    Model model = make_model({4, 4}, 0.0f);
+    try {
+      Reducer reducer(ctx, model.parameters(), options);
+    } catch (const ddp::ReducerError& e) {
+      const std::string what = e.what();
+      CHECK(what.find("bf16") != std::string::npos);
+      CHECK(what.find("f32") != std::string::npos);
+      failures.fetch_add(1);
+    }
+  });
+  REQUIRE(failures.load() == 2);
 }

@@ -33,6 +33,7 @@ struct ReducerOptions {
   double first_bucket_mb = 1.0;  // cap of bucket 0 (the last parameters: it starts first)
   double bucket_cap_mb = 25.0;   // cap of every later bucket
   // F16 or BF16: all-reduce the gradients in 16 bits (half the traffic); unset: fp32.
+  // Gloo only for now: with NCCL the constructor throws ReducerError.
   std::optional<DType> compression;
   bool broadcast_parameters = true;  // copy rank 0's parameters to every rank at construction
   void* compute_stream = nullptr;    // GPU: the cudaStream_t backward runs on (nullptr: default)
@@ -96,7 +97,9 @@ class Reducer {
 
   // Ends the step: ReducerError listing the gradients never marked; otherwise waits for the
   // last bucket (GPU: makes the compute stream wait) and leaves averaged gradients in place.
-  // In a no_sync step it only checks and resets the marks: gradients stay local.
+  // In a no_sync step it only checks and resets the marks: gradients stay local. When a
+  // bucket's all-reduce failed it still waits for the others, resets the step and rethrows
+  // the first failure.
   void finalize();
 
   // Zeroes every gradient (GPU: on the compute stream).

@@ -17,6 +17,11 @@ namespace ddp::launcher {
 
 class OutputTee : public std::enable_shared_from_this<OutputTee> {
  public:
+  // The longest console line: a line longer than this (binary output, a progress bar drawn
+  // with '\r') goes out in pieces of kMaxLine bytes, each ended with a newline, so that a
+  // tee's memory stays bounded and the console keeps showing what the worker writes.
+  static constexpr std::size_t kMaxLine = 64 * 1024;
+
   // Starts reading `source` on io. `file` (may be invalid) receives every byte; console_fd
   // (-1 for none) receives prefixed lines; a last line without newline gets one at EOF.
   // on_done runs once, after EOF or a read error, when everything has been written. The tee

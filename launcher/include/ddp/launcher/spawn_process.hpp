@@ -1,6 +1,7 @@
 #pragma once
-// Starting one worker process: the only place that forks. The child runs in its own process
-// group (so a terminal's Ctrl-C reaches the agent, which forwards it) and gets SIGKILL when
+// Starting one worker process: the only place that forks. The child runs in its own session
+// and process group (so a terminal's Ctrl-C reaches the agent, which forwards it, while the
+// worker can still read the terminal, as under torchrun) and gets SIGKILL when
 // the agent dies (PR_SET_PDEATHSIG), so that not even `kill -9` of the agent leaves it behind.
 
 #include <sys/types.h>
@@ -29,7 +30,7 @@ class SpawnError : public std::runtime_error {
 
 // A forked child on its way to exec.
 struct SpawnedProcess {
-  pid_t pid = 0;           // also its process group id
+  pid_t pid = 0;           // also its process group and session id, once it has exec'd
   std::string program;     // for the error message
   UniqueFd exec_report;    // EOF once the exec happened; an errno when it failed
 };

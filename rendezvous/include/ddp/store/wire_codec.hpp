@@ -72,6 +72,7 @@ struct Limits {
   std::size_t max_value_bytes = 8 * 1024 * 1024;       // one value
   std::size_t max_keys_per_request = 128 * 1024;       // CHECK/WAIT/MULTI_GET/MULTI_SET count
   std::size_t max_request_bytes = 64 * 1024 * 1024;    // everything in one request
+  std::size_t max_reply_bytes = 64 * 1024 * 1024;      // everything in one MULTI_GET reply
 };
 
 // One decoded request. Reused from request to request: keys/values hold `key_count` /

@@ -1,0 +1,40 @@
+#pragma once
+// A small guard process that SIGKILLs the workers' process groups when the agent dies without
+// stopping them (kill -9). The workers themselves die by their parent-death signal, but
+// their own children (helpers, data loaders) have none and would live on; a process outside
+// the agent is the only one left to signal their groups. Internal to the launcher library.
+
+#include <sys/types.h>
+
+#include "ddp/launcher/unique_fd.hpp"
+
+namespace ddp::launcher {
+
+class GroupReaper {
+ public:
+  // Forks the guard (its own session, standard streams on /dev/null, no other descriptor of
+  // the agent). Throws std::system_error when it cannot. Call from the agent's only thread,
+  // before the first worker starts.
+  GroupReaper();
+  // Closes the channel: the guard kills the groups still watched (none after an orderly
+  // end) and exits; reaps it, SIGKILLing it if it has not exited after kExitTimeout.
+  ~GroupReaper();
+  GroupReaper(const GroupReaper&) = delete;
+  GroupReaper& operator=(const GroupReaper&) = delete;
+
+  // Process group pgid is to be killed if the agent dies; forget() it once the agent has
+  // stopped the group itself (a pgid of a group that is gone can be reused). Never blocks;
+  // a guard that has gone away is ignored.
+  void watch(pid_t pgid);
+  void forget(pid_t pgid);
+
+  pid_t pid() const { return pid_; }
+
+ private:
+  void send(pid_t value);
+
+  pid_t pid_ = -1;
+  UniqueFd channel_;  // the agent's end of a socket pair; EOF tells the guard the agent died
+};
+
+}  // namespace ddp::launcher
