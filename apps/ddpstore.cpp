@@ -4,6 +4,7 @@
 
 #include <sys/resource.h>
 
+#include <exception>
 #include <iostream>
 
 #include <CLI/CLI.hpp>
@@ -59,7 +60,7 @@ int main(int argc, char** argv) {
       io.stop();
     });
     io.run();
-  } catch (const ddp::store::StoreError& e) {
+  } catch (const std::exception& e) {  // StoreError (port in use, bad host) or out of memory
     std::cerr << "ddpstore: " << e.what() << std::endl;
     return 1;
   }
