@@ -1,6 +1,7 @@
 #include "ddp/launcher/failure_report.hpp"
 
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -9,6 +10,9 @@
 
 namespace ddp::launcher {
 namespace {
+
+// The most of an error file the report shows: PyTorch's are a few KiB.
+constexpr std::size_t kMaxErrorFileBytes = 1 << 20;
 
 std::string iso_time(std::chrono::system_clock::time_point time) {
   std::time_t t = std::chrono::system_clock::to_time_t(time);
@@ -51,9 +55,19 @@ void describe(std::ostringstream& out, int index, const WorkerFailure& f) {
 }  // namespace
 
 std::optional<ErrorFileContent> read_error_file(const std::string& path) {
-  std::ifstream in(path);
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return std::nullopt;
+  std::ifstream in(path, std::ios::binary);
   if (!in) return std::nullopt;
-  std::string raw((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string raw(kMaxErrorFileBytes, '\0');
+  in.read(raw.data(), static_cast<std::streamsize>(raw.size()));
+  raw.resize(static_cast<std::size_t>(in.gcount()));
+  if (raw.empty()) return ErrorFileContent{"(the error file is empty)", ""};
+  if (in.peek() != std::char_traits<char>::eof()) {
+    return ErrorFileContent{raw + "\n(truncated: the error file is larger than " +
+                                std::to_string(kMaxErrorFileBytes >> 20) + " MiB)",
+                            ""};
+  }
   ErrorFileContent content;
   nlohmann::json json = nlohmann::json::parse(raw, nullptr, /*allow_exceptions=*/false);
   if (json.is_discarded() || !json.is_object() || !json.contains("message")) {

@@ -47,9 +47,10 @@ bool read_message(int fd, std::int32_t& value) {
       ::signal(s, SIG_DFL);  // not the agent's handlers
     }
   }
+  // The channel to fd 3 first: it may be one of 0-2 when the agent started without them.
+  if (channel != 3 && ::dup2(channel, 3) < 0) ::_exit(1);
   int null_fd = ::open("/dev/null", O_RDWR);
   for (int fd = 0; fd < 3 && null_fd >= 0; ++fd) ::dup2(null_fd, fd);
-  if (channel != 3 && ::dup2(channel, 3) < 0) ::_exit(1);
   if (::syscall(SYS_close_range, 4U, ~0U, 0) != 0) {
     for (int fd = 4; fd < 65536; ++fd) ::close(fd);
   }

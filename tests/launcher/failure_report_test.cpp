@@ -72,3 +72,52 @@ TEST_CASE("the report shows the root cause first and then the others") {
   CHECK_THAT(other_part, Catch::Contains("signal SIGSEGV (11)"));
   CHECK_THAT(format_failure_report("x", root, {}), Catch::Contains("<NO_OTHER_FAILURES>"));
 }
+
+TEST_CASE("error files that are garbled or empty or huge or unreadable never break the report") {
+  ddp::test::TempDir dir;
+  auto path = (dir.path() / "error.json").string();
+  const char* garbled[] = {
+      "",  // a worker killed while it wrote the file
+      "{\"message\": null}",
+      "{\"message\": {\"message\": 7, \"extraInfo\": {\"py_callstack\": [1, 2]}}}",
+      "{\"message\": {\"extraInfo\": \"x\"}}",
+      "[\"message\"]",
+      "{\"message\": \"\\u00e9t\\u00e9\", \"timestamp\": \"later\"}",
+      "\xff\xfe{\"message\": \"bad bytes\"}",
+      "{\"message\": {\"message\": \"half",
+  };
+  for (const char* text : garbled) {
+    INFO("error file: " << text);
+    std::ofstream(path, std::ios::trunc) << text;
+    std::optional<ErrorFileContent> content;
+    REQUIRE_NOTHROW(content = read_error_file(path));
+    REQUIRE(content);
+    WorkerFailure failure;
+    failure.exit_code = 1;
+    failure.error_file = path;
+    failure.error = content;
+    std::string report;
+    REQUIRE_NOTHROW(report = format_failure_report("w", failure, {}));
+    CHECK_THAT(report, Catch::Contains("message   : "));
+  }
+  std::ofstream(path, std::ios::trunc) << "";
+  CHECK_THAT(read_error_file(path)->message, Catch::Contains("empty"));
+
+  // A worker that wrote a gigabyte there: the report shows the start, not all of it.
+  {
+    std::ofstream big(path, std::ios::trunc);
+    std::string chunk(1 << 20, 'x');
+    for (int i = 0; i < 64; ++i) big << chunk;
+  }
+  auto big = read_error_file(path);
+  REQUIRE(big);
+  CHECK(big->message.size() < (2u << 20));
+  CHECK(big->message.find("truncated") != std::string::npos);  // (no 64 MiB in the log)
+
+  // A directory where the file should be.
+  auto as_dir = dir.path() / "dir.json";
+  std::filesystem::create_directory(as_dir);
+  std::optional<ErrorFileContent> from_dir;
+  REQUIRE_NOTHROW(from_dir = read_error_file(as_dir.string()));
+  CHECK_FALSE(from_dir.has_value());
+}

@@ -18,8 +18,10 @@ struct ErrorFileContent {
   std::string traceback;  // py_callstack; empty in the short form
 };
 
-// Reads the error file at path; nullopt when it does not exist. A file that is not in the
-// format above comes back whole as the message, so that nothing the worker said is lost.
+// Reads the error file at path; nullopt when it does not exist (or is no regular file). A
+// file that is not in the format above comes back whole as the message, so that nothing the
+// worker said is lost; one over 1 MiB comes back cut there, an empty one says so. Never
+// throws for what the file holds.
 std::optional<ErrorFileContent> read_error_file(const std::string& path);
 
 struct WorkerFailure {
