@@ -236,9 +236,9 @@ class Agent::Impl {
   }
 
   // A handled signal: forward it to every worker group, SIGKILL after the timeout; a second
-  // one kills at once.
+  // one kills at once. Once the outcome is known, it ends the wait for the last output.
   void on_signal(int signal) {
-    if (state_ == State::kDone) return;
+    if (state_ == State::kDone) return stop();
     if (state_ == State::kShuttingDown) {
       notice("ddprun: " + signal_name(signal) + " again: killing the workers now");
       return kill_running(SIGKILL);
@@ -252,8 +252,6 @@ class Agent::Impl {
   void finish(int exit_code) {
     exit_code_ = exit_code;
     state_ = State::kDone;
-    boost::system::error_code ignored;
-    signals_.cancel(ignored);
     if (pending_tees_ == 0) return stop();
     drain_timer_.expires_after(kOutputDrainTimeout);
     drain_timer_.async_wait([this](boost::system::error_code ec) {
