@@ -228,6 +228,12 @@ void NcclCommunicator::init_communicator(const InitOptions& options) {
 }
 
 void NcclCommunicator::check_call(const CallDescriptor& call) {
+  // Every rank has read check n - 2 by now (it wrote its key of check n - 1 after reading
+  // n - 2, and this rank saw all keys of n - 1): drop this rank's key of n - 2, so that
+  // MismatchCheck::Always does not grow the store without bound.
+  if (checks_ >= 2) {
+    store_->delete_key("call/" + std::to_string(checks_ - 2) + "/" + std::to_string(rank_));
+  }
   const std::string prefix = "call/" + std::to_string(checks_++) + "/";
   const auto wire = call.encode();
   store_->set(prefix + std::to_string(rank_),
