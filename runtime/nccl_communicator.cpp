@@ -68,12 +68,19 @@ bool is_device_memory(const void* p) {
 // callback after it that completes the promise (so a host wait has a timeout).
 class NcclWork : public WorkState {
  public:
-  NcclWork(std::string description, cudaEvent_t done)
-      : promise_(std::make_shared<PromiseWork>(std::move(description))), done_(done) {}
+  NcclWork(std::string description, cudaEvent_t done, std::shared_ptr<NcclCommState> state)
+      : promise_(std::make_shared<PromiseWork>(std::move(description))),
+        done_(done),
+        state_(std::move(state)) {}
   ~NcclWork() override { cudaEventDestroy(done_); }
 
   std::shared_ptr<PromiseWork> promise() const { return promise_; }
-  bool wait_for(std::chrono::milliseconds timeout) override { return promise_->wait_for(timeout); }
+  bool wait_for(std::chrono::milliseconds timeout) override {
+    if (promise_->wait_for(timeout)) return true;
+    state_->abort(describe() + " did not complete within " + std::to_string(timeout.count()) +
+                  " ms");
+    return false;
+  }
   bool done() override { return promise_->done(); }
   void wait_on_stream(void* stream, std::chrono::milliseconds) override {
     cuda_check(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), done_, 0),
@@ -84,6 +91,7 @@ class NcclWork : public WorkState {
  private:
   std::shared_ptr<PromiseWork> promise_;
   cudaEvent_t done_;
+  std::shared_ptr<NcclCommState> state_;
 };
 
 // cudaLaunchHostFunc's callback: completes the promise it owns a reference to.
@@ -94,6 +102,13 @@ void CUDART_CB complete_promise(void* data) {
 }
 
 }  // namespace
+
+void NcclCommState::abort(const std::string& reason) {
+  std::lock_guard lock(mutex);
+  if (comm == nullptr || !aborted_because.empty()) return;
+  ncclCommAbort(comm);
+  aborted_because = reason;
+}
 
 bool nccl_usable() {
   int count = 0;
@@ -128,6 +143,8 @@ NcclCommunicator::NcclCommunicator(std::shared_ptr<store::Store> store, const La
     cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "creating a stream");
     wait_for_all_ranks(options.init_timeout);
     init_communicator(options);
+    std::lock_guard lock(state_->mutex);
+    state_->comm = comm_;
   } catch (const InitError&) {
     release();  // no destructor runs for a constructor that throws
     throw;
@@ -143,8 +160,13 @@ NcclCommunicator::~NcclCommunicator() { release(); }
 void NcclCommunicator::release() noexcept {
   // A stream stuck behind a collective whose peer is gone never drains: wait for its last
   // operation on the host, with a timeout, instead of an unbounded cudaStreamSynchronize.
+  bool aborted = false;
+  {
+    std::lock_guard lock(state_->mutex);
+    aborted = !state_->aborted_because.empty();
+  }
   bool drained = true;
-  if (last_) {
+  if (last_ && !aborted) {
     try {
       drained = last_->wait_for(timeout_);
     } catch (...) {
@@ -153,12 +175,17 @@ void NcclCommunicator::release() noexcept {
   }
   if (comm_ != nullptr || stream_ != nullptr) cudaSetDevice(device_);
   if (comm_ != nullptr) {
-    // Abort stops kernels that wait for a lost peer; destroy would wait for them.
-    if (drained) {
+    std::lock_guard lock(state_->mutex);
+    // Abort stops kernels that wait for a lost peer; destroy would wait for them. An
+    // aborted communicator is already freed.
+    if (!state_->aborted_because.empty()) {
+      drained = false;
+    } else if (drained) {
       ncclCommDestroy(comm_);
     } else {
       ncclCommAbort(comm_);
     }
+    state_->comm = nullptr;
     comm_ = nullptr;
   }
   if (stream_ != nullptr) {
@@ -228,6 +255,12 @@ void NcclCommunicator::init_communicator(const InitOptions& options) {
 }
 
 void NcclCommunicator::check_call(const CallDescriptor& call) {
+  // Every rank has read check n - 2 by now (it wrote its key of check n - 1 after reading
+  // n - 2, and this rank saw all keys of n - 1): drop this rank's key of n - 2, so that
+  // MismatchCheck::Always does not grow the store without bound.
+  if (checks_ >= 2) {
+    store_->delete_key("call/" + std::to_string(checks_ - 2) + "/" + std::to_string(rank_));
+  }
   const std::string prefix = "call/" + std::to_string(checks_++) + "/";
   const auto wire = call.encode();
   store_->set(prefix + std::to_string(rank_),
@@ -247,6 +280,10 @@ template <typename Enqueue>
 Work NcclCommunicator::launch(const CallDescriptor& call, void* after, Enqueue&& enqueue) {
   if (policy_.next()) check_call(call);
   const std::string what = call.str() + where(rank_);
+  std::lock_guard lock(state_->mutex);  // no abort while this call enqueues
+  if (!state_->aborted_because.empty()) {
+    throw CommError(what + ": the communicator was aborted after " + state_->aborted_because);
+  }
   // The calling thread may not have made this communicator's device current.
   cuda_check(cudaSetDevice(device_), what);
   cudaEvent_t ready = nullptr;
@@ -257,7 +294,7 @@ Work NcclCommunicator::launch(const CallDescriptor& call, void* after, Enqueue&&
   enqueue();
   cudaEvent_t done = nullptr;
   cuda_check(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), what);
-  auto work = std::make_shared<NcclWork>(what, done);
+  auto work = std::make_shared<NcclWork>(what, done, state_);
   cuda_check(cudaEventRecord(done, stream_), what);
   auto holder = std::make_unique<std::shared_ptr<PromiseWork>>(work->promise());
   cuda_check(cudaLaunchHostFunc(stream_, complete_promise, holder.get()), what);

@@ -9,6 +9,8 @@
 #include <nccl.h>
 
 #include <memory>
+#include <mutex>
+#include <string>
 
 #include "call_check.hpp"
 #include "ddp/communicator.hpp"
@@ -16,6 +18,18 @@
 #include "promise_work.hpp"
 
 namespace ddp::detail {
+
+// Shared by a communicator and its Work handles. The first host wait that runs out of time
+// aborts the communicator (ncclCommAbort ends kernels stuck on a lost peer, as PyTorch's
+// watchdog does); every later call then fails with that reason. Thread-safe: `mutex` also
+// covers the communicator's enqueueing, so an abort never races a call into NCCL.
+struct NcclCommState {
+  std::mutex mutex;
+  ncclComm_t comm = nullptr;  // set once the communicator is built
+  std::string aborted_because;  // non-empty once aborted
+  // Aborts once; the first reason is kept.
+  void abort(const std::string& reason);
+};
 
 class NcclCommunicator : public Communicator {
  public:
@@ -79,6 +93,7 @@ class NcclCommunicator : public Communicator {
   MismatchPolicy policy_;
   std::uint64_t checks_ = 0;
   std::shared_ptr<PromiseWork> last_;  // the latest operation queued on stream_
+  std::shared_ptr<NcclCommState> state_ = std::make_shared<NcclCommState>();
   std::shared_ptr<void> staging_[2];
   std::size_t staging_bytes_[2] = {0, 0};
   std::shared_ptr<void> pinned_[2];

@@ -19,7 +19,16 @@ void rank_zero_first(Context& context, const std::function<void()>& fn) {
     context.broadcast(std::span<std::int32_t>(&ok, 1), 0);
     return;
   }
-  context.broadcast(std::span<std::int32_t>(&ok, 1), 0);
+  try {
+    context.broadcast(std::span<std::int32_t>(&ok, 1), 0);
+  } catch (const CollectiveMismatch&) {
+    throw;
+  } catch (const CommError& e) {
+    throw CommError("rank " + std::to_string(context.rank()) +
+                    ": rank_zero_first: waiting (up to " +
+                    std::to_string(context.timeout().count()) +
+                    " ms, InitOptions::timeout) for rank 0 to finish its block: " + e.what());
+  }
   if (ok == 0) {
     throw CommError("rank " + std::to_string(context.rank()) +
                     ": rank_zero_first: the block failed on rank 0, so it was not run here");

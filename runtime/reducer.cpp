@@ -251,6 +251,10 @@ void Reducer::reset_step() {
 }
 
 void Reducer::zero_grad() {
+  if (next_launch_ > 0) {
+    throw ReducerError("zero_grad() while " + std::to_string(next_launch_) +
+                       " bucket all-reduces of this step are in flight: call finalize() first");
+  }
   Communicator& comm = context_.communicator();
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
     comm.fill_zero(bucket_memory_[b].get(), buckets_[b].elements * sizeof(float),

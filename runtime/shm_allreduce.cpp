@@ -69,7 +69,13 @@ std::unique_ptr<ShmAllreduce> ShmAllreduce::create(store::Store& store, int rank
     name = segment_name();
     const int fd = shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
     if (fd >= 0) {
-      if (ftruncate(fd, static_cast<off_t>(bytes)) == 0) base = map_segment(fd, bytes);
+      // Reserve the pages now: a tmpfs too small for the segment (a container's 64 MiB
+      // /dev/shm) fails here, and every rank falls back to TCP, instead of killing a rank
+      // with SIGBUS when it first touches a page past the limit.
+      if (ftruncate(fd, static_cast<off_t>(bytes)) == 0 &&
+          posix_fallocate(fd, 0, static_cast<off_t>(bytes)) == 0) {
+        base = map_segment(fd, bytes);
+      }
       ::close(fd);
       if (base != nullptr) ::new (base) Header{};  // starts the atomics' lifetime, zeroed
     }

@@ -2,6 +2,7 @@
 #include <cuda_runtime.h>
 
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <vector>
 
 #include "ddp/runtime.hpp"
@@ -120,4 +121,28 @@ TEST_CASE("nccl: bucket all-reduces are queued while backward work is still pend
   cudaFree(params);
   cudaEventDestroy(backward_done);
   cudaStreamDestroy(compute);
+}
+
+TEST_CASE("nccl: host buffers are staged for broadcast, allgather and reduce_scatter") {
+  SKIP_WITHOUT_GPU();
+  ddp::Context ctx = nccl_context();  // world size 1: the output equals the input
+  std::vector<float> b(3000, 4.0f);
+  ctx.broadcast(std::span<float>(b), 0);
+  REQUIRE(b[2999] == 4.0f);
+  std::vector<std::int32_t> in(1000, 7), out(1000, 0);
+  ctx.allgather(std::span<std::int32_t>(in), std::span<std::int32_t>(out));
+  REQUIRE(out == in);
+  std::vector<double> rs_in(500, 1.5), rs_out(500, 0.0);
+  ctx.reduce_scatter(std::span<double>(rs_in), std::span<double>(rs_out), ddp::ReduceOp::Sum);
+  REQUIRE(rs_out == rs_in);
+  // A device input with a host output.
+  void* device = nullptr;
+  REQUIRE(cudaMalloc(&device, in.size() * sizeof(std::int32_t)) == cudaSuccess);
+  REQUIRE(cudaMemcpy(device, in.data(), in.size() * sizeof(std::int32_t),
+                     cudaMemcpyHostToDevice) == cudaSuccess);
+  std::fill(out.begin(), out.end(), 0);
+  ctx.allgather(std::span<std::int32_t>(static_cast<std::int32_t*>(device), in.size()),
+                std::span<std::int32_t>(out));
+  REQUIRE(out == in);
+  cudaFree(device);
 }

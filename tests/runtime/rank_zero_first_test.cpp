@@ -1,6 +1,9 @@
 #include "ddp/rank_zero_first.hpp"
 
 #include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
 #include <catch2/catch.hpp>
 
 #include "thread_world.hpp"
@@ -39,4 +42,41 @@ TEST_CASE("rank_zero_first: a failure on rank 0 stops the others instead of hang
   });
   REQUIRE(others_failed.load() == 2);
   REQUIRE(others_ran.load() == 0);
+}
+
+TEST_CASE("rank_zero_first: a block longer than the timeout fails the others with a message saying so") {
+  ddp::InitOptions options;
+  options.backend = ddp::Backend::Gloo;
+  options.init_timeout = std::chrono::seconds(30);
+  options.timeout = std::chrono::milliseconds(300);
+  auto store = std::make_shared<ddp::store::MemoryStore>();
+  std::mutex mutex;
+  std::condition_variable cv;
+  bool rank1_gave_up = false;
+  std::string rank1_error;
+  std::thread rank1([&] {
+    try {
+      ddp::Context ctx = ddp::init(ddp::test::thread_env(1, 2), store, options);
+      ddp::rank_zero_first(ctx, [] {});
+    } catch (const ddp::Error& e) {
+      std::lock_guard lock(mutex);
+      rank1_error = e.what();
+    }
+    std::lock_guard lock(mutex);
+    rank1_gave_up = true;
+    cv.notify_all();
+  });
+  try {
+    ddp::Context ctx = ddp::init(ddp::test::thread_env(0, 2), store, options);
+    ddp::rank_zero_first(ctx, [&] {  // the "download": outlasts rank 1's timeout
+      std::unique_lock lock(mutex);
+      cv.wait_for(lock, std::chrono::seconds(30), [&] { return rank1_gave_up; });
+    });
+  } catch (const ddp::Error&) {
+    // Rank 1 is gone by now: rank 0's broadcast may fail too.
+  }
+  rank1.join();
+  INFO(rank1_error);
+  CHECK(rank1_error.find("rank_zero_first") != std::string::npos);
+  CHECK(rank1_error.find("rank 0") != std::string::npos);
 }

@@ -366,3 +366,19 @@ TEST_CASE("misuse: compression on some ranks only fails at construction on every
   });
   REQUIRE(failures.load() == 2);
 }
+
+TEST_CASE("misuse: zero_grad while this step's all-reduces are in flight is refused") {
+  ddp::test::run_world(1, [](Context& ctx) {
+    Model model = make_model({4, 4}, 0.0f);
+    Reducer reducer(ctx, model.parameters(), one_gradient_per_bucket());
+    reducer.mark_ready(1);  // bucket 0 starts: its buffer belongs to the communicator
+    REQUIRE_THROWS_WITH(reducer.zero_grad(), Catch::Contains("finalize()"));
+    reducer.mark_ready(0);
+    reducer.finalize();
+    reducer.zero_grad();  // between steps: fine
+    reducer.mark_ready(0);  // gradient 0 is in the last bucket, which has not started
+    reducer.zero_grad();    // nothing in flight yet: fine
+    reducer.mark_ready(1);
+    reducer.finalize();
+  });
+}

@@ -128,3 +128,18 @@ TEST_CASE("the training-loop example converges with equal parameters on 3 ranks"
   REQUIRE(std::regex_search(result.output, last, std::regex("\\[rank 0\\] epoch 2 loss (\\S+)")));
   REQUIRE(std::stod(last[1].str()) < 1e-2);  // from about 1 in epoch 0
 }
+
+TEST_CASE("a /dev/shm too small for the segment: the all-reduce falls back to TCP, no SIGBUS") {
+  // A private mount namespace with a one-page /dev/shm (as a container's small default):
+  // needs root and unshare; other processes keep the real /dev/shm.
+  if (run("unshare -m true").status != 0) {
+    WARN("skipped: cannot create a mount namespace here (needs root and unshare)");
+    return;
+  }
+  const auto result =
+      run("unshare -m sh -c 'mount -t tmpfs -o size=4k tmpfs /dev/shm && " + bin("ddprun") +
+          " --nproc_per_node=3 " + bin("ddp-example-sum") + "'");
+  INFO(result.output);
+  REQUIRE(result.status == 0);
+  REQUIRE(count_matches(result.output, "rank=[012] world=3 sum=3\\b") == 3);
+}

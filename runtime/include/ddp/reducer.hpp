@@ -102,7 +102,8 @@ class Reducer {
   // the first failure.
   void finalize();
 
-  // Zeroes every gradient (GPU: on the compute stream).
+  // Zeroes every gradient (GPU: on the compute stream). ReducerError while buckets of the
+  // current step have started (their buffers belong to the communicator until finalize()).
   void zero_grad();
 
   // Gradient accumulation: while sync is off, steps skip communication and the program adds

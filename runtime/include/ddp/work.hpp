@@ -36,7 +36,8 @@ class Work {
   explicit Work(std::shared_ptr<detail::WorkState> state) : state_(std::move(state)) {}
 
   // Blocks until the operation completed; throws CommError (or the operation's own error)
-  // on failure and CommError naming the operation after timeout.
+  // on failure and CommError naming the operation after timeout. NCCL: a wait that times
+  // out aborts the communicator (every later call fails); poll with completed() instead.
   void wait(std::chrono::milliseconds timeout = kDefaultCollectiveTimeout) const;
   // True when the operation completed. Never blocks.
   bool completed() const;
