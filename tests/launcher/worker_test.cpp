@@ -74,7 +74,7 @@ TEST_CASE("a worker runs in its own process group with its output where we said"
   CHECK(mark == "env-ok");             // exactly the environment we gave
 }
 
-TEST_CASE("signal_group reaches the worker's children; destruction kills and reaps") {
+TEST_CASE("signal_group reaches the worker's children, and destruction kills and reaps") {
   boost::asio::io_context io;
   auto worker = std::make_shared<Worker>(io, 0);
   worker->start(shell("sleep 600 & wait"), nullptr);
