@@ -1,9 +1,5 @@
 // The agent hosts the job's store on MASTER_PORT: PyTorch ranks meet through it across
 // restarts, and a port already in use stops ddprun before any worker starts.
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <catch2/catch.hpp>
 
 #include "process_harness.hpp"
@@ -11,34 +7,8 @@
 
 using namespace ddp::test;
 
-namespace {
-
-// A TCP socket listening on 0.0.0.0 at a port the kernel picked; closed on destruction.
-class Listener {
- public:
-  Listener() : fd_(::socket(AF_INET, SOCK_STREAM, 0)) {
-    REQUIRE(fd_ >= 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_ANY);
-    REQUIRE(::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
-    REQUIRE(::listen(fd_, 1) == 0);
-    socklen_t len = sizeof addr;
-    REQUIRE(::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) == 0);
-    port_ = ntohs(addr.sin_port);
-  }
-  ~Listener() { ::close(fd_); }
-  int port() const { return port_; }
-
- private:
-  int fd_;
-  int port_ = 0;
-};
-
-}  // namespace
-
 TEST_CASE("a --master_port in use stops ddprun before any worker starts, naming the port") {
-  Listener taken;
+  SilentListener taken;  // on 127.0.0.1; the agent listens on every interface
   const std::string port = std::to_string(taken.port());
   ProcessResult r = run_process({bin_path("ddprun").string(), "--nproc_per_node=2",
                                  "--master_port=" + port, bin_path("ddp-sample-worker").string(),

@@ -12,6 +12,7 @@
 #include "ddp/store/prefix_store.hpp"
 #include "raw_socket.hpp"
 #include "store_fixture.hpp"
+#include "test_support.hpp"
 
 using namespace ddp::store;
 using ddp::test::eventually;
@@ -255,17 +256,8 @@ TEST_CASE("detect_dialect: our server answers the 1.x probe") {
 }
 
 TEST_CASE("detect_dialect: a server that does not answer the 1.x probe is taken for 2.x") {
-  // A listening socket that never answers, as a 2.x server waiting for the rest of a WAIT.
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
-  REQUIRE(::listen(fd, 4) == 0);
-  socklen_t len = sizeof(addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  CHECK(detect_dialect("127.0.0.1", ntohs(addr.sin_port), 100ms) == Dialect::V2);
-  ::close(fd);
+  ddp::test::SilentListener silent;  // as a 2.x server waiting for the rest of a WAIT
+  CHECK(detect_dialect("127.0.0.1", silent.port(), 100ms) == Dialect::V2);
 }
 
 TEST_CASE("raw: GET and MULTI_GET of a missing key answer an empty value, as PyTorch's server") {
@@ -310,17 +302,9 @@ TEST_CASE("client and server: ADD past INT64_MAX wraps to INT64_MIN in both dial
 }
 
 TEST_CASE("a server that accepts but never answers the 2.x handshake fails the client within its connect timeout") {
-  // A listening socket that never answers: the kernel accepts the connection, no one reads.
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
-  REQUIRE(::listen(fd, 4) == 0);
-  socklen_t len = sizeof(addr);
-  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ddp::test::SilentListener silent;  // the kernel accepts the connection, no one reads
   ClientOptions options;
-  options.port = ntohs(addr.sin_port);
+  options.port = silent.port();
   options.connect_timeout = 200ms;
   options.timeout = 20s;  // for later calls: not the connect's bound
   try {
@@ -331,5 +315,4 @@ TEST_CASE("a server that accepts but never answers the 2.x handshake fails the c
     CHECK_THAT(e.what(), Catch::Contains("connect"));
     CHECK_THAT(e.what(), !Catch::Contains("20000 ms"));
   }
-  ::close(fd);
 }

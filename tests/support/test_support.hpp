@@ -1,6 +1,7 @@
 #pragma once
 // Paths and scratch space shared by the tests.
 
+#include <cstdint>
 #include <filesystem>
 #include <string>
 
@@ -24,6 +25,22 @@ struct ShellResult {
 // Runs command through /bin/sh, bounded by coreutils `timeout` (killed after
 // timeout_seconds, status then 124), and collects its stdout and stderr.
 ShellResult run_shell(const std::string& command, int timeout_seconds);
+
+// A TCP socket listening on 127.0.0.1 at a port the kernel picked, that never accepts or
+// answers: the kernel completes connections to it and nobody reads. Stands for a port in
+// use, or a server that hangs. Closed on destruction.
+class SilentListener {
+ public:
+  SilentListener();
+  ~SilentListener();
+  SilentListener(const SilentListener&) = delete;
+  SilentListener& operator=(const SilentListener&) = delete;
+  std::uint16_t port() const { return port_; }
+
+ private:
+  int fd_ = -1;
+  std::uint16_t port_ = 0;
+};
 
 // A fresh directory under the system temp dir, removed with everything in it on destruction.
 class TempDir {
