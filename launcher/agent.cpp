@@ -13,6 +13,7 @@
 #include "ddp/launcher/output_tee.hpp"
 #include "ddp/launcher/signal_names.hpp"
 #include "ddp/launcher/worker_env.hpp"
+#include "console_writer.hpp"
 #include "group_reaper.hpp"
 #include "worker.hpp"
 #include "worker_streams.hpp"
@@ -58,6 +59,7 @@ class Agent::Impl {
         config_(std::move(config)),
         command_(std::move(command)),
         options_(std::move(options)),
+        console_(options_.console_err),
         signals_(io),
         kill_timer_(io),
         drain_timer_(io),
@@ -81,6 +83,7 @@ class Agent::Impl {
     }
     start_attempt();
     io_.run();
+    console_.flush();  // the report is queued last; waits for the console to take it all
     remove_temp_dir();
     return exit_code_.value_or(1);
   }
@@ -155,8 +158,14 @@ class Agent::Impl {
     const std::string prefix = "[" + config_.role + std::to_string(local_rank) + "]:";
     for (WorkerStreams::Tee& tee : streams.tees) {
       ++pending_tees_;
-      OutputTee::start(io_, std::move(tee.read_end), std::move(tee.file), tee.console_fd, prefix,
-                       [this] { on_tee_done(); });
+      ConsoleSink sink;
+      if (tee.console_fd >= 0) {
+        sink = [this, fd = tee.console_fd](std::string line) {
+          console_.write_line(fd, std::move(line));
+        };
+      }
+      OutputTee::start(io_, std::move(tee.read_end), std::move(tee.file), std::move(sink),
+                       prefix, [this] { on_tee_done(); });
     }
   }  // the child's ends of pipes and files close here, in the agent
 
@@ -263,11 +272,11 @@ class Agent::Impl {
     if (--pending_tees_ == 0 && state_ == State::kDone) stop();
   }
 
-  // The end: the report after all output, then the loop stops (also ending whatever else
-  // runs on it, such as a store server).
+  // The end: the report queued after all output, then the loop stops (also ending whatever
+  // else runs on it, such as a store server); run() then flushes the console.
   void stop() {
     drain_timer_.cancel();
-    if (!report_.empty()) write_all(options_.console_err, report_.data(), report_.size());
+    if (!report_.empty()) console_.write_notice(options_.console_err, std::move(report_));
     report_.clear();
     io_.stop();
   }
@@ -286,15 +295,13 @@ class Agent::Impl {
     return failure;
   }
 
-  void notice(const std::string& line) {
-    std::string text = line + "\n";
-    write_all(options_.console_err, text.data(), text.size());
-  }
+  void notice(const std::string& line) { console_.write_notice(options_.console_err, line + "\n"); }
 
   boost::asio::io_context& io_;
   LaunchConfig config_;
   WorkerCommand command_;
   AgentOptions options_;
+  ConsoleWriter console_;  // every console write of the agent; never blocks the loop
   std::optional<GroupReaper> reaper_;  // kills the groups if this process dies first
   std::unique_ptr<MasterHost> master_;
   MasterEndpoint endpoint_;

@@ -32,17 +32,17 @@ bool write_all(int fd, const char* data, std::size_t size) {
 }
 
 void OutputTee::start(boost::asio::io_context& io, UniqueFd source, UniqueFd file,
-                      int console_fd, std::string prefix, std::function<void()> on_done) {
-  auto tee = std::make_shared<OutputTee>(io, std::move(source), std::move(file), console_fd,
+                      ConsoleSink console, std::string prefix, std::function<void()> on_done) {
+  auto tee = std::make_shared<OutputTee>(io, std::move(source), std::move(file), std::move(console),
                                          std::move(prefix), std::move(on_done));
   tee->read_more();
 }
 
 OutputTee::OutputTee(boost::asio::io_context& io, UniqueFd source, UniqueFd file,
-                     int console_fd, std::string prefix, std::function<void()> on_done)
+                     ConsoleSink console, std::string prefix, std::function<void()> on_done)
     : source_(io, source.release()),
       file_(std::move(file)),
-      console_fd_(console_fd),
+      console_(std::move(console)),
       prefix_(std::move(prefix)),
       on_done_(std::move(on_done)),
       buffer_(kReadChunk) {}
@@ -62,8 +62,7 @@ void OutputTee::read_more() {
 
 void OutputTee::consume(const char* data, std::size_t size) {
   if (file_.valid() && !write_all(file_.get(), data, size)) file_.reset();
-  if (console_fd_ < 0) return;
-  std::string lines;
+  if (!console_) return;
   const char* end = data + size;
   while (data < end) {
     const std::size_t room = kMaxLine - partial_line_.size();  // 0 when partial_line_ is full
@@ -75,20 +74,18 @@ void OutputTee::consume(const char* data, std::size_t size) {
     }
     // A whole line, or kMaxLine bytes of one that goes on: out it goes, with a newline.
     const char* line_end = newline ? newline + 1 : data + room;
-    lines += prefix_;
-    lines += partial_line_;
-    lines.append(data, line_end);
-    if (!newline) lines += '\n';
+    std::string line = prefix_ + partial_line_;
+    line.append(data, line_end);
+    if (!newline) line += '\n';
+    console_(std::move(line));
     partial_line_.clear();
     data = line_end;
   }
-  if (!lines.empty()) write_all(console_fd_, lines.data(), lines.size());
 }
 
 void OutputTee::finish() {
-  if (console_fd_ >= 0 && !partial_line_.empty()) {
-    std::string line = prefix_ + partial_line_ + "\n";
-    write_all(console_fd_, line.data(), line.size());
+  if (console_ && !partial_line_.empty()) {
+    console_(prefix_ + partial_line_ + "\n");
     partial_line_.clear();
   }
   source_.close();

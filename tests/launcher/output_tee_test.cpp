@@ -13,6 +13,11 @@ using namespace ddp::launcher;
 
 namespace {
 
+// A console sink that writes each line to fd at once.
+ConsoleSink to_fd(int fd) {
+  return [fd](std::string line) { REQUIRE(write_all(fd, line.data(), line.size())); };
+}
+
 std::string read_all(const std::filesystem::path& path) {
   std::ifstream in(path);
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -32,7 +37,7 @@ TEST_CASE("a tee copies bytes to the file and prefixed whole lines to the consol
 
   boost::asio::io_context io;
   bool done = false;
-  OutputTee::start(io, UniqueFd(fds[0]), std::move(file), console.get(), "[w3]:",
+  OutputTee::start(io, UniqueFd(fds[0]), std::move(file), to_fd(console.get()), "[w3]:",
                    [&] { done = true; });
   // A line split over several writes, an empty line, and a last line without a newline.
   for (const char* chunk : {"hel", "lo\nwor", "ld\n\nta", "il"}) {
@@ -54,7 +59,7 @@ TEST_CASE("a tee without console writes only the file") {
   UniqueFd writer(fds[1]);
   boost::asio::io_context io;
   OutputTee::start(io, UniqueFd(fds[0]),
-                   UniqueFd(::open(file_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644)), -1,
+                   UniqueFd(::open(file_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644)), nullptr,
                    "[x]:", nullptr);
   std::string big(200000, 'a');
   big += "\n";
@@ -74,7 +79,7 @@ TEST_CASE("a tee bounds a line without newline: it goes out in pieces of at most
   REQUIRE(::pipe(fds) == 0);
   UniqueFd writer(fds[1]);
   boost::asio::io_context io;
-  OutputTee::start(io, UniqueFd(fds[0]), UniqueFd(), console.get(), "[p]:", nullptr);
+  OutputTee::start(io, UniqueFd(fds[0]), UniqueFd(), to_fd(console.get()), "[p]:", nullptr);
   const std::size_t total = 3 * OutputTee::kMaxLine + 100;
   std::string chunk(4096, 'x');
   for (std::size_t sent = 0; sent < total; sent += chunk.size()) {

@@ -1,8 +1,9 @@
 #pragma once
 // Copies one worker stream (the read end of a pipe) to its log file as it arrives and to the
 // console one whole line at a time, each line prefixed ("[default0]:"). Lines from different
-// workers never interleave mid-line: every console line goes out in one write from the
-// agent's single thread.
+// workers never interleave mid-line: every console line goes to the console sink whole (the
+// agent's sink queues it for its console writer thread, so a console that does not read
+// never blocks the agent's loop).
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
@@ -15,6 +16,10 @@
 
 namespace ddp::launcher {
 
+// Receives one whole, prefixed console line (ending in '\n') per call; called on the io
+// thread and must not block.
+using ConsoleSink = std::function<void(std::string lines)>;
+
 class OutputTee : public std::enable_shared_from_this<OutputTee> {
  public:
   // The longest console line: a line longer than this (binary output, a progress bar drawn
@@ -22,14 +27,14 @@ class OutputTee : public std::enable_shared_from_this<OutputTee> {
   // tee's memory stays bounded and the console keeps showing what the worker writes.
   static constexpr std::size_t kMaxLine = 64 * 1024;
 
-  // Starts reading `source` on io. `file` (may be invalid) receives every byte; console_fd
-  // (-1 for none) receives prefixed lines; a last line without newline gets one at EOF.
+  // Starts reading `source` on io. `file` (may be invalid) receives every byte; console
+  // (empty for none) receives prefixed lines; a last line without newline gets one at EOF.
   // on_done runs once, after EOF or a read error, when everything has been written. The tee
   // keeps itself alive until then.
   static void start(boost::asio::io_context& io, UniqueFd source, UniqueFd file,
-                    int console_fd, std::string prefix, std::function<void()> on_done);
+                    ConsoleSink console, std::string prefix, std::function<void()> on_done);
 
-  OutputTee(boost::asio::io_context& io, UniqueFd source, UniqueFd file, int console_fd,
+  OutputTee(boost::asio::io_context& io, UniqueFd source, UniqueFd file, ConsoleSink console,
             std::string prefix, std::function<void()> on_done);
 
  private:
@@ -39,7 +44,7 @@ class OutputTee : public std::enable_shared_from_this<OutputTee> {
 
   boost::asio::posix::stream_descriptor source_;
   UniqueFd file_;
-  int console_fd_;
+  ConsoleSink console_;
   std::string prefix_;
   std::function<void()> on_done_;
   std::vector<char> buffer_;
