@@ -42,9 +42,7 @@ ConsoleWriter::~ConsoleWriter() {
   thread_.join();
 }
 
-void ConsoleWriter::write_line(int fd, std::string text) {
-  enqueue({fd, std::move(text), true});
-}
+void ConsoleWriter::write_line(int fd, std::string text) { enqueue({fd, std::move(text), true}); }
 
 void ConsoleWriter::write_notice(int fd, std::string text) {
   enqueue({fd, std::move(text), false});

@@ -59,7 +59,7 @@ class ConsoleWriter {
 
   void enqueue(Entry entry);
   void run();
-  bool is_drained() const;  // with mutex_ held
+  bool is_drained() const;             // with mutex_ held
   void write_out(const Entry& entry);  // on the writer thread, without the lock
 
   const int notice_fd_;

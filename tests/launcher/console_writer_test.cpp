@@ -87,7 +87,7 @@ std::string numbered_line(int i) {
 
 }  // namespace
 
-TEST_CASE("a console that does not read: writes return, lines past the bound are dropped and counted") {
+TEST_CASE("an unread console: writes return, lines past the bound are dropped and counted") {
   std::signal(SIGPIPE, SIG_IGN);
   Pipe pipe;
   constexpr std::size_t kBound = 4096;
@@ -128,8 +128,8 @@ TEST_CASE("a console that does not read: writes return, lines past the bound are
     INFO("line " << i << ": " << lines[i]);
     REQUIRE(lines[i].rfind("line ", 0) == 0);
     const int number = std::stoi(lines[i].substr(5, 4));
-    CHECK(number > last);                         // in order
-    CHECK(notice_seen == (number >= kLines));     // the notice where it was written
+    CHECK(number > last);                             // in order
+    CHECK(notice_seen == (number >= kLines));         // the notice where it was written
     CHECK(lines[i] + "\n" == numbered_line(number));  // whole lines only
     last = number;
     ++kept;
