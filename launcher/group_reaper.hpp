@@ -13,8 +13,9 @@ namespace ddp::launcher {
 class GroupReaper {
  public:
   // Forks the guard (its own session, standard streams on /dev/null, no other descriptor of
-  // the agent). Throws std::system_error when it cannot. Call from the agent's only thread,
-  // before the first worker starts.
+  // the agent). Throws std::system_error when it cannot. Call from the agent's loop thread,
+  // before the first worker starts; other threads may exist (the console writer): the guard
+  // runs only async-signal-safe code after the fork and never returns from it.
   GroupReaper();
   // Closes the channel: the guard kills the groups still watched (none after an orderly
   // end) and exits; reaps it, SIGKILLing it if it has not exited after kExitTimeout.
