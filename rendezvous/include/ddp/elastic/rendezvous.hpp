@@ -26,6 +26,7 @@ struct RendezvousTimeouts {
   std::chrono::milliseconds keep_alive{std::chrono::seconds(5)};   // keep_alive_interval
   int keep_alive_max_attempt = 3;                                  // keep_alive_max_attempt
   std::chrono::milliseconds read{std::chrono::seconds(60)};        // read_timeout (store ops)
+  std::chrono::milliseconds exit_barrier{std::chrono::seconds(300)};  // torchrun's exit barrier
 };
 
 // What one node brings to a round.
@@ -109,6 +110,8 @@ struct WaitStatus {
   int max_nodes = 0;
   std::string endpoint;     // "host:port" of the rendezvous store
   std::chrono::milliseconds waited{0};
+  bool wait_listed = false;  // a round runs without this node (full, or it is restarting into
+                             // a larger world): it waits for the next round; joined is 0
 };
 
 // Every method is called from the agent's thread and returns at once; results arrive through
@@ -162,6 +165,9 @@ struct RendezvousSettings {
   int max_nodes = 1;
   RendezvousTimeouts timeouts;
   NodeInfo self;
+  // How often on_wait is called while a node waits for a round (the first time after one
+  // interval, so a quick rendezvous prints nothing).
+  std::chrono::milliseconds wait_notice_interval{std::chrono::seconds(3)};
 };
 
 // The engine over a TCP store: connects (retrying with back-off until timeouts.join, then a

@@ -1,0 +1,199 @@
+#include "round_joiner.hpp"
+
+#include <algorithm>
+
+#include "ddp/elastic/state_backend.hpp"
+#include "ddp/store/store_util.hpp"
+
+namespace ddp::elastic {
+namespace {
+
+std::chrono::milliseconds ms_until(Clock::time_point then, Clock::time_point now) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(then - now);
+}
+
+std::string nnodes_text(const RoundRules& rules) {
+  if (rules.min_nodes == rules.max_nodes) return "--nnodes=" + std::to_string(rules.max_nodes);
+  return "--nnodes=" + std::to_string(rules.min_nodes) + ":" + std::to_string(rules.max_nodes);
+}
+
+}  // namespace
+
+RoundJoiner::RoundJoiner(const StoreSession& session, store::Store& store, Participant self,
+                         std::optional<int> last_round, std::function<void(WaitStatus)> on_wait)
+    : session_(session),
+      store_(store),
+      self_(std::move(self)),
+      last_round_(last_round),
+      on_wait_(std::move(on_wait)),
+      monitor_(session.heartbeat_budget()) {}
+
+RoundInfo RoundJoiner::run() {
+  start_ = Clock::now();
+  deadline_ = start_ + session_.settings.timeouts.join;
+  next_notice_ = start_ + session_.settings.wait_notice_interval;
+  bool prepared = false;
+  while (true) {
+    session_.check_cancel();
+    try {
+      if (!prepared) {
+        // Our heartbeat key exists before we appear in the state, so others can watch it.
+        store_.add(session_.keys.heartbeat(self_.node_id), 1);
+        if (last_round_) {
+          auto asked = make_stop(StopReason::Kind::kNodeLeft, self_.node_id, self_.host,
+                                 "it asked for a new round");
+          last_end_ = session_.end_round(store_, *last_round_, RoundEnd{false, asked});
+        }
+        prepared = true;
+      }
+      auto view = join(read());
+      failing_since_.reset();
+      if (!view) continue;  // lost a compare-and-set: read again
+      const RoundState& state = *view->state;
+      if (auto info = round_info(state, self_.node_id);
+          info && info->round > last_round_.value_or(-1)) {
+        store_.set(session_.keys.closed(info->round), "1");  // wakes whoever still waits
+        return *info;
+      }
+      if (state.phase == Phase::kOpen && tend(state, view->token)) continue;
+      if (Clock::now() >= deadline_) time_out(state);
+      notice(state);
+      wait_slice(state);
+    } catch (const store::StoreError& e) {
+      store_failed(e.what());
+    }
+  }
+}
+
+RoundJoiner::View RoundJoiner::read() {
+  StoreStateBackend backend(store_, session_.keys.state());
+  auto read = backend.get_state();
+  if (!read) return {};
+  return {decode_state(read->bytes), read->token};
+}
+
+std::optional<RoundJoiner::View> RoundJoiner::join(const View& view) {
+  auto result = join_round(view.state, {self_, last_round_, last_end_}, session_.rules);
+  const std::string where = "rendezvous '" + session_.settings.run_id + "' at " + session_.endpoint;
+  switch (result.kind) {
+    case JoinResult::Kind::kFinished:
+      throw RendezvousClosedError(where +
+                                  " is closed: the job finished; start a new job with another "
+                                  "--rdzv_id");
+    case JoinResult::Kind::kRejected:
+      throw RendezvousError(where + " refused this node: " + result.error);
+    default:
+      break;
+  }
+  View out = view;
+  if (result.next) {
+    session_.check_cancel();
+    StoreStateBackend backend(store_, session_.keys.state());
+    auto written = backend.set_state(encode_state(*result.next), view.token);
+    if (!written.won) return std::nullopt;
+    out = View{result.next, written.token};
+  }
+  int round = out.state->round;
+  if (result.request_stop && stop_requested_for_ != round) {
+    stop_requested_for_ = round;
+    auto joined = make_stop(StopReason::Kind::kNodeJoined, self_.node_id, self_.host);
+    session_.end_round(store_, round, RoundEnd{false, joined});
+  }
+  return out;
+}
+
+bool RoundJoiner::tend(const RoundState& state, const std::optional<std::string>& token) {
+  StoreStateBackend backend(store_, session_.keys.state());
+  auto ids = nodes_to_watch(state);
+  ids.erase(std::remove(ids.begin(), ids.end(), self_.node_id), ids.end());
+  auto now = Clock::now();
+  if (!ids.empty()) {
+    std::vector<std::string> keys;
+    for (const auto& id : ids) keys.push_back(session_.keys.heartbeat(id));
+    auto counters = store_.multi_get(keys);
+    for (std::size_t i = 0; i < ids.size(); ++i) {
+      monitor_.observe(ids[i], store::parse_counter(counters[i]).value_or(0), now);
+    }
+    auto dead = monitor_.stale(ids, now);
+    if (!dead.empty()) {
+      RoundState next = state;
+      for (const auto& id : dead) next = remove_node(next, id).value_or(next);
+      session_.check_cancel();
+      backend.set_state(encode_state(next), token);  // won or lost: read again either way
+      return true;
+    }
+  }
+  if (close_due(state, session_.rules, last_call_.observe(state, session_.rules, now))) {
+    session_.check_cancel();
+    if (backend.set_state(encode_state(close_round(state, session_.rules)), token).won) {
+      store_.set(session_.keys.closed(state.round), "1");
+    }
+    return true;
+  }
+  return false;
+}
+
+void RoundJoiner::wait_slice(const RoundState& state) {
+  auto now = Clock::now();
+  auto wait = std::min(session_.slice(), ms_until(deadline_, now));
+  int target = state.round + 1;  // a round runs without us: the next one is ours
+  if (state.phase == Phase::kOpen) {
+    target = state.round;
+    if (auto at_min = last_call_.observe(state, session_.rules, now)) {
+      wait = std::min(wait, session_.rules.last_call - *at_min);
+    }
+  }
+  wait = std::max(wait, std::chrono::milliseconds(1));
+  try {
+    store_.wait({session_.keys.closed(target)}, wait);
+  } catch (const store::StoreTimeout&) {
+    // The slice ended: look at the state again.
+  }
+}
+
+void RoundJoiner::notice(const RoundState& state) {
+  auto now = Clock::now();
+  if (now < next_notice_ || !on_wait_) return;
+  next_notice_ = now + session_.settings.wait_notice_interval;
+  WaitStatus status;
+  status.wait_listed = state.phase != Phase::kOpen;
+  status.joined = status.wait_listed ? 0 : static_cast<int>(state.participants.size());
+  status.min_nodes = session_.rules.min_nodes;
+  status.max_nodes = session_.rules.max_nodes;
+  status.endpoint = session_.endpoint;
+  status.waited = ms_until(now, start_);
+  on_wait_(status);
+}
+
+void RoundJoiner::time_out(const RoundState& state) {
+  try {  // best effort: do not count in a round we no longer wait for
+    session_.modify(store_, [&](const std::optional<RoundState>& current) {
+      return current ? remove_node(*current, self_.node_id) : std::nullopt;
+    });
+  } catch (const store::StoreError&) {
+  }
+  const auto& rules = session_.rules;
+  std::string text = "rendezvous '" + session_.settings.run_id + "' at " + session_.endpoint +
+                     " timed out after " + seconds_text(session_.settings.timeouts.join) + ": ";
+  if (state.phase == Phase::kOpen) {
+    text += std::to_string(state.participants.size()) + " of the " +
+            std::to_string(rules.min_nodes) + " nodes needed joined (" + nnodes_text(rules) +
+            "); start the missing agents with the same " +
+            (rules.is_static ? "--master_addr, --master_port" : "--rdzv_endpoint, --rdzv_id") +
+            " and --nnodes, or raise --rdzv_conf join_timeout";
+  } else {
+    text += "no place for this node: a round of " + std::to_string(state.participants.size()) +
+            " nodes runs and " + nnodes_text(rules) + " allows no more";
+  }
+  throw RendezvousError(text);
+}
+
+void RoundJoiner::store_failed(const std::string& what) {
+  auto now = Clock::now();
+  if (!failing_since_) failing_since_ = now;
+  if (now - *failing_since_ < session_.heartbeat_budget()) return;
+  throw RendezvousError("lost the rendezvous store at " + session_.endpoint + ": " + what +
+                        "; did the agent hosting it (node 0, or the --rdzv_endpoint host) exit?");
+}
+
+}  // namespace ddp::elastic

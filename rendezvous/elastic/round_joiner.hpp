@@ -1,0 +1,57 @@
+#pragma once
+// next_round's work, on the engine's round thread: join (or open, or wait for) the next
+// round and wait, in slices, until it closes. Each slice also removes nodes whose heartbeat
+// went stale and closes the round when it is due (whoever sees it first does the CAS).
+
+#include <functional>
+#include <optional>
+
+#include "ddp/elastic/heartbeat_monitor.hpp"
+#include "ddp/elastic/round_state.hpp"
+#include "ddp/store/store.hpp"
+#include "store_session.hpp"
+
+namespace ddp::elastic {
+
+class RoundJoiner {
+ public:
+  // last_round: the round this node last ran (its end is read, or set when missing).
+  RoundJoiner(const StoreSession& session, store::Store& store, Participant self,
+              std::optional<int> last_round, std::function<void(WaitStatus)> on_wait);
+
+  // The round this node is a member of, once it closed. Throws RendezvousClosedError (the
+  // job finished), RendezvousError (join timeout, rejected, store lost) or Cancelled.
+  RoundInfo run();
+
+ private:
+  struct View {
+    std::optional<RoundState> state;
+    std::optional<std::string> token;
+  };
+  View read();
+  // Joins, opens or waits; returns the resulting state, or empty when a CAS was lost.
+  std::optional<View> join(const View& view);
+  // Open round: removes dead nodes, closes it when due. True when the state changed.
+  bool tend(const RoundState& state, const std::optional<std::string>& token);
+  void wait_slice(const RoundState& state);
+  void notice(const RoundState& state);
+  [[noreturn]] void time_out(const RoundState& state);
+  // Store failures are retried for the heartbeat budget, then reported as a lost store.
+  void store_failed(const std::string& what);
+
+  const StoreSession& session_;
+  store::Store& store_;
+  Participant self_;
+  std::optional<int> last_round_;
+  std::optional<RoundEnd> last_end_;
+  std::function<void(WaitStatus)> on_wait_;
+  HeartbeatMonitor monitor_;
+  LastCallTimer last_call_;
+  Clock::time_point start_;
+  Clock::time_point deadline_;
+  Clock::time_point next_notice_;
+  std::optional<Clock::time_point> failing_since_;
+  int stop_requested_for_ = -1;
+};
+
+}  // namespace ddp::elastic

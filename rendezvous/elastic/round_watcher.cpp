@@ -1,0 +1,119 @@
+#include "round_watcher.hpp"
+
+#include <algorithm>
+
+#include "ddp/elastic/heartbeat_monitor.hpp"
+#include "ddp/store/store_util.hpp"
+
+namespace ddp::elastic {
+namespace {
+
+// Waits one slice for the round's end; returns it once set.
+std::optional<RoundEnd> wait_end(const StoreSession& session, store::Store& store, int round,
+                                 std::chrono::milliseconds slice) {
+  const std::string key = session.keys.end(round);
+  try {
+    store.wait({key}, std::max(slice, std::chrono::milliseconds(1)));
+  } catch (const store::StoreTimeout&) {
+    return std::nullopt;
+  }
+  return decode_end(store.get(key));
+}
+
+// Removes the dead nodes from the state and ends the round with kNodeLost naming the first.
+void report_lost(const StoreSession& session, store::Store& store, const RoundInfo& round,
+                 const std::vector<std::string>& dead) {
+  session.modify(store, [&](const std::optional<RoundState>& current) -> std::optional<RoundState> {
+    if (!current) return std::nullopt;
+    RoundState next = *current;
+    bool changed = false;
+    for (const auto& id : dead) {
+      if (auto removed = remove_node(next, id)) {
+        next = std::move(*removed);
+        changed = true;
+      }
+    }
+    if (!changed) return std::nullopt;
+    return next;
+  });
+  auto lost = make_stop(StopReason::Kind::kNodeLost, dead.front());
+  for (const auto& member : round.members) {
+    if (member.node_id == dead.front()) lost.host = member.host;
+  }
+  const auto& t = session.settings.timeouts;
+  lost.message = "no heartbeat for " + seconds_text(session.heartbeat_budget()) +
+                 " (keep_alive_interval " + seconds_text(t.keep_alive) +
+                 " x keep_alive_max_attempt " + std::to_string(t.keep_alive_max_attempt) + ")";
+  session.end_round(store, round.round, RoundEnd{false, lost});
+}
+
+// The members that are silent for the heartbeat budget, as this observer sees them.
+std::vector<std::string> silent_members(const StoreSession& session, store::Store& store,
+                                        const std::vector<std::string>& others,
+                                        HeartbeatMonitor& monitor) {
+  if (others.empty()) return {};
+  std::vector<std::string> keys;
+  for (const auto& id : others) keys.push_back(session.keys.heartbeat(id));
+  auto counters = store.multi_get(keys);
+  auto now = Clock::now();
+  for (std::size_t i = 0; i < others.size(); ++i) {
+    monitor.observe(others[i], store::parse_counter(counters[i]).value_or(0), now);
+  }
+  return monitor.stale(others, now);
+}
+
+}  // namespace
+
+std::optional<StopReason> watch_until_end(const StoreSession& session, store::Store& store,
+                                          const RoundInfo& round, const std::string& self_id) {
+  std::vector<std::string> others;
+  for (const auto& member : round.members) {
+    if (member.node_id != self_id) others.push_back(member.node_id);
+  }
+  HeartbeatMonitor monitor(session.heartbeat_budget());
+  std::optional<Clock::time_point> failing_since;
+  while (true) {
+    session.check_cancel();
+    try {
+      if (auto end = wait_end(session, store, round.round, session.slice())) {
+        if (end->finished) return std::nullopt;
+        return end->reason;
+      }
+      failing_since.reset();
+      auto dead = silent_members(session, store, others, monitor);
+      if (!dead.empty()) report_lost(session, store, round, dead);
+    } catch (const store::StoreError& e) {
+      auto now = Clock::now();
+      if (!failing_since) failing_since = now;
+      if (now - *failing_since >= session.heartbeat_budget()) {
+        auto lost = make_stop(StopReason::Kind::kNodeLost, "", session.settings.store_host);
+        lost.message = "lost the rendezvous store at " + session.endpoint + " (" + e.what() +
+                       "); did the agent hosting it exit?";
+        return lost;
+      }
+    }
+  }
+}
+
+bool pass_exit_barrier(const StoreSession& session, store::Store& store, const RoundInfo& round) {
+  auto members = static_cast<std::int64_t>(round.members.size());
+  if (store.add(session.keys.done(round.round), 1) >= members) {
+    session.end_round(store, round.round, RoundEnd{true, {}});
+  }
+  auto deadline = Clock::now() + session.settings.timeouts.exit_barrier;
+  while (true) {
+    session.check_cancel();
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (auto end = wait_end(session, store, round.round, std::min(session.slice(), left))) {
+      if (!end->finished) return false;
+      // Whoever sees the barrier passed closes the rendezvous (idempotent).
+      session.modify(store, [&](const std::optional<RoundState>& current) {
+        return current ? finish(*current, round.round) : std::nullopt;
+      });
+      return true;
+    }
+    if (Clock::now() >= deadline) return false;
+  }
+}
+
+}  // namespace ddp::elastic

@@ -1,0 +1,278 @@
+// The Rendezvous over a c10d store (static and c10d backends): threads, clients and callbacks
+// around the round logic (round_state.cpp), the join loop (round_joiner.cpp) and the watch
+// and exit barrier (round_watcher.cpp). The protocol is described in docs/elastic.md, "How
+// rounds work".
+
+#include <unistd.h>
+
+#include <condition_variable>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "ddp/elastic/rendezvous.hpp"
+#include "round_joiner.hpp"
+#include "round_watcher.hpp"
+#include "store_session.hpp"
+#include "task_thread.hpp"
+
+namespace ddp::elastic {
+namespace {
+
+// leave() is best effort: at most this long for each store step.
+constexpr std::chrono::milliseconds kLeaveTimeout = std::chrono::seconds(5);
+
+std::string random_node_id(const std::string& host) {
+  std::random_device device;
+  char suffix[16];
+  std::snprintf(suffix, sizeof suffix, "%08x", static_cast<unsigned>(device()));
+  return host + "_" + std::to_string(::getpid()) + "_" + suffix;
+}
+
+void validate(RendezvousSettings& settings) {
+  const std::string& backend = settings.backend;
+  if (backend != "static" && backend != "c10d") {
+    throw RendezvousError("unknown rendezvous backend '" + backend + "' (static or c10d)");
+  }
+  if (settings.min_nodes < 1 || settings.max_nodes < settings.min_nodes) {
+    throw RendezvousError("--nnodes=" + std::to_string(settings.min_nodes) + ":" +
+                          std::to_string(settings.max_nodes) +
+                          " is not a range of at least one node");
+  }
+  if (backend == "static" && !settings.self.fixed_group_rank) {
+    throw RendezvousError("the static rendezvous needs this node's --node_rank");
+  }
+  if (settings.self.node_id.empty()) settings.self.node_id = random_node_id(settings.self.host);
+}
+
+class StoreRendezvous final : public Rendezvous {
+ public:
+  explicit StoreRendezvous(RendezvousSettings settings)
+      : session_(std::move(settings)), heartbeat_([this] { heartbeat_loop(); }) {}
+
+  ~StoreRendezvous() override {
+    silence();
+    session_.cancel = true;
+    stop_heartbeats();
+    // The task threads (members declared last) join before the clients they use go away.
+  }
+
+  void next_round(int worker_store_port, std::function<void(RoundInfo)> on_round,
+                  std::function<void(std::exception_ptr)> on_error,
+                  std::function<void(WaitStatus)> on_wait) override {
+    std::optional<int> last_round;
+    if (auto current = current_round()) last_round = current->round;
+    rounds_.post([=, this] {
+      auto deadline = Clock::now() + session_.settings.timeouts.join;
+      try {
+        store::Store& store = client(round_client_, deadline);
+        auto notice = [this, on_wait](WaitStatus status) {
+          deliver([&] {
+            if (on_wait) on_wait(status);
+          });
+        };
+        RoundJoiner joiner(session_, store, participant(worker_store_port), last_round, notice);
+        RoundInfo info = joiner.run();
+        {
+          std::lock_guard lock(mutex_);
+          current_ = info;
+        }
+        deliver([&] { on_round(info); });
+      } catch (const Cancelled&) {
+      } catch (const RendezvousError&) {
+        auto error = std::current_exception();
+        deliver([&] { on_error(error); });
+      } catch (const std::exception& e) {
+        auto error = std::make_exception_ptr(RendezvousError(
+            "rendezvous at " + session_.endpoint + " failed: " + std::string(e.what())));
+        deliver([&] { on_error(error); });
+      }
+    });
+  }
+
+  void watch_round(std::function<void(StopReason)> on_stop) override {
+    auto round = current_round();
+    if (!round) return;
+    watcher_.post([this, round = *round, on_stop] {
+      try {
+        store::Store& store = client(watch_client_, Clock::now() + session_.heartbeat_budget());
+        auto reason = watch_until_end(session_, store, round, session_.settings.self.node_id);
+        if (reason) deliver_stop(round.round, *reason, on_stop);
+      } catch (const Cancelled&) {
+      } catch (const std::exception& e) {  // the store could not be reached at all
+        auto lost = make_stop(StopReason::Kind::kNodeLost, "", session_.settings.store_host);
+        lost.message = e.what();
+        deliver_stop(round.round, lost, on_stop);
+      }
+    });
+  }
+
+  void stop_round(StopReason reason) override {
+    auto round = current_round();
+    if (!round) return;
+    if (reason.node_id.empty()) reason.node_id = session_.settings.self.node_id;
+    if (reason.host.empty()) reason.host = session_.settings.self.host;
+    control_.post([this, r = round->round, reason] {
+      try {
+        store::Store& store = client(control_client_, Clock::now() + session_.heartbeat_budget());
+        session_.end_round(store, r, RoundEnd{false, reason});
+      } catch (const Cancelled&) {
+      } catch (const std::exception&) {
+        // The store is gone: the watcher reports that on its own.
+      }
+    });
+  }
+
+  void finish_round(std::function<void(bool all_succeeded)> on_done) override {
+    auto round = current_round();
+    if (!round) return;
+    rounds_.post([this, round = *round, on_done] {
+      bool passed = false;
+      try {
+        store::Store& store = client(round_client_, Clock::now() + session_.heartbeat_budget());
+        passed = pass_exit_barrier(session_, store, round);
+      } catch (const Cancelled&) {
+        return;
+      } catch (const std::exception&) {
+        passed = false;
+      }
+      deliver([&] { on_done(passed); });
+    });
+  }
+
+  void leave() override {
+    silence();
+    session_.cancel = true;
+    stop_heartbeats();
+    const NodeInfo& self = session_.settings.self;
+    try {
+      auto options = session_.client_options(kLeaveTimeout);
+      options.timeout = kLeaveTimeout;
+      store::Client store(options);
+      std::optional<int> running;
+      session_.modify(store, [&](const std::optional<RoundState>& current) {
+        running.reset();
+        if (!current) return std::optional<RoundState>();
+        if (current->phase == Phase::kRunning && is_participant(*current, self.node_id)) {
+          running = current->round;
+        }
+        return remove_node(*current, self.node_id);
+      });
+      if (running) {
+        auto left = make_stop(StopReason::Kind::kNodeLeft, self.node_id, self.host);
+        session_.end_round(store, *running, RoundEnd{false, left});
+      }
+    } catch (const std::exception&) {
+      // Best effort: the others notice the silent heartbeat instead.
+    }
+  }
+
+  std::string endpoint() const override { return session_.endpoint; }
+
+ private:
+  // Calls f unless the agent left (or is destroying this handler).
+  template <class F>
+  void deliver(F&& f) {
+    std::lock_guard lock(deliver_mutex_);
+    if (!silenced_) f();
+  }
+
+  void silence() {
+    std::lock_guard lock(deliver_mutex_);
+    silenced_ = true;
+  }
+
+  // on_stop once per round, whichever thread gets there first.
+  void deliver_stop(int round, const StopReason& reason,
+                    const std::function<void(StopReason)>& on_stop) {
+    {
+      std::lock_guard lock(mutex_);
+      if (stop_delivered_for_ >= round) return;
+      stop_delivered_for_ = round;
+    }
+    deliver([&] { on_stop(reason); });
+  }
+
+  std::optional<RoundInfo> current_round() const {
+    std::lock_guard lock(mutex_);
+    return current_;
+  }
+
+  // The client of the calling task thread, connected on first use (until deadline).
+  store::Store& client(std::unique_ptr<store::Client>& slot, Clock::time_point deadline) {
+    if (!slot) slot = session_.connect(deadline);
+    return *slot;
+  }
+
+  // This node as the round state records it; its address found once, on the round thread.
+  Participant participant(int worker_store_port) {
+    const NodeInfo& self = session_.settings.self;
+    if (resolved_addr_.empty()) {
+      resolved_addr_ = self.addr;
+      if (resolved_addr_.empty()) {
+        resolved_addr_ = local_address_towards(session_.settings.store_host,
+                                               session_.settings.store_port);
+      }
+      if (resolved_addr_.empty()) resolved_addr_ = self.host;
+    }
+    return Participant{self.node_id, self.host,           resolved_addr_,   self.local_world_size,
+                       self.role,    self.fixed_group_rank, worker_store_port};
+  }
+
+  // ADDs 1 to hb/<node_id> every keep_alive_interval until stop_heartbeats().
+  void heartbeat_loop() {
+    std::unique_ptr<store::Client> store;
+    const std::string key = session_.keys.heartbeat(session_.settings.self.node_id);
+    std::unique_lock lock(heartbeat_mutex_);
+    while (!heartbeat_stop_) {
+      lock.unlock();
+      try {
+        if (!store) store = std::make_unique<store::Client>(session_.client_options(kConnectSlice));
+        store->add(key, 1);
+      } catch (const store::StoreError&) {
+        // The round and watch threads report a lost store; keep trying until stopped.
+      }
+      lock.lock();
+      heartbeat_wake_.wait_for(lock, session_.settings.timeouts.keep_alive,
+                               [&] { return heartbeat_stop_; });
+    }
+  }
+
+  void stop_heartbeats() {
+    {
+      std::lock_guard lock(heartbeat_mutex_);
+      heartbeat_stop_ = true;
+    }
+    heartbeat_wake_.notify_all();
+    if (heartbeat_.joinable()) heartbeat_.join();
+  }
+
+  StoreSession session_;
+  std::mutex deliver_mutex_;
+  bool silenced_ = false;
+  mutable std::mutex mutex_;
+  std::optional<RoundInfo> current_;  // the last round delivered
+  int stop_delivered_for_ = -1;
+  std::string resolved_addr_;  // round thread only
+  // Each used by its own thread only (a Client serialises its calls).
+  std::unique_ptr<store::Client> round_client_;
+  std::unique_ptr<store::Client> watch_client_;
+  std::unique_ptr<store::Client> control_client_;
+  std::mutex heartbeat_mutex_;
+  std::condition_variable heartbeat_wake_;
+  bool heartbeat_stop_ = false;
+  std::thread heartbeat_;
+  // Declared last: destroyed (joined) first.
+  TaskThread rounds_;   // next_round, finish_round
+  TaskThread watcher_;  // watch_round
+  TaskThread control_;  // stop_round
+};
+
+}  // namespace
+
+std::unique_ptr<Rendezvous> make_store_rendezvous(RendezvousSettings settings) {
+  validate(settings);
+  return std::make_unique<StoreRendezvous>(std::move(settings));
+}
+
+}  // namespace ddp::elastic

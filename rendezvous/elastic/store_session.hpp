@@ -1,0 +1,73 @@
+#pragma once
+// What every thread of the store rendezvous shares: the settings, the run's keys, the
+// cancellation flag, and the ways to reach the store and change the state. Private to
+// rendezvous/elastic/.
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "ddp/elastic/rendezvous.hpp"
+#include "ddp/elastic/round_state.hpp"
+#include "ddp/store/client.hpp"
+#include "run_keys.hpp"
+
+namespace ddp::elastic {
+
+using Clock = std::chrono::steady_clock;
+
+// Thrown inside the engine's threads once the handler is being destroyed or left: the task
+// ends without calling back.
+struct Cancelled {};
+
+// How long one store connection attempt may take before the cancel flag is looked at again.
+inline constexpr std::chrono::milliseconds kConnectSlice = std::chrono::seconds(1);
+// The longest single WAIT: bounds how late a thread notices cancellation.
+inline constexpr std::chrono::milliseconds kMaxWaitSlice = std::chrono::seconds(1);
+
+struct StoreSession {
+  explicit StoreSession(RendezvousSettings s);
+
+  RendezvousSettings settings;
+  RoundRules rules;
+  RunKeys keys;
+  std::string endpoint;  // "host:port" of the rendezvous store
+  std::atomic<bool> cancel{false};
+
+  // keep_alive_interval x keep_alive_max_attempt: when a silent node counts as dead.
+  std::chrono::milliseconds heartbeat_budget() const;
+  // One WAIT slice: keep_alive_interval, at most kMaxWaitSlice.
+  std::chrono::milliseconds slice() const;
+
+  void check_cancel() const {
+    if (cancel.load()) throw Cancelled{};
+  }
+
+  // A client of the rendezvous store, retrying with back-off until deadline; then a
+  // RendezvousError naming the endpoint, how long it tried and the last error.
+  std::unique_ptr<store::Client> connect(Clock::time_point deadline) const;
+  // Options of such a client with its connect timeout (also used when it reconnects).
+  store::ClientOptions client_options(std::chrono::milliseconds connect_timeout) const;
+
+  // Reads the state, applies change (empty result: nothing to write) and writes it back with
+  // compare-and-set, again until it wins. Returns the state written, or empty.
+  std::optional<RoundState> modify(
+      store::Store& store,
+      const std::function<std::optional<RoundState>(const std::optional<RoundState>&)>& change)
+      const;
+
+  // Sets round r's end unless one is set already; returns the end that won.
+  RoundEnd end_round(store::Store& store, int round, const RoundEnd& end) const;
+};
+
+// The local address of this host on the route to host:port (no packet is sent); empty
+// when it cannot be found.
+std::string local_address_towards(const std::string& host, int port);
+
+// "12 s", "1.5 s"
+std::string seconds_text(std::chrono::milliseconds duration);
+
+}  // namespace ddp::elastic
