@@ -64,7 +64,9 @@ std::string describe(const StopReason& reason) {
       text = worker_failure(reason);
       break;
     case StopReason::Kind::kNodeLost:
-      text = node_text(reason) + " was lost (its agent stopped sending heartbeats)";
+      text = reason.node_id.empty()
+                 ? std::string("the rendezvous store was lost")
+                 : node_text(reason) + " was lost (its agent stopped sending heartbeats)";
       break;
     case StopReason::Kind::kNodeJoined:
       text = node_text(reason) + " is waiting to join: restarting into a larger world";

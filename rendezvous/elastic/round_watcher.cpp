@@ -87,7 +87,8 @@ std::optional<StopReason> watch_until_end(const StoreSession& session, store::St
       if (!failing_since) failing_since = now;
       if (now - *failing_since >= session.heartbeat_budget()) {
         auto lost = make_stop(StopReason::Kind::kNodeLost, "", session.settings.store_host);
-        lost.message = "lost the rendezvous store at " + session.endpoint + " (" + e.what() +
+        lost.message = session.endpoint + " did not answer for " +
+                       seconds_text(session.heartbeat_budget()) + " (" + e.what() +
                        "); did the agent hosting it exit?";
         return lost;
       }
