@@ -1,0 +1,287 @@
+// The store rendezvous engine end to end: several handlers (one per "node") as threads of
+// this process against one real store::Server on loopback. Callbacks only push events into
+// an inbox; every assertion runs on the test's main thread, waiting for the events it needs
+// (never for a fixed time). Timeouts are short (keep_alive 200 ms) but the heartbeat budget
+// (1 s) and the waits for outcomes (20 s) leave room for a loaded machine under ASan.
+
+#include <catch2/catch.hpp>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+
+#include "ddp/elastic/rendezvous.hpp"
+#include "store_fixture.hpp"
+
+using namespace std::chrono_literals;
+using namespace ddp::elastic;
+
+namespace {
+
+// How long a test waits for an outcome that must come.
+constexpr auto kOutcome = 20s;
+
+struct Event {
+  enum class Kind { kRound, kError, kWait, kStop, kDone };
+  std::string node;
+  Kind kind;
+  RoundInfo round;
+  std::string error;
+  bool closed_error = false;
+  WaitStatus wait;
+  StopReason stop;
+  bool done = false;
+};
+
+// Events from the engines' threads, taken by the main thread.
+class Inbox {
+ public:
+  void push(Event event) {
+    {
+      std::lock_guard lock(mutex_);
+      events_.push_back(std::move(event));
+    }
+    changed_.notify_all();
+  }
+
+  // The first event of this kind from this node, removed from the inbox; waits for it.
+  std::optional<Event> take(const std::string& node, Event::Kind kind,
+                            std::chrono::milliseconds timeout = kOutcome) {
+    std::unique_lock lock(mutex_);
+    std::optional<Event> found;
+    changed_.wait_for(lock, timeout, [&] {
+      for (auto it = events_.begin(); it != events_.end(); ++it) {
+        if (it->node == node && it->kind == kind) {
+          found = std::move(*it);
+          events_.erase(it);
+          return true;
+        }
+      }
+      return false;
+    });
+    return found;
+  }
+
+  // How many events of this kind arrived and were not taken (no waiting).
+  int count(Event::Kind kind) {
+    std::lock_guard lock(mutex_);
+    int n = 0;
+    for (const auto& event : events_) n += event.kind == kind;
+    return n;
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable changed_;
+  std::deque<Event> events_;
+};
+
+struct Job {
+  std::string backend = "c10d";
+  std::string run_id = "job";
+  int min_nodes = 1;
+  int max_nodes = 1;
+  std::chrono::milliseconds last_call = 300ms;
+  std::chrono::milliseconds join = kOutcome;
+};
+
+RendezvousSettings settings_for(int port, const Job& job, const std::string& name,
+                                std::optional<int> node_rank = std::nullopt) {
+  RendezvousSettings s;
+  s.backend = job.backend;
+  s.run_id = job.run_id;
+  s.store_host = "127.0.0.1";
+  s.store_port = port;
+  s.min_nodes = job.min_nodes;
+  s.max_nodes = job.max_nodes;
+  s.timeouts.join = job.join;
+  s.timeouts.last_call = job.last_call;
+  s.timeouts.keep_alive = 200ms;
+  s.timeouts.keep_alive_max_attempt = 5;
+  s.timeouts.read = 10s;
+  s.timeouts.exit_barrier = kOutcome;
+  s.wait_notice_interval = 100ms;
+  s.self.node_id = name;
+  s.self.host = "host-" + name;
+  s.self.local_world_size = 2;
+  s.self.fixed_group_rank = node_rank;
+  return s;
+}
+
+// One agent's view: its engine, with callbacks feeding the shared inbox.
+class Node {
+ public:
+  Node(Inbox& inbox, RendezvousSettings settings)
+      : inbox_(inbox), name_(settings.self.node_id), rdzv_(make_store_rendezvous(settings)) {}
+
+  void next_round(int worker_store_port = 0) {
+    rdzv_->next_round(
+        worker_store_port,
+        [this](RoundInfo round) { push(Event::Kind::kRound, [&](Event& e) { e.round = round; }); },
+        [this](std::exception_ptr error) {
+          push(Event::Kind::kError, [&](Event& e) {
+            try {
+              std::rethrow_exception(error);
+            } catch (const RendezvousClosedError& closed) {
+              e.closed_error = true;
+              e.error = closed.what();
+            } catch (const std::exception& other) {
+              e.error = other.what();
+            }
+          });
+        },
+        [this](WaitStatus status) { push(Event::Kind::kWait, [&](Event& e) { e.wait = status; }); });
+  }
+  void watch() {
+    rdzv_->watch_round(
+        [this](StopReason reason) { push(Event::Kind::kStop, [&](Event& e) { e.stop = reason; }); });
+  }
+  void finish() {
+    rdzv_->finish_round([this](bool ok) { push(Event::Kind::kDone, [&](Event& e) { e.done = ok; }); });
+  }
+  Rendezvous& rdzv() { return *rdzv_; }
+  // Destroys the engine without leave(): to the others, this node just went silent.
+  void crash() { rdzv_.reset(); }
+
+ private:
+  template <class F>
+  void push(Event::Kind kind, F fill) {
+    Event event;
+    event.node = name_;
+    event.kind = kind;
+    fill(event);
+    inbox_.push(std::move(event));
+  }
+
+  Inbox& inbox_;
+  std::string name_;
+  std::unique_ptr<Rendezvous> rdzv_;
+};
+
+// Starts next_round on every node and returns each node's round.
+std::map<std::string, RoundInfo> form_round(Inbox& inbox, std::vector<Node*> nodes,
+                                            const std::vector<std::string>& names) {
+  for (std::size_t i = 0; i < nodes.size(); ++i) nodes[i]->next_round(6000 + static_cast<int>(i));
+  std::map<std::string, RoundInfo> rounds;
+  for (const auto& name : names) {
+    auto event = inbox.take(name, Event::Kind::kRound);
+    if (!event) {
+      auto error = inbox.take(name, Event::Kind::kError, 0ms);
+      FAIL("no round for node " << name << (error ? ": " + error->error : std::string()));
+    }
+    rounds[name] = event->round;
+  }
+  return rounds;
+}
+
+std::vector<std::string> member_ids(const RoundInfo& round) {
+  std::vector<std::string> ids;
+  for (const auto& member : round.members) ids.push_back(member.node_id);
+  return ids;
+}
+
+}  // namespace
+
+TEST_CASE("store rendezvous: three c10d nodes agree on one round") {
+  ddp::test::TestServer server;
+  Inbox inbox;
+  Job job{"c10d", "job", 3, 3};
+  Node a(inbox, settings_for(server.port(), job, "a"));
+  Node b(inbox, settings_for(server.port(), job, "b"));
+  Node c(inbox, settings_for(server.port(), job, "c"));
+  auto rounds = form_round(inbox, {&a, &b, &c}, {"a", "b", "c"});
+
+  const RoundInfo& first = rounds["a"];
+  std::vector<int> group_ranks;
+  for (const auto& [name, round] : rounds) {
+    CHECK(round.round == 0);
+    CHECK(round.restart_count == 0);
+    CHECK(member_ids(round) == member_ids(first));
+    CHECK(round.members[round.group_rank].node_id == name);
+    CHECK(round.master_addr == first.master_addr);
+    CHECK(round.master_port == first.master_port);
+    group_ranks.push_back(round.group_rank);
+  }
+  std::sort(group_ranks.begin(), group_ranks.end());
+  CHECK(group_ranks == std::vector<int>{0, 1, 2});
+  // The master is group rank 0 at its own address (found from the store connection) and
+  // the worker store port it offered.
+  const Member& master = first.members[0];
+  CHECK(first.master_addr == "127.0.0.1");
+  CHECK(master.addr == "127.0.0.1");
+  CHECK(master.host == "host-" + master.node_id);
+  CHECK(master.local_world_size == 2);
+  int offered = 6000 + (master.node_id == "a" ? 0 : master.node_id == "b" ? 1 : 2);
+  CHECK(first.master_port == offered);
+  CHECK(a.rdzv().endpoint() == "127.0.0.1:" + std::to_string(server.port()));
+}
+
+TEST_CASE("store rendezvous: static ranks follow --node_rank, the master is the store") {
+  ddp::test::TestServer server;
+  Inbox inbox;
+  Job job{"static", "job", 3, 3};
+  Node x(inbox, settings_for(server.port(), job, "x", 2));
+  Node y(inbox, settings_for(server.port(), job, "y", 0));
+  Node z(inbox, settings_for(server.port(), job, "z", 1));
+  auto rounds = form_round(inbox, {&x, &y, &z}, {"x", "y", "z"});
+  CHECK(rounds["x"].group_rank == 2);
+  CHECK(rounds["y"].group_rank == 0);
+  CHECK(rounds["z"].group_rank == 1);
+  CHECK(member_ids(rounds["x"]) == std::vector<std::string>{"y", "z", "x"});
+  CHECK(rounds["x"].master_addr == "127.0.0.1");
+  CHECK(rounds["x"].master_port == server.port());
+}
+
+TEST_CASE("store rendezvous: static refuses a second node with the same --node_rank") {
+  ddp::test::TestServer server;
+  Inbox inbox;
+  Job job{"static", "job", 2, 2};
+  Node x(inbox, settings_for(server.port(), job, "x", 0));
+  x.next_round();
+  // x is in the open round once its join is visible; y then collides with it.
+  Node y(inbox, settings_for(server.port(), job, "y", 0));
+  REQUIRE(inbox.take("x", Event::Kind::kWait));
+  y.next_round();
+  auto error = inbox.take("y", Event::Kind::kError);
+  REQUIRE(error);
+  CHECK_THAT(error->error, Catch::Contains("--node_rank 0 is already taken by node host-x (x)"));
+}
+
+TEST_CASE("store rendezvous: a stopped round reaches every watcher, the next counts a restart") {
+  ddp::test::TestServer server;
+  Inbox inbox;
+  // Round 0 closes at MAX. The last call is far beyond the wait: round 1 must close because
+  // every expected node joined.
+  Job job{"c10d", "job", 2, 3, 10min};
+  Node p(inbox, settings_for(server.port(), job, "p"));
+  Node q(inbox, settings_for(server.port(), job, "q"));
+  Node r(inbox, settings_for(server.port(), job, "r"));
+  form_round(inbox, {&p, &q, &r}, {"p", "q", "r"});
+  p.watch();
+  q.watch();
+  r.watch();
+
+  StopReason failed;
+  failed.kind = StopReason::Kind::kWorkerFailed;
+  failed.rank = 3;
+  failed.local_rank = 1;
+  failed.pid = 999;
+  failed.exit_code = 7;
+  q.rdzv().stop_round(failed);
+  for (const char* name : {"p", "q", "r"}) {
+    auto stop = inbox.take(name, Event::Kind::kStop);
+    REQUIRE(stop);
+    CHECK(stop->stop.kind == StopReason::Kind::kWorkerFailed);
+    CHECK(stop->stop.node_id == "q");
+    CHECK(stop->stop.host == "host-q");
+    CHECK(stop->stop.rank == 3);
+    CHECK(stop->stop.exit_code == 7);
+  }
+  auto rounds = form_round(inbox, {&r, &p, &q}, {"p", "q", "r"});
+  for (const auto& [name, round] : rounds) {
+    CHECK(round.round == 1);
+    CHECK(round.restart_count == 1);
+    CHECK(round.members.size() == 3);
+  }
+  CHECK(inbox.count(Event::Kind::kStop) == 0);  // one stop per node and round
+}
