@@ -285,3 +285,211 @@ TEST_CASE("store rendezvous: a stopped round reaches every watcher, the next cou
   }
   CHECK(inbox.count(Event::Kind::kStop) == 0);  // one stop per node and round
 }
+
+TEST_CASE("store rendezvous: a silent node is found lost, the others go on without it") {
+  ddp::test::TestServer server;
+  Inbox inbox;
+  Job job{"c10d", "job", 2, 3, 10min};
+  Node a(inbox, settings_for(server.port(), job, "a"));
+  Node b(inbox, settings_for(server.port(), job, "b"));
+  Node c(inbox, settings_for(server.port(), job, "c"));
+  form_round(inbox, {&a, &b, &c}, {"a", "b", "c"});
+  a.watch();
+  b.watch();
+  c.watch();
+  c.crash();  // no leave(): its heartbeat just stops
+
+  for (const char* name : {"a", "b"}) {
+    auto stop = inbox.take(name, Event::Kind::kStop);
+    REQUIRE(stop);
+    CHECK(stop->stop.kind == StopReason::Kind::kNodeLost);
+    CHECK(stop->stop.node_id == "c");
+    CHECK(stop->stop.host == "host-c");
+    CHECK_THAT(stop->stop.message, Catch::Contains("no heartbeat for 1 s"));
+  }
+  // Both survivors were expected: round 1 closes at once, well before the 10 min last call.
+  auto rounds = form_round(inbox, {&a, &b}, {"a", "b"});
+  CHECK(member_ids(rounds["a"]).size() == 2);
+  CHECK(rounds["a"].round == 1);
+  CHECK(rounds["a"].restart_count == 0);  // a lost node is not a worker failure
+}
+
+TEST_CASE("store rendezvous: a late node makes the running round restart into a larger one") {
+  ddp::test::TestServer server;
+  Inbox inbox;
+  Job job{"c10d", "job", 2, 3};  // round 0 closes at MIN after a 300 ms last call
+  Node a(inbox, settings_for(server.port(), job, "a"));
+  Node b(inbox, settings_for(server.port(), job, "b"));
+  auto first = form_round(inbox, {&a, &b}, {"a", "b"});
+  CHECK(first["a"].members.size() == 2);
+  a.watch();
+  b.watch();
+
+  Node c(inbox, settings_for(server.port(), job, "c"));
+  c.next_round(7000);
+  for (const char* name : {"a", "b"}) {
+    auto stop = inbox.take(name, Event::Kind::kStop);
+    REQUIRE(stop);
+    CHECK(stop->stop.kind == StopReason::Kind::kNodeJoined);
+    CHECK(stop->stop.node_id == "c");
+  }
+  a.next_round(6000);
+  b.next_round(6001);
+  for (const char* name : {"a", "b", "c"}) {
+    auto round = inbox.take(name, Event::Kind::kRound);
+    REQUIRE(round);
+    CHECK(round->round.round == 1);
+    CHECK(round->round.restart_count == 0);  // a membership change is not a restart
+    CHECK(member_ids(round->round).size() == 3);
+    CHECK(member_ids(round->round).back() == "c");  // the survivors keep their ranks first
+  }
+}
+
+TEST_CASE("store rendezvous: the exit barrier, then late nodes are told the job finished") {
+  ddp::test::TestServer server;
+  Inbox inbox;
+  Job job{"c10d", "job", 2, 2};
+  Node a(inbox, settings_for(server.port(), job, "a"));
+  Node b(inbox, settings_for(server.port(), job, "b"));
+  form_round(inbox, {&a, &b}, {"a", "b"});
+  a.watch();
+  b.watch();
+  a.finish();
+  b.finish();
+  for (const char* name : {"a", "b"}) {
+    auto done = inbox.take(name, Event::Kind::kDone);
+    REQUIRE(done);
+    CHECK(done->done);
+  }
+  CHECK(inbox.count(Event::Kind::kStop) == 0);  // a finished round is no stop
+
+  Node late(inbox, settings_for(server.port(), job, "late"));
+  late.next_round();
+  auto error = inbox.take("late", Event::Kind::kError);
+  REQUIRE(error);
+  CHECK(error->closed_error);
+  CHECK_THAT(error->error, Catch::Contains("rendezvous 'job' at 127.0.0.1:" +
+                                           std::to_string(server.port()) +
+                                           " is closed: the job finished"));
+}
+
+TEST_CASE("store rendezvous: a stop during the exit barrier fails it") {
+  ddp::test::TestServer server;
+  Inbox inbox;
+  Job job{"c10d", "job", 2, 2};
+  Node a(inbox, settings_for(server.port(), job, "a"));
+  Node b(inbox, settings_for(server.port(), job, "b"));
+  form_round(inbox, {&a, &b}, {"a", "b"});
+  a.watch();
+  b.watch();
+  a.finish();
+  StopReason failed;
+  failed.rank = 2;
+  b.rdzv().stop_round(failed);
+  auto done = inbox.take("a", Event::Kind::kDone);
+  REQUIRE(done);
+  CHECK_FALSE(done->done);
+  for (const char* name : {"a", "b"}) {
+    auto stop = inbox.take(name, Event::Kind::kStop);
+    REQUIRE(stop);
+    CHECK(stop->stop.node_id == "b");
+  }
+}
+
+TEST_CASE("store rendezvous: a node that leaves ends the round, the others go on") {
+  ddp::test::TestServer server;
+  Inbox inbox;
+  Job job{"c10d", "job", 2, 3, 10min};
+  Node a(inbox, settings_for(server.port(), job, "a"));
+  Node b(inbox, settings_for(server.port(), job, "b"));
+  Node c(inbox, settings_for(server.port(), job, "c"));
+  form_round(inbox, {&a, &b, &c}, {"a", "b", "c"});
+  a.watch();
+  b.watch();
+  c.watch();
+  c.rdzv().leave();
+  for (const char* name : {"a", "b"}) {
+    auto stop = inbox.take(name, Event::Kind::kStop);
+    REQUIRE(stop);
+    CHECK(stop->stop.kind == StopReason::Kind::kNodeLeft);
+    CHECK(stop->stop.node_id == "c");
+  }
+  auto rounds = form_round(inbox, {&a, &b}, {"a", "b"});
+  CHECK(member_ids(rounds["b"]).size() == 2);
+  CHECK(inbox.count(Event::Kind::kStop) == 0);  // nothing reaches c after leave()
+}
+
+TEST_CASE("store rendezvous: waiting is reported, a join timeout names the endpoint and MIN") {
+  ddp::test::TestServer server;
+  Inbox inbox;
+  Job job{"c10d", "job", 2, 3};
+  job.join = 1s;
+  Node a(inbox, settings_for(server.port(), job, "a"));
+  a.next_round();
+  auto wait = inbox.take("a", Event::Kind::kWait);
+  REQUIRE(wait);
+  CHECK(wait->wait.joined == 1);
+  CHECK(wait->wait.min_nodes == 2);
+  CHECK(wait->wait.max_nodes == 3);
+  CHECK(wait->wait.endpoint == "127.0.0.1:" + std::to_string(server.port()));
+  CHECK_FALSE(wait->wait.wait_listed);
+  auto error = inbox.take("a", Event::Kind::kError);
+  REQUIRE(error);
+  CHECK_FALSE(error->closed_error);
+  CHECK_THAT(error->error, Catch::Contains("rendezvous 'job' at 127.0.0.1:" +
+                                           std::to_string(server.port()) + " timed out after 1 s"));
+  CHECK_THAT(error->error, Catch::Contains("1 of the 2 nodes needed joined (--nnodes=2:3)"));
+}
+
+TEST_CASE("store rendezvous: an unreachable store is reported with its address") {
+  int port = 0;
+  {
+    ddp::test::TestServer closed;  // a port that nothing listens on once it is gone
+    port = closed.port();
+  }
+  Inbox inbox;
+  Job job{"c10d", "job", 1, 1};
+  job.join = 1s;
+  Node a(inbox, settings_for(port, job, "a"));
+  a.next_round();
+  auto error = inbox.take("a", Event::Kind::kError);
+  REQUIRE(error);
+  CHECK_THAT(error->error, Catch::Contains("could not reach the rendezvous store at 127.0.0.1:" +
+                                           std::to_string(port)));
+  CHECK_THAT(error->error, Catch::Contains("is the agent of node 0"));
+}
+
+TEST_CASE("store rendezvous: two run ids on one store never mix") {
+  ddp::test::TestServer server;
+  Inbox inbox;
+  Job one{"c10d", "one", 2, 2};
+  Job two{"c10d", "two", 2, 2};
+  Node a(inbox, settings_for(server.port(), one, "a"));
+  Node b(inbox, settings_for(server.port(), two, "b"));
+  Node c(inbox, settings_for(server.port(), one, "c"));
+  Node d(inbox, settings_for(server.port(), two, "d"));
+  auto rounds = form_round(inbox, {&a, &b, &c, &d}, {"a", "b", "c", "d"});
+  auto sorted = [](std::vector<std::string> ids) {
+    std::sort(ids.begin(), ids.end());
+    return ids;
+  };
+  CHECK(sorted(member_ids(rounds["a"])) == std::vector<std::string>{"a", "c"});
+  CHECK(sorted(member_ids(rounds["b"])) == std::vector<std::string>{"b", "d"});
+}
+
+TEST_CASE("store rendezvous: losing the store while a round runs stops it") {
+  auto server = std::make_unique<ddp::test::TestServer>();
+  Inbox inbox;
+  Job job{"c10d", "job", 1, 1};
+  int port = server->port();
+  Node a(inbox, settings_for(port, job, "a"));
+  form_round(inbox, {&a}, {"a"});
+  a.watch();
+  server.reset();
+  auto stop = inbox.take("a", Event::Kind::kStop);
+  REQUIRE(stop);
+  CHECK(stop->stop.kind == StopReason::Kind::kNodeLost);
+  CHECK(stop->stop.node_id.empty());
+  CHECK_THAT(describe(stop->stop), Catch::StartsWith("the rendezvous store was lost: "));
+  CHECK_THAT(stop->stop.message, Catch::Contains("127.0.0.1:" + std::to_string(port)));
+}
