@@ -1,6 +1,7 @@
 #include "round_joiner.hpp"
 
 #include <algorithm>
+#include <utility>
 
 #include "ddp/elastic/state_backend.hpp"
 #include "ddp/store/store_util.hpp"
@@ -46,7 +47,7 @@ RoundInfo RoundJoiner::run() {
         }
         prepared = true;
       }
-      auto view = join(read());
+      auto view = join(pending_ ? *std::exchange(pending_, std::nullopt) : read());
       failing_since_.reset();
       if (!view) continue;  // lost a compare-and-set: read again
       const RoundState& state = *view->state;
@@ -90,7 +91,10 @@ std::optional<RoundJoiner::View> RoundJoiner::join(const View& view) {
     session_.check_cancel();
     StoreStateBackend backend(store_, session_.keys.state());
     auto written = backend.set_state(encode_state(*result.next), view.token);
-    if (!written.won) return std::nullopt;
+    if (!written.won) {  // the reply is the state that won: start again from it
+      pending_ = View{decode_state(written.bytes), written.token};
+      return std::nullopt;
+    }
     out = View{result.next, written.token};
   }
   int round = out.state->round;

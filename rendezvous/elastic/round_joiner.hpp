@@ -51,6 +51,7 @@ class RoundJoiner {
   Clock::time_point deadline_;
   Clock::time_point next_notice_;
   std::optional<Clock::time_point> failing_since_;
+  std::optional<View> pending_;  // the state a lost compare-and-set returned
   int stop_requested_for_ = -1;
 };
 

@@ -112,9 +112,10 @@ class StoreRendezvous final : public Rendezvous {
     if (!round) return;
     if (reason.node_id.empty()) reason.node_id = session_.settings.self.node_id;
     if (reason.host.empty()) reason.host = session_.settings.self.host;
-    control_.post([this, r = round->round, reason] {
+    // On the round thread, so that a next_round called after this sees the reason written.
+    rounds_.post([this, r = round->round, reason] {
       try {
-        store::Store& store = client(control_client_, Clock::now() + session_.heartbeat_budget());
+        store::Store& store = client(round_client_, Clock::now() + session_.heartbeat_budget());
         session_.end_round(store, r, RoundEnd{false, reason});
       } catch (const Cancelled&) {
       } catch (const std::exception&) {
@@ -257,15 +258,13 @@ class StoreRendezvous final : public Rendezvous {
   // Each used by its own thread only (a Client serialises its calls).
   std::unique_ptr<store::Client> round_client_;
   std::unique_ptr<store::Client> watch_client_;
-  std::unique_ptr<store::Client> control_client_;
   std::mutex heartbeat_mutex_;
   std::condition_variable heartbeat_wake_;
   bool heartbeat_stop_ = false;
   std::thread heartbeat_;
   // Declared last: destroyed (joined) first.
-  TaskThread rounds_;   // next_round, finish_round
+  TaskThread rounds_;   // next_round, stop_round, finish_round, in the order called
   TaskThread watcher_;  // watch_round
-  TaskThread control_;  // stop_round
 };
 
 }  // namespace

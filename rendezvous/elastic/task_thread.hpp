@@ -1,6 +1,6 @@
 #pragma once
 // One thread that runs posted tasks in order. The engine gives each kind of work its own
-// (rounds, watching, stopping), each with its own store client, so that a blocked WAIT on
+// (rounds, watching), each with its own store client, so that a blocked WAIT on
 // one never holds up another. Private to rendezvous/elastic/.
 
 #include <condition_variable>

@@ -493,3 +493,35 @@ TEST_CASE("store rendezvous: losing the store while a round runs stops it") {
   CHECK_THAT(describe(stop->stop), Catch::StartsWith("the rendezvous store was lost: "));
   CHECK_THAT(stop->stop.message, Catch::Contains("127.0.0.1:" + std::to_string(port)));
 }
+
+TEST_CASE("store rendezvous: a node that dies while waiting is dropped from the open round") {
+  ddp::test::TestServer server;
+  Inbox inbox;
+  Job job{"c10d", "job", 3, 4, 10min};  // at MIN the round waits for a 10 min last call
+  Node a(inbox, settings_for(server.port(), job, "a"));
+  Node b(inbox, settings_for(server.port(), job, "b"));
+  Node c(inbox, settings_for(server.port(), job, "c"));
+  a.next_round();
+  b.next_round();
+  c.next_round();
+  auto joined = [&](int n) {
+    for (auto deadline = std::chrono::steady_clock::now() + kOutcome;
+         std::chrono::steady_clock::now() < deadline;) {
+      auto wait = inbox.take("a", Event::Kind::kWait);
+      if (wait && wait->wait.joined == n) return true;
+    }
+    return false;
+  };
+  REQUIRE(joined(3));
+  c.crash();
+  REQUIRE(joined(2));  // c's heartbeat went stale: removed, the round is below MIN again
+  Node d(inbox, settings_for(server.port(), job, "d"));
+  Node e(inbox, settings_for(server.port(), job, "e"));
+  d.next_round();
+  e.next_round();  // a, b, d, e: MAX
+  for (const char* name : {"a", "b", "d", "e"}) {
+    auto round = inbox.take(name, Event::Kind::kRound);
+    REQUIRE(round);
+    CHECK(round->round.members.size() == 4);
+  }
+}
