@@ -73,11 +73,16 @@ void AgentMachine::on(const event::Waiting& e) {
   if (last_wait_notice_ && now - *last_wait_notice_ < kWaitNoticeInterval) return;
   last_wait_notice_ = now;
   const elastic::WaitStatus& s = e.status;
-  const int missing = std::max(1, s.min_nodes - s.joined);
   const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(s.waited).count();
-  ctx_.notice("ddprun: waiting for " + std::to_string(missing) + " of " +
-              std::to_string(s.min_nodes) + " nodes at " + s.endpoint + " (" +
-              std::to_string(seconds) + " s)");
+  const std::string where = " at " + s.endpoint + " (" + std::to_string(seconds) + " s)";
+  if (s.joined < s.min_nodes) {
+    ctx_.notice("ddprun: waiting for " + std::to_string(s.min_nodes - s.joined) + " of " +
+                std::to_string(s.min_nodes) + " nodes" + where);
+  } else {
+    ctx_.notice("ddprun: " + std::to_string(s.joined) + " of at most " +
+                std::to_string(s.max_nodes) + " nodes joined; waiting for the round to close" +
+                where);
+  }
 }
 
 // Running / Stopping / ShuttingDown: a worker exited.

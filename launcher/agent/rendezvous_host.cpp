@@ -34,6 +34,8 @@ bool port_taken(boost::asio::io_context& io, int port) {
 RendezvousHost::RendezvousHost(boost::asio::io_context& io, const LaunchConfig& config,
                                elastic::NodeInfo self, RendezvousHostOptions options)
     : io_(io), options_(std::move(options)) {
+  const RdzvConf conf = parse_rdzv_conf(config.rdzv_conf);
+  for (const std::string& key : conf.unknown_keys) options_.notice(unknown_rdzv_conf_warning(key));
   if (!is_multi_node(config)) {
     master_ = options_.master_host(io, config);
     const MasterEndpoint endpoint = master_->endpoint();
@@ -41,8 +43,6 @@ RendezvousHost::RendezvousHost(boost::asio::io_context& io, const LaunchConfig& 
     rendezvous_ = std::make_unique<LocalRendezvous>(std::move(self), endpoint.addr, endpoint.port);
     return;
   }
-  const RdzvConf conf = parse_rdzv_conf(config.rdzv_conf);
-  for (const std::string& key : conf.unknown_keys) options_.notice(unknown_rdzv_conf_warning(key));
   elastic::RendezvousSettings settings = rendezvous_settings(config, conf, std::move(self));
   agent_store_ = true;
   worker_stores_ = settings.backend == "c10d";

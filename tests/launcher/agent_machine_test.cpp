@@ -443,6 +443,13 @@ TEST_CASE("the waiting line is printed at most every few seconds") {
   wait(1, 8);
   REQUIRE(h.notices.size() == 2);
   CHECK(h.notices[1] == "ddprun: waiting for 2 of 3 nodes at 10.0.0.1:29500 (8 s)");
+  h.timers.now_ += kWaitNoticeInterval;
+  h.rdzv.last().on_wait({2, 2, 4, "10.0.0.1:29500", std::chrono::seconds(15)});  // last call
+  h.run();
+  REQUIRE(h.notices.size() == 3);
+  CHECK(h.notices[2] ==
+        "ddprun: 2 of at most 4 nodes joined; waiting for the round to close at 10.0.0.1:29500 "
+        "(15 s)");
 }
 
 TEST_CASE("the outcome waits for the last teed output, bounded by the drain timeout") {
