@@ -206,22 +206,6 @@ void parse_nproc(const RawOptions& raw, const CliContext& context, LaunchConfig&
   }
 }
 
-bool is_this_host(const std::string& host) {
-  if (host.empty() || host == "localhost" || host == "::1" || host == "0.0.0.0" ||
-      host.starts_with("127.")) {
-    return true;
-  }
-  char name[256] = {};
-  return ::gethostname(name, sizeof name - 1) == 0 && host == name;
-}
-
-// "host:port", "[v6]:port", "host" -> host.
-std::string endpoint_host(const std::string& endpoint) {
-  if (endpoint.starts_with("[")) return endpoint.substr(1, endpoint.find(']') - 1);
-  if (std::count(endpoint.begin(), endpoint.end(), ':') > 1) return endpoint;  // bare IPv6
-  return endpoint.substr(0, endpoint.find(':'));
-}
-
 std::string random_uuid() {
   std::random_device rd;
   std::uniform_int_distribution<int> digit(0, 15);
@@ -261,27 +245,23 @@ void parse_rendezvous(const RawOptions& raw, LaunchConfig& config) {
   config.local_addr = raw.values.at("local_addr");
 }
 
-// Everything that would need more than one node is refused here, by name.
-void refuse_multi_node(const RawOptions& raw, LaunchConfig& config) {
-  if (config.max_nodes > 1) {
-    throw NotImplementedError(where(raw, "nnodes") +
-                              ": multi-node jobs are not implemented yet; ddprun runs one "
-                              "node for now (--nnodes=1 or --standalone)");
-  }
+// Backends ddprun does not have are refused here, by name; multi-node options are checked
+// further when the agent builds its rendezvous (rdzv_settings.hpp).
+void check_rendezvous(const RawOptions& raw, LaunchConfig& config) {
   const std::string& backend = config.rdzv_backend;
   if (backend == "etcd" || backend == "etcd-v2") {
     throw NotImplementedError("--rdzv_backend=" + backend +
                               ": the etcd rendezvous is not implemented yet (static and "
-                              "c10d on this host are)");
+                              "c10d are)");
   }
   if (backend != "static" && backend != "c10d") {
     throw UsageError("--rdzv_backend=" + backend +
                      ": unknown rendezvous backend (static, c10d, etcd, etcd-v2)");
   }
-  if (backend == "c10d" && !is_this_host(endpoint_host(config.rdzv_endpoint))) {
-    throw NotImplementedError("--rdzv_endpoint=" + config.rdzv_endpoint +
-                              ": a rendezvous on another host is multi-node, which is not "
-                              "implemented yet");
+  if (config.standalone && config.max_nodes > 1) {
+    throw UsageError(where(raw, "nnodes") +
+                     ": --standalone runs one node; for several, give each node "
+                     "--rdzv_backend=c10d --rdzv_endpoint=HOST:PORT instead");
   }
   config.node_rank = int_option(raw, "node_rank", 0, 100000);
   if (config.node_rank >= config.max_nodes) {
@@ -399,7 +379,7 @@ CliResult parse_command_line(const std::vector<std::string>& args, const CliCont
   LaunchConfig& config = result.config;
   parse_nnodes(raw, config);
   parse_rendezvous(raw, config);
-  refuse_multi_node(raw, config);
+  check_rendezvous(raw, config);
   parse_nproc(raw, context, config);
   parse_lifecycle(raw, config);
   parse_logs(raw, config);

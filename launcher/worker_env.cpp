@@ -9,20 +9,18 @@ namespace ddp::launcher {
 std::map<std::string, std::string> worker_variables(
     const LaunchConfig& config, const MasterEndpoint& master, const WorkerIdentity& worker,
     const std::map<std::string, std::string>& base_env) {
-  const int local_world = config.nproc_per_node;
-  const int world = local_world * config.max_nodes;
-  const int rank = config.node_rank * local_world + worker.local_rank;
+  const elastic::WorkerRanks& ranks = worker.ranks;
   auto nccl = base_env.find("TORCH_NCCL_ASYNC_ERROR_HANDLING");
   std::map<std::string, std::string> variables = {
-      {"RANK", std::to_string(rank)},
+      {"RANK", std::to_string(ranks.rank)},
       {"LOCAL_RANK", std::to_string(worker.local_rank)},
-      {"WORLD_SIZE", std::to_string(world)},
-      {"LOCAL_WORLD_SIZE", std::to_string(local_world)},
-      {"GROUP_RANK", std::to_string(config.node_rank)},
-      {"GROUP_WORLD_SIZE", std::to_string(config.max_nodes)},
-      {"ROLE_RANK", std::to_string(rank)},
+      {"WORLD_SIZE", std::to_string(ranks.world_size)},
+      {"LOCAL_WORLD_SIZE", std::to_string(ranks.local_world_size)},
+      {"GROUP_RANK", std::to_string(ranks.group_rank)},
+      {"GROUP_WORLD_SIZE", std::to_string(ranks.group_world_size)},
+      {"ROLE_RANK", std::to_string(ranks.role_rank)},
       {"ROLE_NAME", config.role},
-      {"ROLE_WORLD_SIZE", std::to_string(world)},
+      {"ROLE_WORLD_SIZE", std::to_string(ranks.role_world_size)},
       {"MASTER_ADDR", master.addr},
       {"MASTER_PORT", std::to_string(master.port)},
       {"TORCHELASTIC_RESTART_COUNT", std::to_string(worker.restart_count)},

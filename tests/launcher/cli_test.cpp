@@ -288,16 +288,22 @@ TEST_CASE("bad input is a UsageError naming the option") {
   CHECK_THAT(usage_error({"x"}, fake), Catch::Contains("PET_STANDALONE=yes"));
 }
 
-TEST_CASE("multi-node options are parsed and refused as not implemented") {
-  CHECK_THAT(not_implemented({"--nnodes=2", "x"}), Catch::Contains("not implemented yet"));
-  CHECK_THAT(not_implemented({"--nnodes=1:4", "x"}), Catch::Contains("--nnodes=1:4"));
-  CHECK_THAT(not_implemented({"--standalone", "--nnodes=2", "x"}), Catch::Contains("multi-node"));
+TEST_CASE("multi-node options are parsed and backends ddprun lacks are refused as not implemented") {
+  LaunchConfig two = parse({"--nnodes=2", "--node_rank=1", "--master_addr=10.0.0.1", "x"});
+  CHECK(two.min_nodes == 2);
+  CHECK(two.max_nodes == 2);
+  CHECK(two.node_rank == 1);
+  LaunchConfig elastic = parse({"--nnodes=1:4", "--rdzv_backend=c10d",
+                                "--rdzv_endpoint=node7.example:29400", "--rdzv_id=job", "x"});
+  CHECK(elastic.min_nodes == 1);
+  CHECK(elastic.max_nodes == 4);
+  CHECK(elastic.rdzv_endpoint == "node7.example:29400");
+  CHECK_THAT(usage_error({"--standalone", "--nnodes=2", "x"}), Catch::Contains("--standalone"));
+  CHECK_THAT(usage_error({"--nnodes=2", "--node_rank=2", "x"}), Catch::Contains("--node_rank"));
   CHECK_THAT(not_implemented({"--rdzv_backend=etcd", "x"}), Catch::Contains("etcd"));
   CHECK_THAT(not_implemented({"--rdzv_backend=etcd-v2", "x"}), Catch::Contains("not implemented"));
-  CHECK_THAT(not_implemented({"--rdzv_backend=c10d", "--rdzv_endpoint=node7.example:29400", "x"}),
-             Catch::Contains("node7.example:29400"));
   CHECK_THAT(not_implemented({"--logs_specs=my.Specs", "x"}), Catch::Contains("--logs_specs"));
-  // A c10d rendezvous on this host is a single-node job and runs.
+  // A c10d rendezvous with one node is a single-node job.
   CHECK(parse({"--rdzv_backend=c10d", "--rdzv_endpoint=localhost:29400", "x"}).max_nodes == 1);
   CHECK(parse({"--rdzv_backend=c10d", "--rdzv_endpoint=[::1]:29400", "x"}).max_nodes == 1);
 }

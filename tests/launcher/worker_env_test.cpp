@@ -5,6 +5,23 @@
 
 using namespace ddp::launcher;
 
+namespace {
+
+// A round of one node with `local_world` workers.
+ddp::elastic::RoundInfo one_node(int local_world) {
+  ddp::elastic::RoundInfo round;
+  round.members.push_back({"n0", "h0", "", local_world, "trainer"});
+  return round;
+}
+
+WorkerIdentity identity(const ddp::elastic::RoundInfo& round, int local_rank, int restart,
+                        std::string error_file) {
+  return {local_rank, restart, std::move(error_file),
+          ddp::elastic::worker_ranks(round, local_rank)};
+}
+
+}  // namespace
+
 TEST_CASE("worker_variables sets exactly torchrun's contract") {
   LaunchConfig config;
   config.nproc_per_node = 4;
@@ -12,7 +29,8 @@ TEST_CASE("worker_variables sets exactly torchrun's contract") {
   config.rdzv_id = "job";
   config.role = "trainer";
   MasterEndpoint master{"127.0.0.1", 29511, false};
-  auto vars = worker_variables(config, master, {2, 1, "/l/error.json"}, {});
+  const auto round = one_node(4);
+  auto vars = worker_variables(config, master, identity(round, 2, 1, "/l/error.json"), {});
   std::map<std::string, std::string> expected = {
       {"RANK", "2"},
       {"LOCAL_RANK", "2"},
@@ -35,13 +53,33 @@ TEST_CASE("worker_variables sets exactly torchrun's contract") {
   CHECK(vars == expected);
 
   master.agent_store = true;
-  auto with_store = worker_variables(config, master, {0, 0, "e"},
+  auto with_store = worker_variables(config, master, identity(round, 0, 0, "e"),
                                      {{"TORCH_NCCL_ASYNC_ERROR_HANDLING", "0"}});
   CHECK(with_store.at("TORCHELASTIC_USE_AGENT_STORE") == "True");
   CHECK(with_store.at("TORCH_NCCL_ASYNC_ERROR_HANDLING") == "0");
   CHECK(with_store.at("DDP_STORE_DIALECT") == "v2");  // libddp: our store's 2.x dialect
-  auto chosen = worker_variables(config, master, {0, 0, "e"}, {{"DDP_STORE_DIALECT", "v1"}});
+  auto chosen = worker_variables(config, master, identity(round, 0, 0, "e"), {{"DDP_STORE_DIALECT", "v1"}});
   CHECK_FALSE(chosen.contains("DDP_STORE_DIALECT"));  // the user's own choice is inherited
+}
+
+TEST_CASE("ranks come from the round: a second node with a different local world size") {
+  LaunchConfig config;
+  config.nproc_per_node = 3;
+  config.role = "trainer";
+  ddp::elastic::RoundInfo round;
+  round.members.push_back({"n0", "h0", "", 2, "trainer"});
+  round.members.push_back({"n1", "h1", "", 3, "trainer"});
+  round.group_rank = 1;
+  auto vars = worker_variables(config, {"10.0.0.1", 29500, true}, identity(round, 1, 0, "e"), {});
+  CHECK(vars.at("RANK") == "3");
+  CHECK(vars.at("LOCAL_RANK") == "1");
+  CHECK(vars.at("WORLD_SIZE") == "5");
+  CHECK(vars.at("LOCAL_WORLD_SIZE") == "3");
+  CHECK(vars.at("GROUP_RANK") == "1");
+  CHECK(vars.at("GROUP_WORLD_SIZE") == "2");
+  CHECK(vars.at("ROLE_RANK") == "3");
+  CHECK(vars.at("ROLE_WORLD_SIZE") == "5");
+  CHECK(vars.at("MASTER_ADDR") == "10.0.0.1");
 }
 
 TEST_CASE("OMP_NUM_THREADS defaults to 1 only when unset with several workers") {

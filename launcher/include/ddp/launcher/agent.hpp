@@ -1,7 +1,11 @@
 #pragma once
-// The single-node agent: starts the worker group, watches it on one Boost.Asio event loop
-// (child exits, output pipes, signals, timers; nothing sleeps or polls), stops the group on
-// a failure or a signal, restarts it while --max_restarts allows, and reports.
+// The agent of one node: joins rounds through a rendezvous (in-process for --nnodes=1, the
+// store engine of ddp/elastic/rendezvous.hpp for several nodes), starts each round's workers
+// with the round's ranks, watches them on one Boost.Asio event loop (child exits, output
+// pipes, signals, timers, rendezvous results posted from its threads; nothing sleeps or
+// polls), stops them on a failure, a stop of the round from another node or a signal,
+// restarts while --max_restarts allows, and reports. The logic is AgentMachine
+// (launcher/agent/agent_machine.hpp); this class wires it to real processes.
 
 #include <unistd.h>
 
@@ -18,7 +22,7 @@
 namespace ddp::launcher {
 
 struct AgentOptions {
-  MasterHostFactory master_host = host_agent_store;  // who serves MASTER_PORT
+  MasterHostFactory master_host = host_agent_store;  // one node: who serves MASTER_PORT
   std::map<std::string, std::string> base_env;  // the workers' environment before the contract
   int console_out = STDOUT_FILENO;  // inherited by workers; teed stdout lines go here
   int console_err = STDERR_FILENO;  // inherited by workers; teed stderr lines, notices, report
@@ -36,9 +40,11 @@ class Agent {
   boost::asio::io_context& io_context();
 
   // Runs the job to its end on the calling thread and returns ddprun's exit status: 0 when
-  // every worker succeeded, the root cause's status (exit code, or 128+signal) when the
-  // group failed with no restarts left, 128+signal when the agent got a handled signal.
-  // Throws SpawnError / std::system_error when a worker cannot be started. Call once.
+  // every worker (of every node) succeeded, the root cause's status (exit code, or
+  // 128+signal; on any node) when the group failed with no restarts left, 128+signal when the
+  // agent got a handled signal, 1 when the rendezvous failed. Throws SpawnError /
+  // std::system_error when a worker cannot be started, UsageError for rendezvous options it
+  // cannot use (--rdzv_conf values, a c10d job without --rdzv_endpoint). Call once.
   int run();
 
  private:

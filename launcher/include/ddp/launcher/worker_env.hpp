@@ -6,19 +6,21 @@
 #include <string>
 #include <vector>
 
+#include "ddp/elastic/rendezvous.hpp"
 #include "ddp/launcher/launch_config.hpp"
 #include "ddp/launcher/master_endpoint.hpp"
 
 namespace ddp::launcher {
 
-// Who one worker is, in one attempt.
+// Who one worker is, in one round.
 struct WorkerIdentity {
   int local_rank = 0;
-  int restart_count = 0;   // TORCHELASTIC_RESTART_COUNT: attempts started before this one
+  int restart_count = 0;   // TORCHELASTIC_RESTART_COUNT: rounds that followed a worker failure
   std::string error_file;  // TORCHELASTIC_ERROR_FILE
+  elastic::WorkerRanks ranks;  // RANK WORLD_SIZE GROUP_RANK ...: elastic::worker_ranks(round)
 };
 
-// The contract variables for one worker: RANK LOCAL_RANK WORLD_SIZE LOCAL_WORLD_SIZE
+// The contract variables for one worker (ranks from worker.ranks, not from config): RANK LOCAL_RANK WORLD_SIZE LOCAL_WORLD_SIZE
 // GROUP_RANK GROUP_WORLD_SIZE ROLE_RANK ROLE_NAME ROLE_WORLD_SIZE MASTER_ADDR MASTER_PORT
 // TORCHELASTIC_RESTART_COUNT TORCHELASTIC_MAX_RESTARTS TORCHELASTIC_RUN_ID
 // TORCHELASTIC_USE_AGENT_STORE TORCHELASTIC_ERROR_FILE TORCH_NCCL_ASYNC_ERROR_HANDLING.

@@ -1,0 +1,63 @@
+#pragma once
+// The events that drive the agent's state machine (AgentMachine::handle). Everything the
+// agent waits for arrives as one of these, on its loop: results of the rendezvous (posted from
+// the engine's threads), worker exits, signals, timers, the end of teed output.
+//
+// `round` is the agent's own sequence number of the round an event belongs to (one per
+// next_round call); the machine drops an event of any round but the current one.
+
+#include <exception>
+#include <variant>
+
+#include "ddp/elastic/rendezvous.hpp"
+#include "../worker.hpp"
+
+namespace ddp::launcher::event {
+
+struct RoundReady {  // the rendezvous closed a round with this node in it
+  int round = 0;
+  elastic::RoundInfo info;
+};
+struct RoundError {  // the round could not be formed (timeout, closed, store lost)
+  int round = 0;
+  std::exception_ptr error;
+};
+struct Waiting {  // progress while the rendezvous waits for nodes
+  int round = 0;
+  elastic::WaitStatus status;
+};
+struct WorkerExited {  // a worker of the round exited and was reaped
+  int round = 0;
+  int local_rank = 0;
+  WorkerExit exit;
+};
+struct RoundStopped {  // the running round must end, for the reason every node agreed on
+  int round = 0;
+  elastic::StopReason reason;
+};
+struct BarrierDone {  // the exit barrier's outcome (finish_round)
+  int round = 0;
+  bool all_succeeded = false;
+};
+struct KillTimer {  // --shutdown_timeout passed since the workers were asked to stop
+  int round = 0;
+};
+struct GraceTimer {  // the barrier failed and no stop reason came
+  int round = 0;
+};
+struct Signal {  // one of --signals_to_handle reached the agent
+  int number = 0;
+};
+struct OutputDrained {};  // teed output of every worker reached end-of-file
+struct DrainTimer {};     // waited long enough for the last output
+
+}  // namespace ddp::launcher::event
+
+namespace ddp::launcher {
+
+using AgentEvent =
+    std::variant<event::RoundReady, event::RoundError, event::Waiting, event::WorkerExited,
+                 event::RoundStopped, event::BarrierDone, event::KillTimer, event::GraceTimer,
+                 event::Signal, event::OutputDrained, event::DrainTimer>;
+
+}  // namespace ddp::launcher

@@ -1,0 +1,306 @@
+#include "agent_machine.hpp"
+
+#include <csignal>
+
+#include "ddp/launcher/signal_names.hpp"
+
+namespace ddp::launcher {
+
+using elastic::StopReason;
+
+AgentMachine::AgentMachine(AgentMachineConfig config, AgentMachineContext context)
+    : config_(std::move(config)), ctx_(std::move(context)) {}
+
+void AgentMachine::start() { join_next_round(); }
+
+void AgentMachine::handle(const AgentEvent& event) {
+  std::visit([this](const auto& e) { on(e); }, event);
+}
+
+// Rendezvous: ask for the next round; every callback is tagged with its sequence number so
+// that a late one of an earlier round is recognised and dropped.
+void AgentMachine::join_next_round() {
+  state_ = State::kRendezvous;
+  const int round = ++round_;
+  last_wait_notice_.reset();
+  const int worker_store_port = ctx_.open_worker_store ? ctx_.open_worker_store() : 0;
+  auto post = ctx_.post;
+  ctx_.rendezvous->next_round(
+      worker_store_port,
+      [post, round](elastic::RoundInfo info) { post(event::RoundReady{round, std::move(info)}); },
+      [post, round](std::exception_ptr error) { post(event::RoundError{round, error}); },
+      [post, round](elastic::WaitStatus status) { post(event::Waiting{round, status}); });
+}
+
+// Starting: watch the round, then start its workers.
+void AgentMachine::on(const event::RoundReady& e) {
+  if (!current(e.round) || state_ != State::kRendezvous) return;
+  state_ = State::kStarting;
+  info_ = e.info;
+  group_size_ = info_->members.at(static_cast<std::size_t>(info_->group_rank)).local_world_size;
+  exits_seen_ = 0;
+  group_exited_ = false;
+  reason_.reset();
+  root_cause_.reset();
+  other_failures_.clear();
+  auto post = ctx_.post;
+  const int round = round_;
+  ctx_.rendezvous->watch_round(
+      [post, round](StopReason reason) { post(event::RoundStopped{round, std::move(reason)}); });
+  ctx_.workers->start(*info_, [post, round](int local_rank, WorkerExit exit) {
+    post(event::WorkerExited{round, local_rank, exit});
+  });
+  state_ = State::kRunning;
+}
+
+void AgentMachine::on(const event::RoundError& e) {
+  if (!current(e.round) || state_ != State::kRendezvous) return;
+  std::string what = "unknown error";
+  try {
+    std::rethrow_exception(e.error);
+  } catch (const std::exception& error) {
+    what = error.what();
+  } catch (...) {
+  }
+  finish({1, "ddprun: rendezvous at " + ctx_.rendezvous->endpoint() + " failed: " + what + "\n",
+          false});
+}
+
+// One line at most every kWaitNoticeInterval while the round waits for nodes.
+void AgentMachine::on(const event::Waiting& e) {
+  if (!current(e.round) || state_ != State::kRendezvous) return;
+  const auto now = ctx_.timers->now();
+  if (last_wait_notice_ && now - *last_wait_notice_ < kWaitNoticeInterval) return;
+  last_wait_notice_ = now;
+  const elastic::WaitStatus& s = e.status;
+  const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(s.waited).count();
+  const std::string where = " at " + s.endpoint + " (" + std::to_string(seconds) + " s)";
+  if (s.joined < s.min_nodes) {
+    ctx_.notice("ddprun: waiting for " + std::to_string(s.min_nodes - s.joined) + " of " +
+                std::to_string(s.min_nodes) + " nodes" + where);
+  } else {
+    ctx_.notice("ddprun: " + std::to_string(s.joined) + " of at most " +
+                std::to_string(s.max_nodes) + " nodes joined; waiting for the round to close" +
+                where);
+  }
+}
+
+// Running / Stopping / ShuttingDown: a worker exited.
+void AgentMachine::on(const event::WorkerExited& e) {
+  if (!current(e.round) || group_exited_) return;
+  if (state_ != State::kRunning && state_ != State::kStopping &&
+      state_ != State::kShuttingDown) {
+    return;
+  }
+  ++exits_seen_;
+  if (state_ == State::kRunning && e.exit.failed()) on_local_failure(e.local_rank);
+  if (exits_seen_ == group_size_) on_group_exited();
+}
+
+// The root cause. Workers that have already failed too are "other failures"; the rest are
+// stopped and not reported (their exit is our doing). Every node learns it through the round.
+void AgentMachine::on_local_failure(int local_rank) {
+  root_cause_ = ctx_.workers->failure_of(local_rank);
+  other_failures_ = ctx_.workers->other_failures(local_rank);
+  state_ = State::kStopping;
+  StopReason reason;
+  reason.kind = StopReason::Kind::kWorkerFailed;
+  reason.node_id = config_.node_id;
+  reason.host = root_cause_->host;
+  reason.rank = root_cause_->rank;
+  reason.local_rank = root_cause_->local_rank;
+  reason.pid = root_cause_->pid;
+  reason.exit_code = root_cause_->exit_code;
+  reason.signal = root_cause_->signal;
+  reason.error_file = root_cause_->error_file;
+  if (root_cause_->error) reason.message = root_cause_->error->message;
+  ctx_.rendezvous->stop_round(reason);
+  stop_workers(SIGTERM);
+}
+
+// Signals every running worker's group, and SIGKILLs what is left after the timeout.
+void AgentMachine::stop_workers(int signal) {
+  ctx_.workers->signal(signal);
+  auto post = ctx_.post;
+  const int round = round_;
+  ctx_.timers->start(TimerId::kKill, config_.shutdown_timeout,
+                     [post, round] { post(event::KillTimer{round}); });
+}
+
+void AgentMachine::on(const event::KillTimer& e) {
+  if (!current(e.round) || group_exited_) return;
+  if (state_ == State::kStopping || state_ == State::kShuttingDown) {
+    ctx_.workers->signal(SIGKILL);
+  }
+}
+
+// The whole group has exited: pass the barrier, shut down, or decide after a stop.
+void AgentMachine::on_group_exited() {
+  group_exited_ = true;
+  ctx_.timers->cancel(TimerId::kKill);
+  ctx_.workers->release();
+  if (state_ == State::kShuttingDown) return finish({128 + signal_, "", false});
+  if (state_ == State::kStopping) return decide_after_stop();
+  state_ = State::kBarrier;
+  auto post = ctx_.post;
+  const int round = round_;
+  ctx_.rendezvous->finish_round(
+      [post, round](bool all_succeeded) { post(event::BarrierDone{round, all_succeeded}); });
+}
+
+// The round must end, for the reason every node agreed on.
+void AgentMachine::on(const event::RoundStopped& e) {
+  if (!current(e.round) || reason_) return;
+  if (state_ == State::kRunning) {
+    reason_ = e.reason;
+    ctx_.notice("ddprun: stopping the workers: " + stop_reason_text(e.reason));
+    state_ = State::kStopping;
+    return stop_workers(SIGTERM);
+  }
+  if (state_ == State::kStopping || state_ == State::kBarrier) {
+    reason_ = e.reason;
+    if (state_ == State::kStopping) decide_after_stop();
+  }
+}
+
+void AgentMachine::on(const event::BarrierDone& e) {
+  if (!current(e.round) || state_ != State::kBarrier) return;
+  if (e.all_succeeded) return finish({0, "", false});
+  state_ = State::kStopping;  // every local worker has exited; wait for the reason
+  if (reason_) return decide_after_stop();
+  auto post = ctx_.post;
+  const int round = round_;
+  ctx_.timers->start(TimerId::kGrace, kStopReasonGrace,
+                     [post, round] { post(event::GraceTimer{round}); });
+}
+
+void AgentMachine::on(const event::GraceTimer& e) {
+  if (!current(e.round) || state_ != State::kStopping || reason_) return;
+  finish({1, "ddprun: the exit barrier at " + ctx_.rendezvous->endpoint() +
+                 " failed and no node said why; giving up\n",
+          false});
+}
+
+// Stopping, once both the workers have exited and the reason is known: the next round, or
+// the end when a worker failure finds no restart left.
+void AgentMachine::decide_after_stop() {
+  if (!group_exited_ || !reason_) return;
+  ctx_.timers->cancel(TimerId::kGrace);
+  const StopReason reason = *reason_;
+  if (reason.kind != StopReason::Kind::kWorkerFailed) {
+    ctx_.notice("ddprun: " + stop_reason_text(reason) +
+                "; re-forming the group (a membership change, not counted against "
+                "--max_restarts)");
+    return join_next_round();
+  }
+  const int restarts = info_ ? info_->restart_count : 0;
+  if (restarts >= config_.max_restarts) return give_up(reason);
+  ctx_.notice("ddprun: worker group failed (" + stop_reason_text(reason) +
+              "); restarting it (restart " + std::to_string(restarts + 1) + " of at most " +
+              std::to_string(config_.max_restarts) + ")");
+  join_next_round();
+}
+
+// No restart left: the report names the root cause, wherever it happened.
+void AgentMachine::give_up(const StopReason& reason) {
+  const bool ours = root_cause_ && reason.node_id == config_.node_id &&
+                    reason.local_rank == root_cause_->local_rank;
+  AgentOutcome outcome;
+  if (ours) {
+    outcome.report = format_failure_report(config_.job_name, *root_cause_, other_failures_);
+    outcome.exit_code = root_cause_->status();
+    outcome.keep_logs = root_cause_->error.has_value();
+    for (const auto& other : other_failures_) outcome.keep_logs |= other.error.has_value();
+  } else {
+    std::vector<WorkerFailure> local;  // ours failed too, but another node's came first
+    if (root_cause_) local.push_back(*root_cause_);
+    local.insert(local.end(), other_failures_.begin(), other_failures_.end());
+    WorkerFailure root = failure_from(reason);
+    outcome.report = format_failure_report(config_.job_name, root, local);
+    outcome.exit_code = root.status() != 0 ? root.status() : 1;
+    for (const auto& failure : local) outcome.keep_logs |= failure.error.has_value();
+  }
+  finish(std::move(outcome));
+}
+
+// A handled signal: forward it to the workers (SIGKILL after the timeout), leave the
+// rendezvous so the others can go on; a second one kills at once. Once the outcome is known,
+// it ends the wait for the last output.
+void AgentMachine::on(const event::Signal& e) {
+  if (state_ == State::kDraining || state_ == State::kDone) return done();
+  if (state_ == State::kShuttingDown) {
+    ctx_.notice("ddprun: " + signal_name(e.number) + " again: killing the workers now");
+    return ctx_.workers->signal(SIGKILL);
+  }
+  signal_ = e.number;
+  const bool workers_run = (state_ == State::kRunning || state_ == State::kStopping) &&
+                           !group_exited_;
+  if (!workers_run) {
+    ctx_.notice("ddprun: got " + signal_name(e.number) + ": leaving the rendezvous");
+    ctx_.rendezvous->leave();
+    return finish({128 + e.number, "", false});
+  }
+  ctx_.notice("ddprun: got " + signal_name(e.number) + ": forwarding it to the workers");
+  state_ = State::kShuttingDown;
+  stop_workers(e.number);
+  ctx_.rendezvous->leave();
+}
+
+// Draining: the outcome is known; wait (bounded) for the last teed output.
+void AgentMachine::finish(AgentOutcome outcome) {
+  outcome_ = std::move(outcome);
+  state_ = State::kDraining;
+  ctx_.timers->cancel(TimerId::kKill);
+  ctx_.timers->cancel(TimerId::kGrace);
+  if (!ctx_.workers->output_pending()) return done();
+  auto post = ctx_.post;
+  ctx_.timers->start(TimerId::kDrain, config_.drain_timeout,
+                     [post] { post(event::DrainTimer{}); });
+}
+
+void AgentMachine::on(const event::OutputDrained&) {
+  if (state_ == State::kDraining) done();
+}
+
+void AgentMachine::on(const event::DrainTimer&) {
+  if (state_ == State::kDraining) done();
+}
+
+void AgentMachine::done() {
+  if (state_ == State::kDone) return;
+  state_ = State::kDone;
+  ctx_.timers->cancel(TimerId::kDrain);
+  ctx_.on_done(std::move(outcome_));
+}
+
+std::string stop_reason_text(const StopReason& reason) {
+  const std::string node = reason.host.empty() ? reason.node_id : reason.host;
+  switch (reason.kind) {
+    case StopReason::Kind::kWorkerFailed:
+      return "rank " + std::to_string(reason.rank) + " on " + node + ": " +
+             failure_from(reason).describe_exit();
+    case StopReason::Kind::kNodeLost:
+      return "node " + node + " stopped answering (its heartbeat went stale)";
+    case StopReason::Kind::kNodeJoined:
+      return "node " + node + " waits to join";
+    case StopReason::Kind::kNodeLeft:
+      return "node " + node + " left the job";
+  }
+  return "the round stopped";
+}
+
+WorkerFailure failure_from(const StopReason& reason) {
+  WorkerFailure failure;
+  failure.time = std::chrono::system_clock::now();
+  failure.host = reason.host.empty() ? reason.node_id : reason.host;
+  failure.rank = reason.rank;
+  failure.local_rank = reason.local_rank;
+  failure.pid = reason.pid;
+  failure.exit_code = reason.exit_code;
+  failure.signal = reason.signal;
+  failure.error_file = reason.error_file;
+  if (!reason.message.empty()) failure.error = ErrorFileContent{reason.message, ""};
+  return failure;
+}
+
+}  // namespace ddp::launcher

@@ -1,0 +1,134 @@
+#pragma once
+// The agent as an explicit state machine: it joins a round through a Rendezvous, starts the
+// round's workers, watches them and the round, stops them, and then joins the next round,
+// passes the exit barrier, or gives up, with one event dispatch (handle). It owns no thread,
+// socket or process: its collaborators sit behind interfaces (Rendezvous, WorkerGroup,
+// AgentTimers), so tests drive it in-process with fakes. Internal to the launcher.
+//
+//   Rendezvous --RoundReady--> Starting --> Running --all exited 0--> Barrier --true--> Draining
+//       ^                                    |  a worker failed / RoundStopped           |
+//       |                                    v                                           v
+//       +--- restart / membership change -- Stopping --restarts exhausted--> Draining -> Done
+//   A handled signal: ShuttingDown (workers stopped, rendezvous left) --> Draining.
+//
+// Threading: every method runs on the agent's loop. Callbacks of the Rendezvous (any thread)
+// are turned into events and handed to `post`, which must queue them for handle() on the loop.
+
+#include <chrono>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "agent_event.hpp"
+#include "agent_timers.hpp"
+#include "ddp/elastic/rendezvous.hpp"
+#include "ddp/launcher/failure_report.hpp"
+#include "worker_group.hpp"
+
+namespace ddp::launcher {
+
+// Once the job has ended, how long teed output may take to reach end-of-file (a worker's
+// descendant that left its process group can hold a pipe open) before ddprun exits anyway.
+inline constexpr std::chrono::milliseconds kOutputDrainTimeout{5000};
+// After a failed exit barrier, how long to wait for the rendezvous to say why the round
+// stopped before giving up.
+inline constexpr std::chrono::milliseconds kStopReasonGrace{5000};
+// The "waiting for N of M nodes" line is printed at most this often.
+inline constexpr std::chrono::milliseconds kWaitNoticeInterval{5000};
+
+struct AgentMachineConfig {
+  std::string job_name;            // names the job in the failure report (the entrypoint)
+  std::string node_id;             // this agent in StopReasons (NodeInfo::node_id)
+  int max_restarts = 0;            // --max_restarts: rounds after a worker failure
+  std::chrono::milliseconds shutdown_timeout{30000};  // SIGTERM (or the signal) to SIGKILL
+  std::chrono::milliseconds drain_timeout = kOutputDrainTimeout;
+};
+
+// How the job ended.
+struct AgentOutcome {
+  int exit_code = 1;    // ddprun's exit status
+  std::string report;   // the failure report, printed after all output; empty on success
+  bool keep_logs = false;  // the report points at error files: keep them
+};
+
+struct AgentMachineContext {
+  elastic::Rendezvous* rendezvous = nullptr;
+  WorkerGroup* workers = nullptr;
+  AgentTimers* timers = nullptr;
+  std::function<void(AgentEvent)> post;           // thread-safe; queues for handle()
+  std::function<void(const std::string&)> notice;  // one line for the console (no newline)
+  std::function<int()> open_worker_store;  // before each round: a fresh worker store's port
+                                           // (c10d); unset: 0 (the master is fixed)
+  std::function<void(AgentOutcome)> on_done;  // once, when the job is over and output drained
+};
+
+class AgentMachine {
+ public:
+  enum class State {
+    kRendezvous,    // waiting for a round to close
+    kStarting,      // starting the round's workers
+    kRunning,       // the workers run; a failure or a stop of the round ends it
+    kStopping,      // stopping the workers; then restart, re-form, or give up
+    kBarrier,       // every local worker succeeded; waiting for the other nodes
+    kShuttingDown,  // the agent got a signal: workers stopped, the rendezvous left
+    kDraining,      // the outcome is known; waiting for the last output
+    kDone,
+  };
+
+  AgentMachine(AgentMachineConfig config, AgentMachineContext context);
+
+  // Joins the first round.
+  void start();
+  // The one event dispatch. Events of an earlier round, or that the state does not expect,
+  // are dropped. Throws what WorkerGroup::start throws (a worker that cannot be started).
+  void handle(const AgentEvent& event);
+
+  State state() const { return state_; }
+  int round() const { return round_; }  // the current round's sequence number
+
+ private:
+  void on(const event::RoundReady& e);
+  void on(const event::RoundError& e);
+  void on(const event::Waiting& e);
+  void on(const event::WorkerExited& e);
+  void on(const event::RoundStopped& e);
+  void on(const event::BarrierDone& e);
+  void on(const event::KillTimer& e);
+  void on(const event::GraceTimer& e);
+  void on(const event::Signal& e);
+  void on(const event::OutputDrained& e);
+  void on(const event::DrainTimer& e);
+
+  bool current(int round) const { return round == round_; }
+  void join_next_round();
+  void on_local_failure(int local_rank);
+  void stop_workers(int signal);
+  void on_group_exited();
+  void decide_after_stop();
+  void give_up(const elastic::StopReason& reason);
+  void finish(AgentOutcome outcome);
+  void done();
+
+  AgentMachineConfig config_;
+  AgentMachineContext ctx_;
+  State state_ = State::kRendezvous;
+  int round_ = 0;  // incremented by every next_round call
+  std::optional<elastic::RoundInfo> info_;  // the round that runs (or ran last)
+  int group_size_ = 0;
+  int exits_seen_ = 0;
+  bool group_exited_ = false;
+  std::optional<elastic::StopReason> reason_;  // why the round ends, as all nodes agreed
+  std::optional<WorkerFailure> root_cause_;    // a local failure that ended the round
+  std::vector<WorkerFailure> other_failures_;  // local workers that had failed too
+  int signal_ = 0;  // the handled signal that shuts the agent down
+  std::optional<AgentTimers::Clock::time_point> last_wait_notice_;
+  AgentOutcome outcome_;
+};
+
+// One line for humans on why a round stopped ("rank 3 on node-b failed: exit code 1").
+std::string stop_reason_text(const elastic::StopReason& reason);
+// The root cause as the failure report shows it, from what the rendezvous carried.
+WorkerFailure failure_from(const elastic::StopReason& reason);
+
+}  // namespace ddp::launcher

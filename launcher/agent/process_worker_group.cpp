@@ -1,0 +1,118 @@
+#include "process_worker_group.hpp"
+
+#include <csignal>
+
+#include "ddp/launcher/output_tee.hpp"
+#include "ddp/launcher/worker_env.hpp"
+
+namespace ddp::launcher {
+namespace fs = std::filesystem;
+
+ProcessWorkerGroup::ProcessWorkerGroup(boost::asio::io_context& io,
+                                       ProcessWorkerGroupOptions options, ConsoleWriter& console,
+                                       GroupReaper& reaper)
+    : io_(io), options_(std::move(options)), console_(console), reaper_(reaper) {}
+
+ProcessWorkerGroup::~ProcessWorkerGroup() {
+  for (auto& worker : workers_) worker->kill_and_reap();
+}
+
+// Every worker of the round, in local rank order; then waits for their execs together.
+void ProcessWorkerGroup::start(const elastic::RoundInfo& round, ExitHandler on_exit) {
+  round_ = round;
+  workers_.clear();
+  const int local_world = elastic::worker_ranks(round, 0).local_world_size;
+  error_files_.assign(static_cast<std::size_t>(local_world), "");
+  const fs::path dir = options_.log_root / ("attempt_" + std::to_string(round.restart_count));
+  for (int local_rank = 0; local_rank < local_world; ++local_rank) {
+    start_worker(local_rank, dir / std::to_string(local_rank), on_exit);
+  }
+  for (auto& worker : workers_) worker->confirm_started();
+}
+
+void ProcessWorkerGroup::start_worker(int local_rank, const fs::path& dir, ExitHandler on_exit) {
+  fs::create_directories(dir);
+  WorkerIdentity identity{local_rank, round_.restart_count, (dir / "error.json").string(),
+                          elastic::worker_ranks(round_, local_rank)};
+  fs::remove(identity.error_file);  // a stale file from an earlier run must not be reported
+  const MasterEndpoint master{round_.master_addr, round_.master_port, options_.agent_store};
+  SpawnOptions spawn;
+  spawn.program = options_.command.program;
+  spawn.argv = worker_argv(options_.command, options_.config, local_rank);
+  spawn.env = merge_environment(
+      options_.base_env,
+      worker_variables(options_.config, master, identity, options_.base_env));
+  WorkerStreams streams = open_worker_streams(options_.config, local_rank, dir,
+                                              options_.console_out, options_.console_err);
+  spawn.stdout_fd = streams.child_out.valid() ? streams.child_out.get() : -1;
+  spawn.stderr_fd = streams.child_err.valid() ? streams.child_err.get() : -1;
+
+  auto worker = std::make_shared<Worker>(io_, local_rank);
+  worker->start(spawn, [on_exit](Worker& w) { on_exit(w.local_rank(), *w.exit()); });
+  workers_.push_back(worker);
+  reaper_.watch(worker->pid());
+  error_files_[static_cast<std::size_t>(local_rank)] = identity.error_file;
+  tee_output(local_rank, streams);
+}  // the child's ends of pipes and files close here, in the agent
+
+void ProcessWorkerGroup::tee_output(int local_rank, WorkerStreams& streams) {
+  const std::string prefix = "[" + options_.config.role + std::to_string(local_rank) + "]:";
+  for (WorkerStreams::Tee& tee : streams.tees) {
+    ++pending_tees_;
+    ConsoleSink sink;
+    if (tee.console_fd >= 0) {
+      sink = [this, fd = tee.console_fd](std::string line) {
+        console_.write_line(fd, std::move(line));
+      };
+    }
+    OutputTee::start(io_, std::move(tee.read_end), std::move(tee.file), std::move(sink), prefix,
+                     [this] { on_tee_done(); });
+  }
+}
+
+void ProcessWorkerGroup::on_tee_done() {
+  if (--pending_tees_ == 0 && options_.on_output_drained) options_.on_output_drained();
+}
+
+void ProcessWorkerGroup::signal(int signal) {
+  for (auto& worker : workers_) {
+    if (worker->running()) worker->signal_group(signal);
+  }
+}
+
+void ProcessWorkerGroup::release() {
+  for (auto& worker : workers_) {
+    worker->signal_group(SIGKILL);  // stragglers in the groups
+    reaper_.forget(worker->pid());
+  }
+}
+
+WorkerFailure ProcessWorkerGroup::failure_of(int local_rank) {
+  const Worker& worker = *workers_.at(static_cast<std::size_t>(local_rank));
+  WorkerFailure failure;
+  failure.host = options_.host;
+  failure.local_rank = local_rank;
+  failure.rank = elastic::worker_ranks(round_, local_rank).rank;
+  failure.pid = worker.pid();
+  if (worker.exit()) {
+    failure.time = worker.exit()->time;
+    failure.exit_code = worker.exit()->exit_code;
+    failure.signal = worker.exit()->signal;
+  }
+  failure.error_file = error_files_.at(static_cast<std::size_t>(local_rank));
+  failure.error = read_error_file(failure.error_file);
+  return failure;
+}
+
+std::vector<WorkerFailure> ProcessWorkerGroup::other_failures(int except) {
+  std::vector<WorkerFailure> failures;
+  for (auto& worker : workers_) {
+    if (worker->local_rank() == except) continue;
+    if (worker->poll_exit() && worker->exit()->failed()) {
+      failures.push_back(failure_of(worker->local_rank()));
+    }
+  }
+  return failures;
+}
+
+}  // namespace ddp::launcher

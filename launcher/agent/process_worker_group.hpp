@@ -1,0 +1,67 @@
+#pragma once
+// The real WorkerGroup: one process per local rank (its own process group, guarded by the
+// GroupReaper), with torchrun's environment for the round, its streams redirected or teed as
+// --redirects/--tee say, and its logs under <log_root>/attempt_<restart count>/<local rank>/.
+// Internal to the launcher; runs on the agent's loop.
+
+#include <boost/asio/io_context.hpp>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "../console_writer.hpp"
+#include "../group_reaper.hpp"
+#include "../worker_streams.hpp"
+#include "ddp/launcher/launch_config.hpp"
+#include "ddp/launcher/master_endpoint.hpp"
+#include "ddp/launcher/worker_command.hpp"
+#include "worker_group.hpp"
+
+namespace ddp::launcher {
+
+struct ProcessWorkerGroupOptions {
+  LaunchConfig config;
+  WorkerCommand command;
+  std::map<std::string, std::string> base_env;  // the workers' environment before the contract
+  std::filesystem::path log_root;  // <log_dir>/<run_id>, absolute
+  std::string host;                // this node's name in reports
+  bool agent_store = false;        // TORCHELASTIC_USE_AGENT_STORE: the round's master is a
+                                   // store some agent serves
+  int console_out = -1;            // teed stdout lines go here (and workers inherit it)
+  int console_err = -1;            // teed stderr lines go here (and workers inherit it)
+  std::function<void()> on_output_drained;  // teed output of every round reached EOF
+};
+
+class ProcessWorkerGroup : public WorkerGroup {
+ public:
+  // console and reaper must outlive the group.
+  ProcessWorkerGroup(boost::asio::io_context& io, ProcessWorkerGroupOptions options,
+                     ConsoleWriter& console, GroupReaper& reaper);
+  ~ProcessWorkerGroup() override;  // kills (SIGKILL, whole groups) and reaps what still runs
+
+  void start(const elastic::RoundInfo& round, ExitHandler on_exit) override;
+  void signal(int signal) override;
+  void release() override;
+  WorkerFailure failure_of(int local_rank) override;
+  std::vector<WorkerFailure> other_failures(int except) override;
+  bool output_pending() const override { return pending_tees_ > 0; }
+
+ private:
+  void start_worker(int local_rank, const std::filesystem::path& dir, ExitHandler on_exit);
+  void tee_output(int local_rank, WorkerStreams& streams);
+  void on_tee_done();
+
+  boost::asio::io_context& io_;
+  ProcessWorkerGroupOptions options_;
+  ConsoleWriter& console_;
+  GroupReaper& reaper_;
+  elastic::RoundInfo round_;
+  std::vector<std::shared_ptr<Worker>> workers_;  // by local rank, this round
+  std::vector<std::string> error_files_;          // by local rank, this round
+  int pending_tees_ = 0;
+};
+
+}  // namespace ddp::launcher

@@ -1,0 +1,74 @@
+#include "rendezvous_host.hpp"
+
+#include <boost/asio/ip/tcp.hpp>
+#include <cstdio>
+
+#include "ddp/launcher/rdzv_settings.hpp"
+#include "local_rendezvous.hpp"
+
+namespace ddp::launcher {
+namespace {
+
+store::ServerOptions store_options(int port) {
+  store::ServerOptions options;
+  options.host = "0.0.0.0";
+  options.port = static_cast<std::uint16_t>(port);
+  options.logger = [](std::string_view line) {
+    std::fprintf(stderr, "ddprun: store: %.*s\n", static_cast<int>(line.size()), line.data());
+  };
+  return options;
+}
+
+// True when another process holds port on every address (binding it fails with EADDRINUSE).
+bool port_taken(boost::asio::io_context& io, int port) {
+  using boost::asio::ip::tcp;
+  tcp::acceptor probe(io);
+  boost::system::error_code ec;
+  probe.open(tcp::v4(), ec);
+  if (!ec) probe.bind(tcp::endpoint(tcp::v4(), static_cast<unsigned short>(port)), ec);
+  return ec == boost::asio::error::address_in_use;
+}
+
+}  // namespace
+
+RendezvousHost::RendezvousHost(boost::asio::io_context& io, const LaunchConfig& config,
+                               elastic::NodeInfo self, RendezvousHostOptions options)
+    : io_(io), options_(std::move(options)) {
+  const RdzvConf conf = parse_rdzv_conf(config.rdzv_conf);
+  for (const std::string& key : conf.unknown_keys) options_.notice(unknown_rdzv_conf_warning(key));
+  if (!is_multi_node(config)) {
+    master_ = options_.master_host(io, config);
+    const MasterEndpoint endpoint = master_->endpoint();
+    agent_store_ = endpoint.agent_store;
+    rendezvous_ = std::make_unique<LocalRendezvous>(std::move(self), endpoint.addr, endpoint.port);
+    return;
+  }
+  elastic::RendezvousSettings settings = rendezvous_settings(config, conf, std::move(self));
+  agent_store_ = true;
+  worker_stores_ = settings.backend == "c10d";
+  if (hosts_rendezvous_store(config, conf, settings, is_local_host)) {
+    host_rendezvous_store(settings.store_host, settings.store_port);
+  }
+  rendezvous_ = elastic::make_store_rendezvous(std::move(settings));
+}
+
+RendezvousHost::~RendezvousHost() { rendezvous_.reset(); }
+
+void RendezvousHost::host_rendezvous_store(const std::string& where, int port) {
+  try {
+    rendezvous_store_ = std::make_unique<store::Server>(io_, store_options(port));
+  } catch (const store::StoreError&) {
+    if (!port_taken(io_, port)) throw;
+    options_.notice("ddprun: port " + std::to_string(port) +
+                    " is held by another process; joining the rendezvous at " + where + ":" +
+                    std::to_string(port) + " as a client");
+  }
+}
+
+int RendezvousHost::open_worker_store() {
+  worker_store_.reset();
+  worker_store_ = std::make_unique<store::Server>(io_, store_options(0));
+  return worker_store_->port();
+}
+
+}  // namespace ddp::launcher

@@ -1,0 +1,56 @@
+#pragma once
+// Which Rendezvous an agent runs and the stores it serves for it. One node: a LocalRendezvous
+// whose master is the MasterHost (today's agent store at MASTER_PORT). Several nodes: the
+// store engine (make_store_rendezvous), the rendezvous store served by this agent when it is
+// the host (static: node rank 0; c10d: the endpoint's host or is_host=1; a port another
+// process holds is joined as a client, as torchrun does), and for c10d a fresh worker store
+// per round. Internal to the launcher; lives on the agent's loop.
+
+#include <boost/asio/io_context.hpp>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "ddp/elastic/rendezvous.hpp"
+#include "ddp/launcher/launch_config.hpp"
+#include "ddp/launcher/master_endpoint.hpp"
+#include "ddp/store/server.hpp"
+
+namespace ddp::launcher {
+
+struct RendezvousHostOptions {
+  MasterHostFactory master_host;  // one node: who serves MASTER_PORT
+  std::function<void(const std::string&)> notice;  // a line for the console
+};
+
+class RendezvousHost {
+ public:
+  // Throws UsageError for --rdzv_conf / endpoint values it cannot use, StoreError when a
+  // store cannot be served, whatever make_store_rendezvous throws.
+  RendezvousHost(boost::asio::io_context& io, const LaunchConfig& config, elastic::NodeInfo self,
+                 RendezvousHostOptions options);
+  ~RendezvousHost();  // the rendezvous (and its threads) ends before the stores close
+
+  elastic::Rendezvous& rendezvous() { return *rendezvous_; }
+  // TORCHELASTIC_USE_AGENT_STORE: the workers' master is a store an agent serves.
+  bool workers_use_agent_store() const { return agent_store_; }
+  // c10d: every round gets a fresh worker store, served by its group rank 0.
+  bool serves_worker_stores() const { return worker_stores_; }
+  // Opens this round's worker store on every address at a port the kernel picks (closing the
+  // last round's) and returns the port.
+  int open_worker_store();
+
+ private:
+  void host_rendezvous_store(const std::string& where, int port);
+
+  boost::asio::io_context& io_;
+  RendezvousHostOptions options_;
+  bool agent_store_ = false;
+  bool worker_stores_ = false;
+  std::unique_ptr<MasterHost> master_;                   // one node
+  std::unique_ptr<store::Server> rendezvous_store_;      // several, when this agent hosts it
+  std::unique_ptr<store::Server> worker_store_;          // c10d: this round's
+  std::unique_ptr<elastic::Rendezvous> rendezvous_;
+};
+
+}  // namespace ddp::launcher

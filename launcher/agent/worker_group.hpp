@@ -1,0 +1,47 @@
+#pragma once
+// The agent's workers of one round, behind a narrow interface so that the agent's state
+// machine is tested in-process with a fake (as ninja tests its build loop with a fake command
+// runner). The real one (ProcessWorkerGroup) spawns processes; internal to the launcher.
+
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "ddp/elastic/rendezvous.hpp"
+#include "ddp/launcher/failure_report.hpp"
+#include "../worker.hpp"
+
+namespace ddp::launcher {
+
+class WorkerGroup {
+ public:
+  // Called on the agent's loop once per worker, when it has exited and been reaped.
+  using ExitHandler = std::function<void(int local_rank, WorkerExit exit)>;
+
+  virtual ~WorkerGroup() = default;
+
+  // Starts one worker per local rank for this round (replacing the group of an earlier
+  // round, which must have exited), with ranks from round. on_exit is called once per
+  // worker. Throws SpawnError / std::system_error when a worker cannot be started.
+  virtual void start(const elastic::RoundInfo& round, ExitHandler on_exit) = 0;
+
+  // Sends signal to the process group of every worker still running.
+  virtual void signal(int signal) = 0;
+
+  // The whole group has exited: kills whatever is left in the workers' process groups and
+  // stops guarding them.
+  virtual void release() = 0;
+
+  // What is known of a worker that exited (rank, pid, exit, its error file), for reports.
+  virtual WorkerFailure failure_of(int local_rank) = 0;
+
+  // Workers other than except that have already failed, reaped now without waiting (their
+  // exit events may still be queued): the "other failures" of a report.
+  virtual std::vector<WorkerFailure> other_failures(int except) = 0;
+
+  // True while teed output of any round has not reached end-of-file.
+  virtual bool output_pending() const = 0;
+};
+
+}  // namespace ddp::launcher

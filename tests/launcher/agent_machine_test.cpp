@@ -1,0 +1,476 @@
+// The agent's state machine in-process, with a fake rendezvous, worker group and clock (as
+// ninja tests its build loop with a fake command runner): every transition without a process,
+// a socket or a sleep.
+#include "agent/agent_machine.hpp"
+
+#include <catch2/catch.hpp>
+#include <csignal>
+#include <deque>
+#include <map>
+#include <set>
+
+using namespace ddp::launcher;
+using ddp::elastic::RoundInfo;
+using ddp::elastic::StopReason;
+using Kind = ddp::elastic::StopReason::Kind;
+
+namespace {
+
+// A rendezvous the test drives: it records calls and keeps the callbacks of every round.
+class FakeRendezvous : public ddp::elastic::Rendezvous {
+ public:
+  struct Round {
+    int worker_store_port = 0;
+    std::function<void(RoundInfo)> on_round;
+    std::function<void(std::exception_ptr)> on_error;
+    std::function<void(ddp::elastic::WaitStatus)> on_wait;
+    std::function<void(StopReason)> on_stop;
+    std::function<void(bool)> on_done;
+  };
+  std::vector<Round> rounds;  // one per next_round call
+  std::vector<StopReason> stopped;
+  int left = 0;
+
+  void next_round(int port, std::function<void(RoundInfo)> on_round,
+                  std::function<void(std::exception_ptr)> on_error,
+                  std::function<void(ddp::elastic::WaitStatus)> on_wait) override {
+    rounds.push_back({port, std::move(on_round), std::move(on_error), std::move(on_wait), {}, {}});
+  }
+  void watch_round(std::function<void(StopReason)> on_stop) override {
+    rounds.back().on_stop = std::move(on_stop);
+  }
+  void stop_round(StopReason reason) override { stopped.push_back(std::move(reason)); }
+  void finish_round(std::function<void(bool)> on_done) override {
+    rounds.back().on_done = std::move(on_done);
+  }
+  void leave() override { ++left; }
+  std::string endpoint() const override { return "10.0.0.1:29500"; }
+
+  Round& last() { return rounds.back(); }
+};
+
+// A worker group that starts nothing: the test says when workers exit.
+class FakeWorkers : public WorkerGroup {
+ public:
+  std::vector<RoundInfo> starts;
+  std::vector<ExitHandler> handlers;  // by start
+  std::vector<int> signals;
+  int released = 0;
+  std::map<int, WorkerExit> exits;    // of the current round, by local rank
+  std::set<int> failed_unreported;    // failed, exit event not delivered yet
+  bool pending_output = false;
+
+  void start(const RoundInfo& round, ExitHandler on_exit) override {
+    starts.push_back(round);
+    handlers.push_back(std::move(on_exit));
+    exits.clear();
+  }
+  void signal(int signal) override { signals.push_back(signal); }
+  void release() override { ++released; }
+  WorkerFailure failure_of(int local_rank) override {
+    WorkerFailure f;
+    f.host = "host-a";
+    f.local_rank = local_rank;
+    f.rank = ddp::elastic::worker_ranks(starts.back(), local_rank).rank;
+    f.pid = 1000 + local_rank;
+    if (exits.contains(local_rank)) {
+      f.exit_code = exits[local_rank].exit_code;
+      f.signal = exits[local_rank].signal;
+    } else {
+      f.exit_code = 9;  // failed_unreported
+    }
+    return f;
+  }
+  std::vector<WorkerFailure> other_failures(int except) override {
+    std::vector<WorkerFailure> out;
+    for (int rank : failed_unreported) {
+      if (rank != except) out.push_back(failure_of(rank));
+    }
+    return out;
+  }
+  bool output_pending() const override { return pending_output; }
+
+  // Worker local_rank of the latest start exits.
+  void exit(int local_rank, int code, int signal = 0) {
+    WorkerExit e{code, signal, std::chrono::system_clock::now()};
+    exits[local_rank] = e;
+    handlers.back()(local_rank, e);
+  }
+};
+
+class FakeTimers : public AgentTimers {
+ public:
+  Clock::time_point now_{};
+  std::map<TimerId, std::pair<Clock::time_point, std::function<void()>>> armed;
+
+  Clock::time_point now() const override { return now_; }
+  void start(TimerId id, std::chrono::milliseconds after, std::function<void()> fn) override {
+    armed[id] = {now_ + after, std::move(fn)};
+  }
+  void cancel(TimerId id) override { armed.erase(id); }
+  bool is_armed(TimerId id) const { return armed.contains(id); }
+
+  void advance(std::chrono::milliseconds by) {
+    now_ += by;
+    for (auto it = armed.begin(); it != armed.end();) {
+      if (it->second.first <= now_) {
+        auto fn = std::move(it->second.second);
+        it = armed.erase(it);
+        fn();
+      } else {
+        ++it;
+      }
+    }
+  }
+};
+
+constexpr auto kShutdown = std::chrono::milliseconds(3000);
+
+// The machine with its fakes; events queue until run() hands them to handle(), as the loop.
+struct Harness {
+  FakeRendezvous rdzv;
+  FakeWorkers workers;
+  FakeTimers timers;
+  std::deque<AgentEvent> queue;
+  std::vector<std::string> notices;
+  std::optional<AgentOutcome> outcome;
+  AgentMachine machine;
+
+  explicit Harness(int max_restarts = 0)
+      : machine(AgentMachineConfig{"train.py", "node-a", max_restarts, kShutdown},
+                AgentMachineContext{&rdzv, &workers, &timers,
+                                    [this](AgentEvent e) { queue.push_back(std::move(e)); },
+                                    [this](const std::string& line) { notices.push_back(line); },
+                                    nullptr,
+                                    [this](AgentOutcome o) { outcome = std::move(o); }}) {
+    machine.start();
+  }
+
+  void run() {
+    while (!queue.empty()) {
+      AgentEvent e = std::move(queue.front());
+      queue.pop_front();
+      machine.handle(e);
+    }
+  }
+  // The rendezvous closes the latest round.
+  void round_ready(RoundInfo info) {
+    rdzv.last().on_round(std::move(info));
+    run();
+  }
+  void remote_stop(StopReason reason) {
+    rdzv.last().on_stop(std::move(reason));
+    run();
+  }
+  void exit(int local_rank, int code, int signal = 0) {
+    workers.exit(local_rank, code, signal);
+    run();
+  }
+  void advance(std::chrono::milliseconds by) {
+    timers.advance(by);
+    run();
+  }
+  bool noticed(const std::string& text) const {
+    for (const auto& line : notices) {
+      if (line.find(text) != std::string::npos) return true;
+    }
+    return false;
+  }
+};
+
+// Two nodes of two workers each; this agent ("node-a") is group rank `self`.
+RoundInfo two_nodes(int restart_count, int self = 1) {
+  RoundInfo r;
+  r.round = restart_count;
+  r.restart_count = restart_count;
+  r.group_rank = self;
+  r.members = {{"node-b", "host-b", "10.0.0.1", 2, "default"},
+               {"node-a", "host-a", "10.0.0.2", 2, "default"}};
+  if (self == 0) std::swap(r.members[0], r.members[1]);
+  r.master_addr = "10.0.0.1";
+  r.master_port = 29500;
+  return r;
+}
+
+RoundInfo one_node(int workers) {
+  RoundInfo r;
+  r.members = {{"node-a", "host-a", "", workers, "default"}};
+  return r;
+}
+
+StopReason worker_failed(std::string node, std::string host, int rank, int exit_code) {
+  StopReason r;
+  r.kind = Kind::kWorkerFailed;
+  r.node_id = std::move(node);
+  r.host = std::move(host);
+  r.rank = rank;
+  r.local_rank = 0;
+  r.pid = 4242;
+  r.exit_code = exit_code;
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("single node: the round's workers succeed, the barrier passes, exit 0") {
+  Harness h;
+  REQUIRE(h.rdzv.rounds.size() == 1);
+  CHECK(h.machine.state() == AgentMachine::State::kRendezvous);
+  h.round_ready(one_node(2));
+  REQUIRE(h.workers.starts.size() == 1);
+  CHECK(h.machine.state() == AgentMachine::State::kRunning);
+  h.exit(0, 0);
+  CHECK(h.machine.state() == AgentMachine::State::kRunning);
+  h.exit(1, 0);
+  CHECK(h.machine.state() == AgentMachine::State::kBarrier);
+  CHECK(h.workers.released == 1);
+  REQUIRE(h.rdzv.last().on_done);
+  h.rdzv.last().on_done(true);
+  h.run();
+  REQUIRE(h.outcome);
+  CHECK(h.outcome->exit_code == 0);
+  CHECK(h.outcome->report.empty());
+  CHECK(h.machine.state() == AgentMachine::State::kDone);
+}
+
+TEST_CASE("a local worker failure stops the round for all with the root cause, then the next round") {
+  Harness h(2);
+  h.round_ready(two_nodes(0));
+  h.exit(1, 3);
+  REQUIRE(h.rdzv.stopped.size() == 1);
+  const StopReason& sent = h.rdzv.stopped[0];
+  CHECK(sent.kind == Kind::kWorkerFailed);
+  CHECK(sent.node_id == "node-a");
+  CHECK(sent.host == "host-a");
+  CHECK(sent.rank == 3);  // global: node-b's 2 workers come first
+  CHECK(sent.local_rank == 1);
+  CHECK(sent.exit_code == 3);
+  CHECK(h.workers.signals == std::vector<int>{SIGTERM});
+  CHECK(h.machine.state() == AgentMachine::State::kStopping);
+  h.remote_stop(sent);  // the watcher reports the reason that won: ours
+  CHECK(h.rdzv.rounds.size() == 1);  // worker 0 still runs
+  h.exit(0, 0, SIGTERM);
+  REQUIRE(h.rdzv.rounds.size() == 2);
+  CHECK(h.noticed("restarting it (restart 1 of at most 2)"));
+  CHECK(h.noticed("rank 3 on host-a: exit code 3"));
+  CHECK_FALSE(h.timers.is_armed(TimerId::kKill));
+  h.round_ready(two_nodes(1));
+  REQUIRE(h.workers.starts.size() == 2);
+  CHECK(h.workers.starts[1].restart_count == 1);
+  CHECK(h.machine.state() == AgentMachine::State::kRunning);
+}
+
+TEST_CASE("a stop from another node: SIGTERM, SIGKILL after the shutdown timeout, next round") {
+  Harness h(1);
+  h.round_ready(two_nodes(0));
+  h.remote_stop(worker_failed("node-b", "host-b", 0, 1));
+  CHECK(h.workers.signals == std::vector<int>{SIGTERM});
+  CHECK(h.rdzv.stopped.empty());  // not ours to set
+  CHECK(h.noticed("stopping the workers: rank 0 on host-b: exit code 1"));
+  h.advance(kShutdown - std::chrono::milliseconds(1));
+  CHECK(h.workers.signals.size() == 1);
+  h.advance(std::chrono::milliseconds(1));
+  CHECK(h.workers.signals == std::vector<int>{SIGTERM, SIGKILL});
+  h.exit(0, 0, SIGKILL);
+  h.exit(1, 0, SIGKILL);
+  CHECK(h.rdzv.rounds.size() == 2);
+  CHECK(h.noticed("restarting it (restart 1 of at most 1)"));
+}
+
+TEST_CASE("restarts exhausted by another node's failure: non-zero exit, report names its root cause") {
+  Harness h(1);
+  h.round_ready(two_nodes(1));  // already the one restart allowed
+  StopReason reason = worker_failed("node-b", "host-b", 1, 7);
+  reason.message = "RuntimeError: out of memory";
+  h.remote_stop(reason);
+  h.exit(0, 0, SIGTERM);
+  h.exit(1, 0, SIGTERM);
+  CHECK(h.rdzv.rounds.size() == 1);
+  REQUIRE(h.outcome);
+  CHECK(h.outcome->exit_code == 7);
+  CHECK_THAT(h.outcome->report, Catch::Contains("train.py FAILED"));
+  CHECK_THAT(h.outcome->report, Catch::Contains("host      : host-b"));
+  CHECK_THAT(h.outcome->report, Catch::Contains("rank      : 1 (local_rank: 0)"));
+  CHECK_THAT(h.outcome->report, Catch::Contains("exit      : exit code 7"));
+  CHECK_THAT(h.outcome->report, Catch::Contains("message   : RuntimeError: out of memory"));
+  CHECK_THAT(h.outcome->report, Catch::Contains("<NO_OTHER_FAILURES>"));
+}
+
+TEST_CASE("restarts exhausted by a local failure: its exit status and the full local report") {
+  Harness h(0);
+  h.round_ready(two_nodes(0, 0));
+  h.workers.failed_unreported = {1};  // failed at the same moment; its event is still queued
+  h.exit(0, 5);
+  h.remote_stop(h.rdzv.stopped.at(0));
+  h.exit(1, 9);
+  REQUIRE(h.outcome);
+  CHECK(h.outcome->exit_code == 5);
+  CHECK_THAT(h.outcome->report, Catch::Contains("host      : host-a"));
+  CHECK_THAT(h.outcome->report, Catch::Contains("rank      : 0 (local_rank: 0)"));
+  CHECK_THAT(h.outcome->report, Catch::Contains("Other Failures:\n[1]:"));
+}
+
+TEST_CASE("a local failure that loses to another node's: the other is the root cause, ours listed") {
+  Harness h(0);
+  h.round_ready(two_nodes(0));
+  h.exit(0, 2);
+  h.remote_stop(worker_failed("node-b", "host-b", 0, 6));  // set first, on node-b
+  h.exit(1, 0, SIGTERM);
+  REQUIRE(h.outcome);
+  CHECK(h.outcome->exit_code == 6);
+  CHECK_THAT(h.outcome->report, Catch::Contains("host      : host-b"));
+  CHECK_THAT(h.outcome->report, Catch::Contains("Other Failures:\n[1]:"));
+  CHECK_THAT(h.outcome->report, Catch::Contains("exit      : exit code 2"));
+}
+
+TEST_CASE("membership changes re-form the group without counting a restart") {
+  for (Kind kind : {Kind::kNodeJoined, Kind::kNodeLost, Kind::kNodeLeft}) {
+    Harness h(0);  // no restart allowed, yet the group goes on
+    h.round_ready(two_nodes(0));
+    StopReason reason;
+    reason.kind = kind;
+    reason.node_id = "node-c";
+    reason.host = "host-c";
+    h.remote_stop(reason);
+    h.exit(0, 0, SIGTERM);
+    h.exit(1, 0, SIGTERM);
+    CHECK(h.rdzv.rounds.size() == 2);
+    CHECK_FALSE(h.outcome);
+    CHECK(h.noticed("not counted against --max_restarts"));
+    CHECK(h.noticed("host-c"));
+  }
+}
+
+TEST_CASE("a signal: forwarded, the rendezvous left, 128+signal, and a second one kills at once") {
+  Harness h(3);
+  h.round_ready(two_nodes(0));
+  h.machine.handle(event::Signal{SIGTERM});
+  CHECK(h.workers.signals == std::vector<int>{SIGTERM});
+  CHECK(h.rdzv.left == 1);
+  CHECK(h.noticed("got SIGTERM: forwarding it to the workers"));
+  h.machine.handle(event::Signal{SIGINT});
+  CHECK(h.workers.signals == std::vector<int>{SIGTERM, SIGKILL});
+  CHECK(h.noticed("SIGINT again: killing the workers now"));
+  h.exit(0, 0, SIGKILL);
+  h.exit(1, 0, SIGKILL);
+  REQUIRE(h.outcome);
+  CHECK(h.outcome->exit_code == 128 + SIGTERM);
+  CHECK(h.rdzv.rounds.size() == 1);
+}
+
+TEST_CASE("a signal while waiting for the round: leave and exit 128+signal") {
+  Harness h;
+  h.machine.handle(event::Signal{SIGINT});
+  CHECK(h.rdzv.left == 1);
+  REQUIRE(h.outcome);
+  CHECK(h.outcome->exit_code == 128 + SIGINT);
+  CHECK(h.workers.starts.empty());
+}
+
+TEST_CASE("a failed exit barrier goes on with the stop the rendezvous reports") {
+  Harness h(1);
+  h.round_ready(two_nodes(0));
+  h.exit(0, 0);
+  h.exit(1, 0);
+  REQUIRE(h.machine.state() == AgentMachine::State::kBarrier);
+  h.rdzv.last().on_done(false);
+  h.run();
+  CHECK(h.machine.state() == AgentMachine::State::kStopping);
+  h.remote_stop(worker_failed("node-b", "host-b", 0, 1));
+  CHECK(h.rdzv.rounds.size() == 2);
+  CHECK_FALSE(h.outcome);
+
+  // A failed barrier and no reason at all: give up after a grace period, naming the barrier.
+  Harness lone(1);
+  lone.round_ready(two_nodes(0));
+  lone.exit(0, 0);
+  lone.exit(1, 0);
+  lone.rdzv.last().on_done(false);
+  lone.run();
+  lone.advance(kStopReasonGrace);
+  REQUIRE(lone.outcome);
+  CHECK(lone.outcome->exit_code == 1);
+  CHECK_THAT(lone.outcome->report, Catch::Contains("exit barrier"));
+}
+
+TEST_CASE("a rendezvous error ends the agent with a clear message and exit 1") {
+  Harness h;
+  h.rdzv.last().on_error(std::make_exception_ptr(
+      ddp::elastic::RendezvousClosedError("the rendezvous of run 'job' is closed")));
+  h.run();
+  REQUIRE(h.outcome);
+  CHECK(h.outcome->exit_code == 1);
+  CHECK_THAT(h.outcome->report, Catch::Contains("10.0.0.1:29500"));
+  CHECK_THAT(h.outcome->report, Catch::Contains("is closed"));
+}
+
+TEST_CASE("events of an older round are dropped") {
+  Harness h(2);
+  h.round_ready(two_nodes(0));
+  auto old_exit = h.workers.handlers.back();
+  auto old_round = h.rdzv.last();
+  h.remote_stop(worker_failed("node-b", "host-b", 0, 1));
+  h.exit(0, 0, SIGTERM);
+  h.exit(1, 0, SIGTERM);
+  REQUIRE(h.rdzv.rounds.size() == 2);
+  h.round_ready(two_nodes(1));
+  REQUIRE(h.workers.starts.size() == 2);
+  // Late callbacks of round 1: a worker exit, a second RoundReady, a stop, a barrier result.
+  old_exit(0, WorkerExit{1, 0, {}});
+  old_round.on_round(two_nodes(0));
+  old_round.on_stop(worker_failed("node-b", "host-b", 1, 1));
+  h.queue.push_back(event::KillTimer{1});
+  h.run();
+  CHECK(h.machine.state() == AgentMachine::State::kRunning);
+  CHECK(h.workers.starts.size() == 2);
+  CHECK(h.workers.signals == std::vector<int>{SIGTERM});
+  CHECK(h.rdzv.stopped.empty());
+}
+
+TEST_CASE("the waiting line is printed at most every few seconds") {
+  Harness h;
+  auto wait = [&](int joined, int seconds) {
+    h.rdzv.last().on_wait({joined, 3, 3, "10.0.0.1:29500", std::chrono::seconds(seconds)});
+    h.run();
+  };
+  wait(2, 1);
+  REQUIRE(h.notices.size() == 1);
+  CHECK(h.notices[0] == "ddprun: waiting for 1 of 3 nodes at 10.0.0.1:29500 (1 s)");
+  h.timers.now_ += std::chrono::seconds(2);
+  wait(2, 3);
+  CHECK(h.notices.size() == 1);
+  h.timers.now_ += kWaitNoticeInterval;
+  wait(1, 8);
+  REQUIRE(h.notices.size() == 2);
+  CHECK(h.notices[1] == "ddprun: waiting for 2 of 3 nodes at 10.0.0.1:29500 (8 s)");
+  h.timers.now_ += kWaitNoticeInterval;
+  h.rdzv.last().on_wait({2, 2, 4, "10.0.0.1:29500", std::chrono::seconds(15)});  // last call
+  h.run();
+  REQUIRE(h.notices.size() == 3);
+  CHECK(h.notices[2] ==
+        "ddprun: 2 of at most 4 nodes joined; waiting for the round to close at 10.0.0.1:29500 "
+        "(15 s)");
+}
+
+TEST_CASE("the outcome waits for the last teed output, bounded by the drain timeout") {
+  Harness h;
+  h.workers.pending_output = true;
+  h.round_ready(one_node(1));
+  h.exit(0, 0);
+  h.rdzv.last().on_done(true);
+  h.run();
+  CHECK(h.machine.state() == AgentMachine::State::kDraining);
+  CHECK_FALSE(h.outcome);
+  h.machine.handle(event::OutputDrained{});
+  REQUIRE(h.outcome);
+  CHECK(h.outcome->exit_code == 0);
+
+  Harness stuck;
+  stuck.workers.pending_output = true;
+  stuck.round_ready(one_node(1));
+  stuck.exit(0, 0);
+  stuck.rdzv.last().on_done(true);
+  stuck.run();
+  stuck.advance(kOutputDrainTimeout);
+  CHECK(stuck.outcome);
+}

@@ -1,0 +1,155 @@
+// Several ddprun agents on loopback forming one job: global ranks through the rendezvous, a
+// worker failure on one node restarting every node, restarts exhausted reported on every node.
+// Needs the rendezvous engine (branch rdzv); a build without it skips, saying so.
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <fstream>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "process_harness.hpp"
+#include "test_support.hpp"
+
+using namespace ddp::test;
+using nlohmann::json;
+
+namespace {
+
+constexpr milliseconds kJobTimeout{60000};
+
+bool engine_missing() {
+#ifdef DDP_NO_RENDEZVOUS_ENGINE
+  WARN("skipped: this build has no multi-node rendezvous engine (branch rdzv not merged)");
+  return true;
+#else
+  return false;
+#endif
+}
+
+// A port the kernel reports free on loopback (bound and released).
+int free_port() {
+  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  REQUIRE(fd >= 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
+  socklen_t size = sizeof addr;
+  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &size) == 0);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+std::vector<std::string> ddprun(std::vector<std::string> options,
+                                std::vector<std::string> worker_args) {
+  std::vector<std::string> argv = {bin_path("ddprun").string()};
+  argv.insert(argv.end(), options.begin(), options.end());
+  argv.push_back(bin_path("ddp-sample-worker").string());
+  argv.insert(argv.end(), worker_args.begin(), worker_args.end());
+  return argv;
+}
+
+json read_json(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  INFO("reading " << path);
+  REQUIRE(in.good());
+  return json::parse(in);
+}
+
+// Starts one agent per option list, all at once, and waits for every one to exit.
+std::vector<ProcessResult> run_agents(const std::vector<std::vector<std::string>>& commands) {
+  std::vector<std::unique_ptr<ChildProcess>> agents;
+  for (const auto& argv : commands) agents.push_back(std::make_unique<ChildProcess>(argv));
+  std::vector<ProcessResult> results;
+  for (auto& agent : agents) results.push_back(agent->wait(kJobTimeout));
+  return results;
+}
+
+std::vector<std::string> c10d(int port, const std::string& run_id) {
+  return {"--nnodes=2", "--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:" + std::to_string(port),
+          "--rdzv_id=" + run_id, "--nproc_per_node=1", "--monitor_interval=0.1"};
+}
+
+}  // namespace
+
+TEST_CASE("static: two nodes with different --nproc_per_node get torchrun's global ranks") {
+  if (engine_missing()) return;
+  TempDir dir;
+  const int port = free_port();
+  const std::string env = (dir.path() / "env-{rank}.json").string();
+  auto node = [&](int rank, int nproc) {
+    return ddprun({"--nnodes=2", "--node_rank=" + std::to_string(rank),
+                   "--nproc_per_node=" + std::to_string(nproc), "--master_addr=127.0.0.1",
+                   "--master_port=" + std::to_string(port)},
+                  {"--env-json", env});
+  };
+  auto results = run_agents({node(1, 2), node(0, 1)});
+  for (const auto& r : results) {
+    INFO(r.err);
+    CHECK(r.status == 0);
+  }
+  // Node 0's one worker is rank 0; node 1's two are ranks 1 and 2.
+  const std::vector<std::tuple<int, int, int, int>> expected = {
+      {0, 0, 0, 1}, {1, 0, 1, 2}, {2, 1, 1, 2}};  // rank, local rank, group rank, local world
+  for (auto [rank, local_rank, group_rank, local_world] : expected) {
+    json e = read_json(dir.path() / ("env-" + std::to_string(rank) + ".json"));
+    CHECK(e["RANK"] == std::to_string(rank));
+    CHECK(e["LOCAL_RANK"] == std::to_string(local_rank));
+    CHECK(e["GROUP_RANK"] == std::to_string(group_rank));
+    CHECK(e["LOCAL_WORLD_SIZE"] == std::to_string(local_world));
+    CHECK(e["WORLD_SIZE"] == "3");
+    CHECK(e["GROUP_WORLD_SIZE"] == "2");
+    CHECK(e["ROLE_RANK"] == std::to_string(rank));
+    CHECK(e["ROLE_WORLD_SIZE"] == "3");
+    CHECK(e["MASTER_ADDR"] == "127.0.0.1");
+    CHECK(e["MASTER_PORT"] == std::to_string(port));
+    CHECK(e["TORCHELASTIC_USE_AGENT_STORE"] == "True");
+  }
+}
+
+TEST_CASE("c10d: a worker failing on one node restarts every node with the next restart count") {
+  if (engine_missing()) return;
+  TempDir dir;
+  const int port = free_port();
+  std::ofstream(dir.path() / "pass-1").put('\n');  // rank 1 passes its wait; rank 0 waits
+  const std::vector<std::string> worker = {
+      "--env-json", (dir.path() / "env-{rank}-{restart}.json").string(),
+      "--wait-for-file", (dir.path() / "env-0-{restart}.json").string(),
+      "--if-restart-below", "1", "--wait-for-file", (dir.path() / "pass-{rank}").string(),
+      "--if-restart-below", "1", "--exit", "3"};
+  auto options = c10d(port, "restart");
+  options.push_back("--max_restarts=1");
+  auto results = run_agents({ddprun(options, worker), ddprun(options, worker)});
+  for (const auto& r : results) {
+    INFO(r.err);
+    CHECK(r.status == 0);
+    CHECK_THAT(r.err, Catch::Contains("restarting it (restart 1 of at most 1)"));
+  }
+  for (int rank = 0; rank < 2; ++rank) {
+    json e = read_json(dir.path() / ("env-" + std::to_string(rank) + "-1.json"));
+    CHECK(e["TORCHELASTIC_RESTART_COUNT"] == "1");
+    CHECK(e["WORLD_SIZE"] == "2");
+  }
+}
+
+TEST_CASE("c10d: restarts exhausted: every node exits non-zero naming the root cause") {
+  if (engine_missing()) return;
+  TempDir dir;
+  const int port = free_port();
+  const std::vector<std::string> worker = {
+      "--env-json", (dir.path() / "env-{rank}.json").string(),
+      "--wait-for-file", (dir.path() / "env-0.json").string(),
+      "--if-rank", "1", "--exit", "3", "--wait"};
+  auto results = run_agents({ddprun(c10d(port, "exhausted"), worker),
+                             ddprun(c10d(port, "exhausted"), worker)});
+  for (const auto& r : results) {
+    INFO(r.err);
+    CHECK(r.status == 3);
+    CHECK_THAT(r.err, Catch::Contains("ddp-sample-worker FAILED"));
+    CHECK_THAT(r.err, Catch::Contains("rank      : 1 (local_rank: 0)"));
+    CHECK_THAT(r.err, Catch::Contains("exit      : exit code 3"));
+  }
+}
