@@ -9,6 +9,8 @@
 #   ddprun  `srun -N2 --ntasks-per-node=1 DDPRUN --nproc_per_node=2 worker`: 4 workers ran
 #           with RANK 0..3 and WORLD_SIZE 4, and each node printed the line saying what it
 #           took from Slurm. Skipped while this ddprun refuses --nnodes=2.
+#   sbatch  the batch script in docs/multi-node.md (section Slurm) through `sbatch --wait`:
+#           the same checks on the sample worker's lines. Skipped as ddprun.
 # Exit status: 0 passed, 77 skipped (CTest's SKIP_RETURN_CODE; the reason is printed),
 # anything else failed.
 #
@@ -17,7 +19,7 @@
 # listens on loopback for the length of one test.
 set -euo pipefail
 
-mode=${1:?usage: run_slurm_test.sh env|ddprun [DDPRUN]}
+mode=${1:?usage: run_slurm_test.sh env|ddprun|sbatch [DDPRUN]}
 here=$(cd "$(dirname "$0")" && pwd)
 ddprun=${2:-$here/../../../build/bin/ddprun}
 readonly start_timeout_s=60   # daemons up and both nodes idle
@@ -27,14 +29,14 @@ skip() { echo "skipped: $*"; exit 77; }
 fail() { echo "FAILED: $*" >&2; exit 1; }
 
 # --- can Slurm run here? -------------------------------------------------------------------
-for tool in slurmctld slurmd srun sinfo squeue scancel; do
+for tool in slurmctld slurmd srun sbatch sinfo squeue scancel; do
   command -v "$tool" >/dev/null || skip "Slurm's $tool is not installed (scripts/setup installs slurm-wlm)"
 done
 [[ $(id -u) -eq 0 ]] || skip "slurmd must run as root to start jobs (this test runs as $(id -un))"
 node_a=$(hostname)
 node_b="$node_a-b"  # sorts after node_a, so node_a is node 0 and the job's master address
 getent hosts "$node_a" >/dev/null || skip "this host's name '$node_a' does not resolve"
-if [[ $mode == ddprun ]]; then
+if [[ $mode == ddprun || $mode == sbatch ]]; then
   [[ -x $ddprun ]] || fail "no ddprun at $ddprun"
   probe=$(timeout 10 "$ddprun" --nnodes=2 --node_rank=1 --master_addr=127.0.0.1 \
           --master_port=1 --no_python true 2>&1 || true)
@@ -150,16 +152,19 @@ $lines"
   [[ $(grep -o 'JOB=[0-9]*' <<<"$output" | sort -u | wc -l) == 1 ]] || fail "the two nodes saw different SLURM_JOB_IDs"
 }
 
-check_ddprun() {
-  local port output job ranks
-  port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-  run_srun "$ddprun" --nproc_per_node=2 --master_port="$port" "$here/print_env_worker.sh"
-  output=$(cat "$dir/srun.out")
-  ranks=$(grep -o '^slurm-test-worker RANK=[0-9]* WORLD_SIZE=[0-9]*' <<<"$output" | sort)
-  [[ $ranks == "slurm-test-worker RANK=0 WORLD_SIZE=4
-slurm-test-worker RANK=1 WORLD_SIZE=4
-slurm-test-worker RANK=2 WORLD_SIZE=4
-slurm-test-worker RANK=3 WORLD_SIZE=4" ]] || fail "expected 4 workers with RANK 0..3 and WORLD_SIZE 4, got:
+# A free TCP port on loopback for the job's --master_port (both nodes are this host).
+free_port() {
+  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+}
+
+# Checks a two-node ddprun job's output in file $1: the four workers' lines (grep pattern
+# $2 followed by the rank, then $3 before the world size) and each node's Slurm line.
+check_world() {
+  local output ranks job expected=""
+  output=$(cat "$1")
+  ranks=$(grep -o "$2[0-9]*$3[0-9]*" <<<"$output" | sort)
+  for rank in 0 1 2 3; do expected+="$2$rank${3}4"$'\n'; done
+  [[ $ranks == "${expected%$'\n'}" ]] || fail "expected 4 workers with RANK 0..3 and WORLD_SIZE 4, got:
 $ranks"
   job=$(grep -o 'ddprun: from Slurm job [0-9]*' <<<"$output" | head -n1 | grep -o '[0-9]*$') ||
     fail "no 'ddprun: from Slurm job' line"
@@ -169,9 +174,32 @@ $ranks"
   done
 }
 
+check_ddprun() {
+  run_srun "$ddprun" --nproc_per_node=2 --master_port="$(free_port)" "$here/print_env_worker.sh"
+  check_world "$dir/srun.out" "slurm-test-worker RANK=" " WORLD_SIZE="
+}
+
+# The batch script of docs/multi-node.md (section Slurm), submitted as written but for
+# build/bin/, which becomes DDPRUN's directory, and the port, a free one.
+check_sbatch() {
+  local docs=$here/../../../docs/multi-node.md bin_dir
+  bin_dir=$(cd "$(dirname "$ddprun")" && pwd)
+  awk '/^## /{slurm = ($0 == "## Slurm")} slurm && /^```bash$/{inside = 1; next}
+       inside && /^```$/{exit} inside' "$docs" |
+    sed -e "s|build/bin/|$bin_dir/|g" -e "s|--master_port=29500|--master_port=$(free_port)|" \
+      >"$dir/job.sbatch"
+  grep -q '^srun ' "$dir/job.sbatch" || fail "no sbatch script with srun in $docs (section Slurm)"
+  cat "$dir/job.sbatch"
+  (cd "$dir" && timeout "$job_timeout_s" sbatch --wait --output="$dir/sbatch.out" job.sbatch) ||
+    { cat "$dir/sbatch.out" 2>/dev/null; fail "sbatch --wait failed or ran past ${job_timeout_s} s"; }
+  cat "$dir/sbatch.out"
+  check_world "$dir/sbatch.out" "hello from rank " " of "
+}
+
 case $mode in
   env) check_env ;;
   ddprun) check_ddprun ;;
-  *) fail "unknown mode $mode (env or ddprun)" ;;
+  sbatch) check_sbatch ;;
+  *) fail "unknown mode $mode (env, ddprun or sbatch)" ;;
 esac
 echo "passed: $mode"
