@@ -138,7 +138,7 @@ std::optional<std::pair<std::string, std::string>> first_set(
 }
 
 std::optional<SlurmOption> node_count(const Lookup& getenv) {
-  auto found = first_set(getenv, {"SLURM_NNODES", "SLURM_JOB_NUM_NODES"});
+  auto found = first_set(getenv, {"SLURM_STEP_NUM_NODES", "SLURM_NNODES", "SLURM_JOB_NUM_NODES"});
   if (!found) return std::nullopt;
   read_count(getenv, found->first, 1);
   return SlurmOption{"nnodes", found->second, found->first};
@@ -156,7 +156,7 @@ std::optional<SlurmOption> node_rank(const Lookup& getenv,
 }
 
 std::optional<SlurmOption> first_host(const Lookup& getenv) {
-  auto found = first_set(getenv, {"SLURM_JOB_NODELIST", "SLURM_NODELIST"});
+  auto found = first_set(getenv, {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"});
   if (!found) return std::nullopt;
   try {
     return SlurmOption{"master_addr", expand_nodelist(found->second).front(), found->first};
@@ -211,11 +211,20 @@ std::string SlurmDefaults::summary() const {
   return line;
 }
 
+void SlurmDefaults::check_started_by_srun() const {
+  if (in_step || !nnodes || std::stoll(nnodes->value) <= 1) return;
+  throw SlurmEnvError(nnodes->source + "=" + nnodes->value +
+                      " but ddprun was not started by srun (SLURM_STEP_ID is unset), so it runs "
+                      "on this node only and would wait for the others: start it with `srun "
+                      "--ntasks-per-node=1 ddprun ...`, or give --nnodes yourself");
+}
+
 std::optional<SlurmDefaults> slurm_defaults(const Lookup& getenv) {
   auto job = getenv("SLURM_JOB_ID");
   if (!job || job->empty()) return std::nullopt;
   SlurmDefaults defaults;
   defaults.job_id = *job;
+  defaults.in_step = first_set(getenv, {"SLURM_STEP_ID", "SLURM_STEPID"}).has_value();
   defaults.nnodes = node_count(getenv);
   defaults.node_rank = node_rank(getenv, defaults.nnodes);
   defaults.master_addr = first_host(getenv);

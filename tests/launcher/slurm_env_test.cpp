@@ -200,3 +200,45 @@ TEST_CASE("slurm_defaults: malformed variables fail naming the variable") {
   CHECK_THAT(error({{"SLURM_JOB_NODELIST", "n[1-"}}),
              Catch::StartsWith("SLURM_JOB_NODELIST: bad Slurm node list \"n[1-\": unclosed '['"));
 }
+
+TEST_CASE("slurm_defaults: inside an srun step the step's node count and list come first") {
+  // `srun -N1 -w b` in a two-node allocation: what Slurm 22.05 sets.
+  auto defaults = slurm_defaults(env_of({{"SLURM_JOB_ID", "3"},
+                                         {"SLURM_JOB_NUM_NODES", "2"},
+                                         {"SLURM_NNODES", "1"},
+                                         {"SLURM_STEP_NUM_NODES", "1"},
+                                         {"SLURM_NODEID", "0"},
+                                         {"SLURM_JOB_NODELIST", "a,b"},
+                                         {"SLURM_NODELIST", "a,b"},
+                                         {"SLURM_STEP_NODELIST", "b"},
+                                         {"SLURM_STEP_ID", "0"}}));
+  REQUIRE(defaults.has_value());
+  CHECK(defaults->in_step);
+  CHECK(*defaults->nnodes == SlurmOption{"nnodes", "1", "SLURM_STEP_NUM_NODES"});
+  CHECK(*defaults->master_addr == SlurmOption{"master_addr", "b", "SLURM_STEP_NODELIST"});
+}
+
+TEST_CASE("check_started_by_srun: several nodes outside an srun step are refused") {
+  // The batch script of a two-node job, before any srun: what Slurm 22.05 sets.
+  std::map<std::string, std::string> batch = {{"SLURM_JOB_ID", "4"},
+                                              {"SLURM_JOB_NUM_NODES", "2"},
+                                              {"SLURM_NNODES", "2"},
+                                              {"SLURM_NODEID", "0"},
+                                              {"SLURM_JOB_NODELIST", "a,b"}};
+  auto defaults = slurm_defaults(env_of(batch));
+  REQUIRE(defaults.has_value());
+  CHECK_FALSE(defaults->in_step);
+  CHECK_THROWS_WITH(defaults->check_started_by_srun(),
+                    Catch::StartsWith("SLURM_NNODES=2 but ddprun was not started by srun") &&
+                        Catch::Contains("srun --ntasks-per-node=1 ddprun"));
+  // --nnodes given: nothing of the allocation's size is taken.
+  auto given = defaults->without([](std::string_view dest) { return dest == "nnodes"; });
+  CHECK_NOTHROW(given.check_started_by_srun());
+  // In a step, or with one node, it is fine.
+  auto stepped = batch;
+  stepped.emplace("SLURM_STEPID", "0");
+  CHECK_NOTHROW(slurm_defaults(env_of(stepped))->check_started_by_srun());
+  auto single = batch;
+  single["SLURM_NNODES"] = std::string("1");
+  CHECK_NOTHROW(slurm_defaults(env_of(single))->check_started_by_srun());
+}

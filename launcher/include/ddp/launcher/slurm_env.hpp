@@ -41,12 +41,15 @@ struct SlurmOption {
 };
 
 // What Slurm says about this job. Each value is optional: a variable Slurm did not set
-// gives no default (the CLI's own default then applies).
+// gives no default (the CLI's own default then applies). Inside an srun step the step's
+// variables come first: `srun -N1` in a two-node allocation is a one-node job.
 struct SlurmDefaults {
-  std::string job_id;                      // SLURM_JOB_ID
-  std::optional<SlurmOption> nnodes;       // SLURM_NNODES, else SLURM_JOB_NUM_NODES
-  std::optional<SlurmOption> node_rank;    // SLURM_NODEID
-  std::optional<SlurmOption> master_addr;  // first host of SLURM_JOB_NODELIST/SLURM_NODELIST
+  std::string job_id;                    // SLURM_JOB_ID
+  bool in_step = false;                  // SLURM_STEP_ID set: started by srun
+  std::optional<SlurmOption> nnodes;     // SLURM_STEP_NUM_NODES, SLURM_NNODES, SLURM_JOB_NUM_NODES
+  std::optional<SlurmOption> node_rank;  // SLURM_NODEID
+  std::optional<SlurmOption> master_addr;  // first host of SLURM_STEP_NODELIST,
+                                           // SLURM_JOB_NODELIST or SLURM_NODELIST
   std::optional<SlurmOption> rdzv_id;      // SLURM_JOB_ID
 
   // The values present, in the order above.
@@ -57,6 +60,10 @@ struct SlurmDefaults {
   // One line saying what was taken, e.g. "ddprun: from Slurm job 42: --nnodes=2
   // --node_rank=1 --master_addr=node1 --rdzv_id=42"; empty when nothing is left to take.
   std::string summary() const;
+  // Throws SlurmEnvError when this takes --nnodes above 1 outside an srun step (in the batch
+  // script itself, or an salloc shell): there ddprun runs on one node only, and would wait
+  // for the others until the rendezvous timeout. Call it on what is left after without().
+  void check_started_by_srun() const;
 };
 
 // nullopt when SLURM_JOB_ID is unset or empty (not inside a Slurm job). Otherwise what the
