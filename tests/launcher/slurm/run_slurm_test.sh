@@ -38,8 +38,9 @@ node_b="$node_a-b"  # sorts after node_a, so node_a is node 0 and the job's mast
 getent hosts "$node_a" >/dev/null || skip "this host's name '$node_a' does not resolve"
 if [[ $mode == ddprun || $mode == sbatch ]]; then
   [[ -x $ddprun ]] || fail "no ddprun at $ddprun"
+  # Refused at once today; once multi-node is in, it gives up on the closed port after 1 s.
   probe=$(timeout 10 "$ddprun" --nnodes=2 --node_rank=1 --master_addr=127.0.0.1 \
-          --master_port=1 --no_python true 2>&1 || true)
+          --master_port=1 --rdzv_conf timeout=1 --no_python true 2>&1 || true)
   if grep -q "not implemented" <<<"$probe"; then
     skip "multi-node ddprun not available in this build ($(head -n1 <<<"$probe"))"
   fi
@@ -117,6 +118,7 @@ for node in "$node_a" "$node_b"; do
   pids+=($!)
 done
 
+# Slurm offers no event for "node idle": poll sinfo, bounded by the deadline.
 deadline=$((SECONDS + start_timeout_s))
 until [[ $(timeout 5 sinfo -h -N -o '%N %t' 2>/dev/null | grep -c ' idle$') == 2 ]]; do
   for pid in "${pids[@]}"; do
