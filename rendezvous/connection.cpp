@@ -49,14 +49,18 @@ void Connection::close(std::string_view reason) {
     server_->log("closed connection from " + peer_ + ": " + std::string(reason));
     ++server_->rejected;
   }
-  for (auto& waiter : waiters_) server_->table.cancel_wait(waiter);
-  server_->pending_waits -= static_cast<std::int64_t>(waiters_.size());
-  waiters_.clear();
+  cancel_waits();
   for (const auto& key : watched_) server_->table.unwatch(key, *this);
   watched_.clear();
   boost::system::error_code ignored;
   socket_.close(ignored);
   server_->remove(this);
+}
+
+void Connection::cancel_waits() {
+  for (auto& [raw, waiter] : waiters_) server_->table.cancel_wait(*waiter);
+  server_->pending_waits -= static_cast<std::int64_t>(waiters_.size());
+  waiters_.clear();
 }
 
 // Reads until the socket has nothing more (the reactor is edge-triggered), handling each
@@ -185,9 +189,7 @@ bool Connection::handle(Request& r) {
       for (std::size_t i = 0; i < r.key_count; ++i) table.set(r.key(i), std::move(r.values[i]));
       return true;
     case Command::CancelWait:
-      for (auto& waiter : waiters_) table.cancel_wait(waiter);
-      server_->pending_waits -= static_cast<std::int64_t>(waiters_.size());
-      waiters_.clear();
+      cancel_waits();
       put_u8(out_, kWaitCanceled);
       return true;
     case Command::QueuePush: table.queue_push(r.key(), std::move(r.values[0])); return true;
@@ -210,13 +212,20 @@ bool Connection::handle_wait(const Request& r) {
     put_u8(out_, kStopWaiting);
     return true;
   }
-  Waiter& waiter = waiters_.emplace_back();
-  waiter.owner = this;
-  if (!server_->table.begin_wait(waiter, r.keys, r.key_count)) {
-    waiters_.pop_back();
+  const std::size_t cap = server_->options.max_waits_per_connection;
+  if (waiters_.size() >= cap) {
+    close("more than " + std::to_string(cap) +
+          " WAITs pending on one connection (--max-waits-per-connection)");
+    return false;
+  }
+  auto waiter = std::make_unique<Waiter>();
+  waiter->owner = this;
+  if (!server_->table.begin_wait(*waiter, r.keys, r.key_count)) {
     put_u8(out_, kStopWaiting);
     return true;
   }
+  const Waiter* raw = waiter.get();
+  waiters_.emplace(raw, std::move(waiter));
   ++server_->pending_waits;
   return true;
 }
@@ -242,7 +251,7 @@ bool Connection::handle_multi_get(const Request& r) {
 }
 
 void Connection::on_wait_done(Waiter& waiter) {
-  waiters_.remove_if([&](const Waiter& w) { return &w == &waiter; });
+  waiters_.erase(&waiter);
   --server_->pending_waits;
   put_u8(out_, kStopWaiting);
   flush();

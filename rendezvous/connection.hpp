@@ -3,9 +3,9 @@
 // bytes arrive, reassembles requests, answers them in order and batches its writes.
 // Private to the rendezvous library; lives on the server's event loop thread.
 
-#include <list>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include <boost/asio/ip/tcp.hpp>
@@ -33,6 +33,8 @@ class Connection final : public Subscriber, public std::enable_shared_from_this<
 
  private:
   void on_readable();
+  // Cancels every pending wait of this connection: O(waits), whatever their keys.
+  void cancel_waits();
   void wait_readable();
   bool process(const char* data, std::size_t size);
   // Answers one request; returns false after closing the connection for it.
@@ -55,7 +57,8 @@ class Connection final : public Subscriber, public std::enable_shared_from_this<
   bool closed_ = false;
   bool closing_ = false;  // a close is posted: push nothing more
   std::string unread_;    // bytes read but not yet handled when the backlog grew too large
-  std::list<Waiter> waiters_;
+  // Pending waits, by address: the table answers with a reference, removed in O(1).
+  std::unordered_map<const Waiter*, std::unique_ptr<Waiter>> waiters_;
   std::vector<std::string> watched_;
 };
 

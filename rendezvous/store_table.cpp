@@ -114,13 +114,13 @@ std::int64_t StoreTable::queue_len(std::string_view key) const {
 bool StoreTable::begin_wait(Waiter& waiter, const std::vector<std::string>& keys,
                             std::size_t count) {
   waiter.remaining = 0;
-  waiter.keys.clear();
+  waiter.slots.clear();
   for (std::size_t i = 0; i < count; ++i) {
     if (present(keys[i])) continue;
     auto it = waiters_.find(keys[i]);
-    if (it == waiters_.end()) it = waiters_.emplace(keys[i], std::vector<Waiter*>()).first;
-    it->second.push_back(&waiter);
-    waiter.keys.push_back(keys[i]);
+    if (it == waiters_.end()) it = waiters_.emplace(keys[i], WaitList()).first;
+    auto entry = it->second.insert(it->second.end(), WaitEntry{&waiter, waiter.slots.size()});
+    waiter.slots.push_back(WaitSlot{keys[i], entry, true});
     ++waiter.remaining;
     ++registrations_;
   }
@@ -128,16 +128,14 @@ bool StoreTable::begin_wait(Waiter& waiter, const std::vector<std::string>& keys
 }
 
 void StoreTable::cancel_wait(Waiter& waiter) {
-  for (const auto& key : waiter.keys) {
-    auto it = waiters_.find(key);
-    if (it == waiters_.end()) continue;
-    auto& list = it->second;
-    auto removed = std::remove(list.begin(), list.end(), &waiter);
-    registrations_ -= static_cast<std::size_t>(list.end() - removed);
-    list.erase(removed, list.end());
-    if (list.empty()) waiters_.erase(it);
+  for (auto& slot : waiter.slots) {
+    if (!slot.active) continue;
+    auto it = waiters_.find(slot.key);
+    it->second.erase(slot.entry);
+    --registrations_;
+    if (it->second.empty()) waiters_.erase(it);
   }
-  waiter.keys.clear();
+  waiter.slots.clear();
   waiter.remaining = 0;
 }
 
@@ -164,28 +162,29 @@ void StoreTable::changed(std::string_view key, std::uint8_t event, std::string_v
 void StoreTable::wake_all(std::string_view key) {
   auto it = waiters_.find(key);
   if (it == waiters_.end()) return;
-  std::vector<Waiter*> list = std::move(it->second);
+  WaitList list = std::move(it->second);
   waiters_.erase(it);
   registrations_ -= list.size();
-  for (Waiter* waiter : list) {
-    if (--waiter->remaining == 0) {
-      waiter->keys.clear();
-      waiter->owner->on_wait_done(*waiter);
-    }
-  }
+  // A waiter is answered (and may be destroyed) at its last entry, never before.
+  for (const WaitEntry& entry : list) satisfy(entry);
 }
 
 void StoreTable::wake_one(std::string_view key) {
   auto it = waiters_.find(key);
   if (it == waiters_.end()) return;
-  Waiter* waiter = it->second.front();
-  it->second.erase(it->second.begin());
+  WaitEntry entry = it->second.front();
+  it->second.pop_front();
   --registrations_;
   if (it->second.empty()) waiters_.erase(it);
-  if (--waiter->remaining == 0) {
-    waiter->keys.clear();
-    waiter->owner->on_wait_done(*waiter);
-  }
+  satisfy(entry);
+}
+
+void StoreTable::satisfy(const WaitEntry& entry) {
+  Waiter& waiter = *entry.waiter;
+  waiter.slots[entry.slot].active = false;
+  if (--waiter.remaining > 0) return;
+  waiter.slots.clear();
+  waiter.owner->on_wait_done(waiter);
 }
 
 void StoreTable::notify_watchers(std::uint8_t event, std::string_view key,

@@ -256,3 +256,73 @@ TEST_CASE("a 1.x watcher that never reads its events is closed, not buffered wit
   CHECK(watcher.closed_by_peer());
   CHECK(setter.get("w") == value);
 }
+
+namespace {
+
+// Far below the 20 s the server froze for when pending waits were removed by scanning.
+constexpr auto kPromptly = 5s;
+constexpr int kPipelinedWaits = 160000;
+
+// A connection with kPipelinedWaits WAITs for one missing key, all registered.
+RawSocket flood_with_waits(const TestServer& server) {
+  RawSocket flood(server.port());
+  const std::string wait = v2(make_request(Command::Wait, {"never"}));
+  std::string bytes = kOpening;
+  bytes.reserve(kOpening.size() + wait.size() * kPipelinedWaits);
+  for (int i = 0; i < kPipelinedWaits; ++i) bytes += wait;
+  REQUIRE(flood.send(bytes));
+  REQUIRE(eventually([&] { return server.stats().waits == kPipelinedWaits; }, 60s));
+  return flood;
+}
+
+}  // namespace
+
+TEST_CASE("160 thousand WAITs pipelined on one connection are dropped without stalling the others") {
+  ServerOptions options;
+  options.max_waits_per_connection = kPipelinedWaits;
+  TestServer server(options);
+  Client other(server.client_options());
+  RawSocket flood = flood_with_waits(server);
+  const auto start = std::chrono::steady_clock::now();
+  SECTION("by closing the connection") {
+    flood.close();
+    CHECK(eventually([&] { return server.stats().waits == 0; }, kPromptly));
+  }
+  SECTION("by CANCEL_WAIT") {
+    REQUIRE(flood.send(v2(make_request(Command::CancelWait))));
+    CHECK(flood.read(1, kPromptly) == std::string(1, static_cast<char>(kWaitCanceled)));
+  }
+  SECTION("by SETting the key") {
+    other.set("never", "now");
+    CHECK(flood.read(kPipelinedWaits, kPromptly) ==
+          std::string(kPipelinedWaits, static_cast<char>(kStopWaiting)));
+  }
+  other.ping();  // the server answers the others at once
+  CHECK(std::chrono::steady_clock::now() - start < kPromptly);
+  CHECK(eventually([&] { return server.stats().waits == 0; }));
+}
+
+TEST_CASE("one WAIT over the per-connection cap closes that connection only") {
+  TestServer server;  // the default cap
+  RawSocket flood(server.port());
+  const std::string wait = v2(make_request(Command::Wait, {"never"}));
+  std::string bytes = kOpening;
+  for (std::size_t i = 0; i < kDefaultMaxWaitsPerConnection; ++i) bytes += wait;
+  REQUIRE(flood.send(bytes));
+  REQUIRE(eventually([&] {
+    return server.stats().waits == static_cast<std::int64_t>(kDefaultMaxWaitsPerConnection);
+  }));
+  CHECK(server.stats().rejected == 0);
+  flood.send(wait);
+  CHECK(flood.closed_by_peer());
+  CHECK(eventually([&] { return idle(server); }));
+  CHECK(server.stats().rejected == 1);
+  bool logged = false;
+  for (const auto& line : server.log()) {
+    logged = logged || line.find("WAITs pending on one connection") != std::string::npos;
+  }
+  CHECK(logged);
+  Client client(server.client_options());
+  client.set("never", "now");
+  client.wait({"never"});
+}

@@ -22,6 +22,8 @@
 
 namespace ddp::store {
 
+inline constexpr std::size_t kDefaultMaxWaitsPerConnection = 1024;
+
 // One line per event worth telling an operator (a connection closed for bad bytes).
 using Logger = std::function<void(std::string_view line)>;
 
@@ -31,6 +33,9 @@ struct ServerOptions {
   Limits limits;                 // per-request limits; larger requests close the connection
   Logger logger;                 // empty: lines go to stderr prefixed "ddpstore: "
   int backlog = 65535;           // listen backlog (the kernel caps it at somaxconn)
+  // WAITs one connection may have pending (real clients have one or two); one more
+  // closes that connection.
+  std::size_t max_waits_per_connection = kDefaultMaxWaitsPerConnection;
 };
 
 // Counters for tests and monitoring; safe to read from any thread.
