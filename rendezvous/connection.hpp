@@ -41,7 +41,18 @@ class Connection final : public Subscriber, public std::enable_shared_from_this<
   bool handle(Request& request);
   bool handle_wait(const Request& request);
   bool handle_multi_get(const Request& request);
+  // How much the store would grow at most by handling request.
+  std::size_t store_growth(const Request& request) const;
+  // False after closing the connection for a request that would outgrow the store budget.
+  bool fits_store_budget(const Request& request);
+  // Tells the server how many reply bytes this connection holds now.
+  void account_output();
+  // account_output(); false after closing the connection when the server-wide total is
+  // over budget and this connection holds some of it.
+  bool within_output_budget();
+  // Hands queued replies to the socket and accounts for what is left.
   void flush();
+  void send_queued();
   void on_written(const boost::system::error_code& ec);
   // Replies queued or being written.
   std::size_t backlog() const { return out_.size() + sending_.size(); }
@@ -52,6 +63,7 @@ class Connection final : public Subscriber, public std::enable_shared_from_this<
   RequestParser parser_;
   std::string out_;      // replies not yet handed to the socket
   std::string sending_;  // replies being written
+  std::size_t accounted_ = 0;  // backlog() as last added to the server's total
   bool writing_ = false;
   bool read_paused_ = false;  // too much output queued: stop reading until it drains
   bool closed_ = false;

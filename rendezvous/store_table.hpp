@@ -68,6 +68,13 @@ class StoreTable {
   // A key exists for CHECK and WAIT when it holds a value or a non-empty queue.
   bool present(std::string_view key) const;
   std::size_t size() const { return data_.size(); }
+  // Bytes of every key, value and queued element held now.
+  std::size_t stored_bytes() const { return stored_bytes_; }
+  // How much stored_bytes() would grow at most if key were set to a value of value_bytes.
+  std::size_t set_growth(std::string_view key, std::size_t value_bytes) const;
+  // The same for appending bytes to key, and for pushing a value of value_bytes to its queue.
+  std::size_t append_growth(std::string_view key, std::size_t bytes) const;
+  std::size_t push_growth(std::string_view key, std::size_t value_bytes) const;
 
   void set(std::string_view key, std::string&& value);
   // The new value; nullopt (and nothing changed) when the key holds no decimal integer.
@@ -106,6 +113,7 @@ class StoreTable {
   StringMap<WaitList> waiters_;
   StringMap<std::vector<Subscriber*>> watchers_;
   std::size_t registrations_ = 0;
+  std::size_t stored_bytes_ = 0;
 };
 
 }  // namespace ddp::store
