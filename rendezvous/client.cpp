@@ -44,7 +44,8 @@ Dialect probe_dialect(const std::string& host, std::uint16_t port,
     throw StoreError("store client " + where + ": detect dialect: cannot send the probe");
   }
   char reply[8];
-  return conn->read(reply, 8, reply_timeout) == TcpConnection::Io::Ok ? Dialect::V1 : Dialect::V2;
+  return conn->read(reply, 8, Clock::now() + reply_timeout) == TcpConnection::Io::Ok ? Dialect::V1
+                                                                                     : Dialect::V2;
 }
 
 }  // namespace
@@ -79,7 +80,8 @@ void Client::connect_locked() {
     // Part of connecting: bounded by connect_timeout, not by the (longer) reply timeout.
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
     char reply[4];
-    read(reply, 4, "connect (PING)", std::min(timeout(), std::max(left, kMinHandshakeTimeout)));
+    expect_reply_within(std::min(timeout(), std::max(left, kMinHandshakeTimeout)));
+    read(reply, 4, "connect (PING)");
     if (get_u32(reply) != nonce_) fail("connect (PING)", "the server answered a wrong nonce");
   }
 }
@@ -112,18 +114,23 @@ void Client::begin(Command command) {
 
 void Client::send(std::string_view op) {
   switch (conn_->send_all(out_, timeout())) {
-    case TcpConnection::Io::Ok: return;
+    case TcpConnection::Io::Ok: expect_reply_within(timeout()); return;
     case TcpConnection::Io::Timeout: fail(op, "timed out after " + ms_text(timeout()) + " sending the request", true);
     case TcpConnection::Io::Closed: fail(op, "the server closed the connection");
     case TcpConnection::Io::Error: fail(op, "send failed: " + conn_->last_error());
   }
 }
 
-void Client::read(char* dst, std::size_t n, std::string_view op, std::chrono::milliseconds timeout) {
-  switch (conn_->read(dst, n, timeout)) {
+void Client::expect_reply_within(std::chrono::milliseconds timeout) {
+  reply_timeout_ = timeout;
+  reply_deadline_ = Clock::now() + timeout;
+}
+
+void Client::read(char* dst, std::size_t n, std::string_view op) {
+  switch (conn_->read(dst, n, reply_deadline_)) {
     case TcpConnection::Io::Ok: return;
     case TcpConnection::Io::Timeout:
-      fail(op, "timed out after " + ms_text(timeout) + " waiting for the reply", true);
+      fail(op, "timed out after " + ms_text(reply_timeout_) + " waiting for the reply", true);
     case TcpConnection::Io::Closed:
       fail(op, "the server closed the connection (it logs why when it rejected a request)");
     case TcpConnection::Io::Error: fail(op, "receive failed: " + conn_->last_error());
@@ -132,26 +139,26 @@ void Client::read(char* dst, std::size_t n, std::string_view op, std::chrono::mi
 
 std::uint8_t Client::read_u8(std::string_view op) {
   char b;
-  read(&b, 1, op, timeout());
+  read(&b, 1, op);
   return static_cast<std::uint8_t>(b);
 }
 
 std::int64_t Client::read_i64(std::string_view op) {
   char b[8];
-  read(b, 8, op, timeout());
+  read(b, 8, op);
   return get_i64(b);
 }
 
 std::string Client::read_bytes(std::string_view op) {
   char b[8];
-  read(b, 8, op, timeout());
+  read(b, 8, op);
   std::uint64_t len = get_u64(b);
   if (len > options_.limits.max_value_bytes) {
     fail(op, "the server sent a value of " + std::to_string(len) + " bytes, over the limit of " +
                  std::to_string(options_.limits.max_value_bytes));
   }
   std::string value(static_cast<std::size_t>(len), '\0');
-  read(value.data(), value.size(), op, timeout());
+  read(value.data(), value.size(), op);
   return value;
 }
 
@@ -224,7 +231,7 @@ void Client::wait_locked(const std::vector<std::string>& keys, std::chrono::mill
   for (const auto& key : keys) put_bytes(out_, key);
   send(op);
   char reply = 0;
-  switch (conn_->read(&reply, 1, timeout)) {
+  switch (conn_->read(&reply, 1, Clock::now() + timeout)) {
     case TcpConnection::Io::Ok:
       if (static_cast<std::uint8_t>(reply) != kStopWaiting) {
         fail(op, "unexpected wait reply " + std::to_string(static_cast<int>(reply)));
@@ -241,8 +248,9 @@ void Client::wait_locked(const std::vector<std::string>& keys, std::chrono::mill
   out_.clear();
   put_u8(out_, *encode_command(Dialect::V2, Command::CancelWait));
   send(op);
+  expect_reply_within(kCancelReplyTimeout);
   do {
-    read(&reply, 1, "cancel wait", kCancelReplyTimeout);
+    read(&reply, 1, "cancel wait");
   } while (static_cast<std::uint8_t>(reply) == kStopWaiting);
   throw StoreTimeout("store client " + endpoint_ + ": " + std::string(op) + ": " + detail);
 }
@@ -343,7 +351,7 @@ std::chrono::nanoseconds Client::ping() {
   put_u32(out_, ++nonce_);
   send("ping");
   char reply[4];
-  read(reply, 4, "ping", timeout());
+  read(reply, 4, "ping");
   if (get_u32(reply) != nonce_) fail("ping", "the server answered a wrong nonce");
   return Clock::now() - start;
 }

@@ -127,7 +127,7 @@ TcpConnection::Io TcpConnection::send_all(std::string_view data, std::chrono::mi
   return Io::Ok;
 }
 
-TcpConnection::Io TcpConnection::read(char* dst, std::size_t n, std::chrono::milliseconds timeout) {
+TcpConnection::Io TcpConnection::read(char* dst, std::size_t n, Clock::time_point deadline) {
   while (n > 0) {
     if (begin_ < end_) {
       std::size_t take = std::min(n, end_ - begin_);
@@ -137,14 +137,20 @@ TcpConnection::Io TcpConnection::read(char* dst, std::size_t n, std::chrono::mil
       n -= take;
       continue;
     }
-    if (!set_timeout(SO_RCVTIMEO, timeout, recv_timeout_)) return Io::Error;
+    pollfd p{fd_, POLLIN, 0};
+    int ready = ::poll(&p, 1, static_cast<int>(remaining(deadline).count()));
+    if (ready < 0) {
+      if (errno == EINTR) continue;
+      errno_ = errno;
+      return Io::Error;
+    }
+    if (ready == 0) return Io::Timeout;
     // Large reads go straight to the destination.
     char* into = n >= buffer_.size() ? dst : buffer_.data();
     std::size_t room = n >= buffer_.size() ? n : buffer_.size();
-    ssize_t got = ::recv(fd_, into, room, 0);
+    ssize_t got = ::recv(fd_, into, room, MSG_DONTWAIT);
     if (got < 0) {
-      if (errno == EINTR) continue;
-      if (errno == EAGAIN || errno == EWOULDBLOCK) return Io::Timeout;
+      if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
       errno_ = errno;
       return errno == ECONNRESET ? Io::Closed : Io::Error;
     }

@@ -1,5 +1,5 @@
 #pragma once
-// A blocking TCP connection with per-read timeouts and a read buffer: what Client needs
+// A blocking TCP connection with read deadlines and a read buffer: what Client needs
 // from the OS, behind one narrow class. Private to the rendezvous library.
 
 #include <chrono>
@@ -27,8 +27,9 @@ class TcpConnection {
 
   // Sends every byte, each send waiting at most timeout for buffer space.
   Io send_all(std::string_view data, std::chrono::milliseconds timeout);
-  // Reads exactly n bytes, waiting at most timeout for each arrival.
-  Io read(char* dst, std::size_t n, std::chrono::milliseconds timeout);
+  // Reads exactly n bytes, all of them by deadline (Io::Timeout after it, however steadily
+  // the bytes trickle in).
+  Io read(char* dst, std::size_t n, Clock::time_point deadline);
   // The errno of the last Io::Error, as text.
   std::string last_error() const;
 
@@ -41,7 +42,6 @@ class TcpConnection {
   std::vector<char> buffer_;
   std::size_t begin_ = 0;
   std::size_t end_ = 0;
-  std::chrono::milliseconds recv_timeout_{-1};
   std::chrono::milliseconds send_timeout_{-1};
 };
 

@@ -7,7 +7,8 @@
 // thread its own Client for concurrency.
 //
 // Timeouts: connecting retries with back-off until connect_timeout; every later call waits
-// at most timeout() (or the wait's own timeout) for each reply. Every failure throws
+// at most timeout() (or the wait's own timeout) for the whole of each reply, however
+// slowly its bytes arrive. Every failure throws
 // StoreError (StoreTimeout for an expired wait) naming the endpoint, the operation and the
 // key. After a failure the connection is dropped and the next call reconnects.
 
@@ -87,7 +88,9 @@ class Client : public Store {
   [[noreturn]] void fail(std::string_view op, std::string_view detail, bool timeout = false);
   void begin(Command command);
   void send(std::string_view op);
-  void read(char* dst, std::size_t n, std::string_view op, std::chrono::milliseconds timeout);
+  // Every byte of a reply arrives by one deadline: timeout() after its request was sent.
+  void expect_reply_within(std::chrono::milliseconds timeout);
+  void read(char* dst, std::size_t n, std::string_view op);
   std::uint8_t read_u8(std::string_view op);
   std::int64_t read_i64(std::string_view op);
   std::string read_bytes(std::string_view op);
@@ -102,6 +105,8 @@ class Client : public Store {
   std::unique_ptr<TcpConnection> conn_;
   std::string out_;
   std::uint32_t nonce_ = 0;
+  std::chrono::steady_clock::time_point reply_deadline_;
+  std::chrono::milliseconds reply_timeout_{0};
 };
 
 // Finds which dialect the server at host:port speaks without risking a 1.x server: sends
