@@ -1,6 +1,6 @@
 #pragma once
-// The c10d TCPStore wire format (both dialects): command tables, an incremental request
-// parser and the encoders for requests and replies. Pure functions and objects, no sockets:
+// The c10d TCPStore wire format (both dialects): command tables, incremental request and
+// reply parsers and the encoders for requests and replies. Pure functions and objects, no sockets:
 // the server, the client, the benchmarks and the fuzzer all share this file.
 //
 // Facts: /work/shared/store-protocol.md. Every length read from the wire is checked against
