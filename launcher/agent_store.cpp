@@ -1,8 +1,7 @@
 #include "ddp/launcher/agent_store.hpp"
 
-#include <cstdio>
-
 #include <boost/asio/ip/address.hpp>
+#include <cstdio>
 
 namespace ddp::launcher {
 namespace {

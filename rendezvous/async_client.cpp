@@ -2,15 +2,14 @@
 
 #include <algorithm>
 #include <array>
-#include <deque>
-#include <optional>
-#include <stdexcept>
-
 #include <boost/asio/connect.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
 #include <boost/asio/steady_timer.hpp>
 #include <boost/asio/write.hpp>
+#include <deque>
+#include <optional>
+#include <stdexcept>
 
 #include "ddp/store/store_util.hpp"
 
@@ -66,8 +65,8 @@ struct AsyncClient::Impl : std::enable_shared_from_this<AsyncClient::Impl> {
         parser(options.limits) {}
 
   std::exception_ptr error(std::string_view op, std::string_view detail, bool timeout) const {
-    std::string message = "store client " + endpoint + ": " + std::string(op) + ": " +
-                          std::string(detail);
+    std::string message =
+        "store client " + endpoint + ": " + std::string(op) + ": " + std::string(detail);
     if (timeout) return std::make_exception_ptr(StoreTimeout(message));
     return std::make_exception_ptr(StoreError(message));
   }
@@ -102,8 +101,8 @@ struct AsyncClient::Impl : std::enable_shared_from_this<AsyncClient::Impl> {
                                                       tcp::resolver::results_type results) {
           if (gen != self->generation) return;
           if (ec) {
-            self->attempt_failed("cannot resolve host '" + self->options.host + "': " +
-                                 ec.message());
+            self->attempt_failed("cannot resolve host '" + self->options.host +
+                                 "': " + ec.message());
             return;
           }
           self->connect_to(results);
@@ -111,19 +110,18 @@ struct AsyncClient::Impl : std::enable_shared_from_this<AsyncClient::Impl> {
   }
 
   void connect_to(const tcp::resolver::results_type& results) {
-    boost::asio::async_connect(
-        socket, results,
-        [self = shared_from_this(), gen = generation](const boost::system::error_code& ec,
-                                                      const tcp::endpoint&) {
-          if (gen != self->generation) return;
-          if (ec) {
-            boost::system::error_code ignored;
-            self->socket.close(ignored);
-            self->attempt_failed(ec.message());
-            return;
-          }
-          self->on_connected();
-        });
+    boost::asio::async_connect(socket, results,
+                               [self = shared_from_this(), gen = generation](
+                                   const boost::system::error_code& ec, const tcp::endpoint&) {
+                                 if (gen != self->generation) return;
+                                 if (ec) {
+                                   boost::system::error_code ignored;
+                                   self->socket.close(ignored);
+                                   self->attempt_failed(ec.message());
+                                   return;
+                                 }
+                                 self->on_connected();
+                               });
   }
 
   // A refused or unreachable attempt: the server may not be listening yet.
@@ -160,8 +158,8 @@ struct AsyncClient::Impl : std::enable_shared_from_this<AsyncClient::Impl> {
     // 2.x: VALIDATE, then a PING whose nonce must come back; part of connecting, so bounded
     // by connect_timeout (but never less than kMinHandshakeTimeout), not by timeout.
     state = State::Handshaking;
-    const auto limit = std::min(options.timeout,
-                                std::max(until(connect_deadline), kMinHandshakeTimeout));
+    const auto limit =
+        std::min(options.timeout, std::max(until(connect_deadline), kMinHandshakeTimeout));
     const std::uint32_t nonce = ++nonces;
     Operation ping{make_request(Command::Ping, {}, {}, 0, nonce), "connect (PING)", limit,
                    Clock::now() + limit,
@@ -231,31 +229,30 @@ struct AsyncClient::Impl : std::enable_shared_from_this<AsyncClient::Impl> {
     canceling = false;
     writing = true;
     arm_timer(in_flight->deadline);
-    boost::asio::async_write(
-        socket, boost::asio::buffer(out),
-        [self = shared_from_this(), gen = generation, id](const boost::system::error_code& ec,
-                                                          std::size_t) {
-          if (gen != self->generation || id != self->op_id || !self->in_flight) return;
-          self->writing = false;
-          if (ec) {
-            self->fail_connection(ec == boost::asio::error::operation_aborted
-                                      ? "the connection was closed"
-                                      : "send failed: " + ec.message(),
-                                  false);
-            return;
-          }
-          if (!self->awaiting_reply) self->complete({});
-        });
+    boost::asio::async_write(socket, boost::asio::buffer(out),
+                             [self = shared_from_this(), gen = generation, id](
+                                 const boost::system::error_code& ec, std::size_t) {
+                               if (gen != self->generation || id != self->op_id || !self->in_flight)
+                                 return;
+                               self->writing = false;
+                               if (ec) {
+                                 self->fail_connection(ec == boost::asio::error::operation_aborted
+                                                           ? "the connection was closed"
+                                                           : "send failed: " + ec.message(),
+                                                       false);
+                                 return;
+                               }
+                               if (!self->awaiting_reply) self->complete({});
+                             });
   }
 
   void arm_timer(Clock::time_point deadline) {
     reply_timer.expires_at(deadline);
-    reply_timer.async_wait(
-        [self = shared_from_this(), gen = generation, id = ++timer_id](
-            const boost::system::error_code& ec) {
-          if (ec || gen != self->generation || id != self->timer_id || !self->in_flight) return;
-          self->on_deadline();
-        });
+    reply_timer.async_wait([self = shared_from_this(), gen = generation,
+                            id = ++timer_id](const boost::system::error_code& ec) {
+      if (ec || gen != self->generation || id != self->timer_id || !self->in_flight) return;
+      self->on_deadline();
+    });
   }
 
   void on_deadline() {
@@ -267,8 +264,8 @@ struct AsyncClient::Impl : std::enable_shared_from_this<AsyncClient::Impl> {
         cancel_wait(detail);
         return;
       }
-      fail_connection(canceling ? "cancel wait: timed out after " +
-                                      ms_text(kCancelReplyTimeout) + " waiting for WAIT_CANCELED"
+      fail_connection(canceling ? "cancel wait: timed out after " + ms_text(kCancelReplyTimeout) +
+                                      " waiting for WAIT_CANCELED"
                                 : detail,
                       true);
       return;
@@ -336,19 +333,18 @@ struct AsyncClient::Impl : std::enable_shared_from_this<AsyncClient::Impl> {
   // ---- replies -------------------------------------------------------------------------
 
   void start_reading() {
-    socket.async_read_some(
-        boost::asio::buffer(read_buffer),
-        [self = shared_from_this(), gen = generation](const boost::system::error_code& ec,
-                                                      std::size_t n) {
-          if (gen != self->generation) return;
-          if (ec) {
-            self->on_read_error(ec);
-            return;
-          }
-          if (self->on_bytes(std::string_view(self->read_buffer.data(), n))) {
-            self->start_reading();
-          }
-        });
+    socket.async_read_some(boost::asio::buffer(read_buffer),
+                           [self = shared_from_this(), gen = generation](
+                               const boost::system::error_code& ec, std::size_t n) {
+                             if (gen != self->generation) return;
+                             if (ec) {
+                               self->on_read_error(ec);
+                               return;
+                             }
+                             if (self->on_bytes(std::string_view(self->read_buffer.data(), n))) {
+                               self->start_reading();
+                             }
+                           });
   }
 
   void on_read_error(const boost::system::error_code& ec) {
@@ -368,9 +364,9 @@ struct AsyncClient::Impl : std::enable_shared_from_this<AsyncClient::Impl> {
     const auto gen = generation;
     while (!data.empty()) {
       if (!in_flight || !awaiting_reply) {
-        fail_connection("the server sent " + std::to_string(data.size()) +
-                            " bytes that answer no request",
-                        false);
+        fail_connection(
+            "the server sent " + std::to_string(data.size()) + " bytes that answer no request",
+            false);
         return false;
       }
       auto result = parser.feed(data);
@@ -456,11 +452,11 @@ void AsyncClient::connect(ConnectHandler done) {
 void AsyncClient::request(Request request, std::string op, std::chrono::milliseconds timeout,
                           ReplyHandler done) {
   if (!encode_command(impl_->dialect, request.command)) {
-    auto e = impl_->error(op, std::string(command_name(request.command)) +
-                                  " does not exist in the " +
-                                  std::string(dialect_name(impl_->dialect)) +
-                                  " dialect this client speaks",
-                          false);
+    auto e =
+        impl_->error(op,
+                     std::string(command_name(request.command)) + " does not exist in the " +
+                         std::string(dialect_name(impl_->dialect)) + " dialect this client speaks",
+                     false);
     boost::asio::post(impl_->io, [done = std::move(done), e] { done(e, {}); });
     return;
   }

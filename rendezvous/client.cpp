@@ -54,8 +54,7 @@ Dialect probe_dialect(const std::string& host, std::uint16_t port,
     try {
       std::rethrow_exception(error);
     } catch (const StoreError& e) {
-      throw StoreError("store client " + endpoint_of(host, port) + ": detect dialect: " +
-                       e.what());
+      throw StoreError("store client " + endpoint_of(host, port) + ": detect dialect: " + e.what());
     }
   }
   done = false;

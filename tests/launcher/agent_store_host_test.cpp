@@ -1,14 +1,11 @@
 // The agent's store in-process: where it listens, and where its log lines go.
-#include "ddp/launcher/agent_store.hpp"
-
-#include <catch2/catch.hpp>
-
-#include <thread>
-
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
+#include <catch2/catch.hpp>
+#include <thread>
 
 #include "../rendezvous/raw_socket.hpp"
+#include "ddp/launcher/agent_store.hpp"
 
 using ddp::launcher::LaunchConfig;
 using ddp::launcher::store_bind_host;

@@ -3,10 +3,9 @@
 
 #include "ddp/store/async_client.hpp"
 
-#include <catch2/catch.hpp>
-
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <catch2/catch.hpp>
 
 #include "ddp/store/server.hpp"
 #include "store_fixture.hpp"
@@ -80,8 +79,7 @@ TEST_CASE("AsyncClient: requests complete through their handlers, in order, on t
     CHECK(client.connected());
     CHECK(client.local_address() == "127.0.0.1");
     Outcome deleted;
-    client.request(make_request(Command::DeleteKey, {"n"}), "delete_key 'n'", 5s,
-                   record(deleted));
+    client.request(make_request(Command::DeleteKey, {"n"}), "delete_key 'n'", 5s, record(deleted));
     REQUIRE(run_until(io, [&] { return deleted.done; }));
     CHECK(deleted.reply.number == 1);
   }
@@ -152,7 +150,8 @@ TEST_CASE("AsyncClient: connect retries until the server is listening") {
   server->close();
 }
 
-TEST_CASE("AsyncClient: no server within connect_timeout fails every request, naming the endpoint") {
+TEST_CASE(
+    "AsyncClient: no server within connect_timeout fails every request, naming the endpoint") {
   boost::asio::io_context io;
   ClientOptions options;
   options.port = free_port(io);
@@ -174,7 +173,7 @@ TEST_CASE("AsyncClient: close() fails what is pending, its handlers run on the l
   Outcome waiting;
   client->wait({"never"}, "wait", 10s, record(waiting));
   REQUIRE(run_until(io, [&] { return server.stats().waits == 1; }));
-  client.reset();  // closes
+  client.reset();             // closes
   CHECK_FALSE(waiting.done);  // posted, not called from inside the destructor
   REQUIRE(run_until(io, [&] { return waiting.done; }));
   CHECK_THAT(waiting.error, Catch::Contains("closed"));

@@ -1,15 +1,14 @@
 // Client timeouts against servers that misbehave on purpose.
 
-#include "ddp/store/client.hpp"
-
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
-
 #include <thread>
+
+#include "ddp/store/client.hpp"
 
 using namespace ddp::store;
 using namespace std::chrono_literals;

@@ -13,9 +13,9 @@ namespace ddp::launcher {
 // The address the agent's store listens on. A one-node job (--nnodes=1) whose MASTER_ADDR
 // (--local_addr, else --master_addr) is a loopback address, "localhost" or empty is reached
 // only over loopback, so its store listens on that loopback address (127.0.0.1 for
-// "localhost" or empty) and no other host can reach it. Any other job listens on every interface ("0.0.0.0"), as
-// PyTorch's TCPStore does, because workers on other hosts, or at the address named, must
-// reach it.
+// "localhost" or empty) and no other host can reach it. Any other job listens on every interface
+// ("0.0.0.0"), as PyTorch's TCPStore does, because workers on other hosts, or at the address named,
+// must reach it.
 std::string store_bind_host(const LaunchConfig& config);
 
 // A MasterHostFactory hosting the agent's store. MASTER_ADDR = --local_addr or

@@ -18,14 +18,13 @@
 // loop runs). Lifetime: the io_context must outlive it. Destroying it (or close()) fails
 // every request not yet answered; their handlers are posted to the io_context.
 
+#include <boost/asio/io_context.hpp>
 #include <chrono>
 #include <exception>
 #include <functional>
 #include <memory>
 #include <string>
 #include <vector>
-
-#include <boost/asio/io_context.hpp>
 
 #include "ddp/store/client_options.hpp"
 #include "ddp/store/wire_codec.hpp"
