@@ -366,3 +366,30 @@ TEST_CASE("reply parser: a value over the limit fails before anything is allocat
                                                   value_bytes(std::string(60, 'b')), 2, limits);
   CHECK(multi.status == ReplyParser::Status::Error);
 }
+
+TEST_CASE("reply parser: random bytes as any reply never crash it nor make it hold much") {
+  constexpr Command kAnswered[] = {Command::Ping,     Command::Get,        Command::CompareSet,
+                                   Command::Add,      Command::GetNumKeys, Command::DeleteKey,
+                                   Command::QueueLen, Command::Check,      Command::Wait,
+                                   Command::CancelWait, Command::MultiGet, Command::QueuePop};
+  std::mt19937_64 rng(54321);
+  Limits limits;
+  limits.max_value_bytes = 1024;
+  limits.max_reply_bytes = 4096;
+  ReplyParser parser(limits);
+  for (int round = 0; round < 5000; ++round) {
+    std::string bytes(rng() % 300, '\0');
+    for (auto& c : bytes) c = static_cast<char>(rng() % 4 == 0 ? rng() % 8 : rng());
+    parser.expect(kAnswered[rng() % std::size(kAnswered)], rng() % 8);
+    std::string_view rest = bytes;
+    auto status = ReplyParser::Status::NeedMore;
+    while (!rest.empty() && status == ReplyParser::Status::NeedMore) {
+      auto r = parser.feed(rest.substr(0, 1 + rng() % 16));
+      rest.remove_prefix(r.consumed);
+      status = r.status;
+    }
+    std::size_t held = 0;
+    for (const auto& value : parser.reply().values) held += value.size();
+    CHECK(held <= limits.max_reply_bytes);
+  }
+}
