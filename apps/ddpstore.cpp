@@ -46,6 +46,17 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--max-reply-bytes", options.limits.max_reply_bytes, "Largest MULTI_GET reply")
       ->capture_default_str();
+  app.add_option("--max-waits-per-connection", options.max_waits_per_connection,
+                 "Most WAITs pending on one connection; one more closes it")
+      ->capture_default_str();
+  app.add_option("--max-stored-bytes", options.max_stored_bytes,
+                 "Budget for keys and values of the whole store; a request past it closes its "
+                 "connection")
+      ->capture_default_str();
+  app.add_option("--max-queued-reply-bytes", options.max_queued_reply_bytes,
+                 "Budget for replies queued for all clients; the client that takes it past is "
+                 "closed")
+      ->capture_default_str();
   CLI11_PARSE(app, argc, argv);
 
   raise_open_file_limit();

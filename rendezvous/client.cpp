@@ -1,9 +1,9 @@
 #include "ddp/store/client.hpp"
 
 #include <algorithm>
+#include <stdexcept>
 
 #include "ddp/store/store_util.hpp"
-#include "tcp_connection.hpp"
 
 namespace ddp::store {
 namespace {
@@ -15,36 +15,56 @@ std::string endpoint_of(const std::string& host, std::uint16_t port) {
   return (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
 }
 
-std::string ms_text(std::chrono::milliseconds ms) { return std::to_string(ms.count()) + " ms"; }
-
 std::string op_with_key(std::string_view op, const std::string& key) {
   return std::string(op) + " '" + key + "'";
 }
 
-// How long a canceled wait waits for the server's WAIT_CANCELED.
-constexpr std::chrono::milliseconds kCancelReplyTimeout{5000};
-// The 2.x handshake gets what is left of connect_timeout, but at least this long.
-constexpr std::chrono::milliseconds kMinHandshakeTimeout{1000};
+// Runs io until done is set by a handler. Every operation under way has a deadline timer,
+// so this ends; an io_context out of work before that is a bug of this file.
+void run_until(boost::asio::io_context& io, const bool& done) {
+  io.restart();
+  while (!done) {
+    if (io.run_one() == 0) {
+      throw std::logic_error("store client: an operation ended without calling its handler");
+    }
+  }
+}
 
-// Connects (retrying until connect_timeout), sends the 1.x GETNUMKEYS byte and returns V1
-// when its 8-byte reply arrives within reply_timeout, else V2.
+// Connects (retrying until connect_timeout) as a 1.x client, sends GETNUMKEYS and returns
+// V1 when its reply arrives within reply_timeout, else V2 (a 2.x server reads the byte as
+// the start of a WAIT and waits for more).
 Dialect probe_dialect(const std::string& host, std::uint16_t port,
                       std::chrono::milliseconds connect_timeout,
                       std::chrono::milliseconds reply_timeout) {
-  std::string error;
-  auto conn = TcpConnection::connect(host, port, Clock::now() + connect_timeout, error);
-  const std::string where = endpoint_of(host, port);
-  if (!conn) {
-    throw StoreError("store client " + where + ": detect dialect: no store server answered within " +
-                     ms_text(connect_timeout) + " (last error: " + error + ")");
+  boost::asio::io_context io(1);
+  ClientOptions options;
+  options.host = host;
+  options.port = port;
+  options.dialect = Dialect::V1;
+  options.connect_timeout = connect_timeout;
+  AsyncClient probe(io, options);
+  bool done = false;
+  std::exception_ptr error;
+  probe.connect([&](std::exception_ptr e) {
+    error = e;
+    done = true;
+  });
+  run_until(io, done);
+  if (error) {
+    try {
+      std::rethrow_exception(error);
+    } catch (const StoreError& e) {
+      throw StoreError("store client " + endpoint_of(host, port) + ": detect dialect: " + e.what());
+    }
   }
-  std::string probe;
-  put_u8(probe, *encode_command(Dialect::V1, Command::GetNumKeys));
-  if (conn->send_all(probe, reply_timeout) != TcpConnection::Io::Ok) {
-    throw StoreError("store client " + where + ": detect dialect: cannot send the probe");
-  }
-  char reply[8];
-  return conn->read(reply, 8, reply_timeout) == TcpConnection::Io::Ok ? Dialect::V1 : Dialect::V2;
+  done = false;
+  probe.request(make_request(Command::GetNumKeys), "detect dialect", reply_timeout,
+                [&](std::exception_ptr e, Reply) {
+                  error = e;
+                  done = true;
+                });
+  run_until(io, done);
+  return error ? Dialect::V2 : Dialect::V1;
 }
 
 }  // namespace
@@ -55,104 +75,44 @@ Client::Client(ClientOptions options)
                               : probe_dialect(options_.host, options_.port,
                                               options_.connect_timeout, kDefaultProbeTimeout);
   set_timeout(options_.timeout);
+  ClientOptions async_options = options_;
+  async_options.dialect = dialect_;
+  async_ = std::make_unique<AsyncClient>(io_, async_options);
   std::lock_guard lock(mutex_);
-  connect_locked();
+  ensure_connected();
 }
 
-Client::~Client() = default;
+Client::~Client() {
+  // Fails what is pending (nothing, between calls) before the io_context goes away.
+  async_.reset();
+}
 
-void Client::connect_locked() {
-  std::string error;
-  auto deadline = Clock::now() + options_.connect_timeout;
-  conn_ = TcpConnection::connect(options_.host, options_.port, deadline, error);
-  if (!conn_) {
-    throw StoreError("store client " + endpoint_ + ": connect: no store server answered within " +
-                     ms_text(options_.connect_timeout) + " (last error: " + error + ")");
-  }
-  if (dialect_ == Dialect::V2) {
-    out_.clear();
-    put_u8(out_, *encode_command(Dialect::V2, Command::Validate));
-    put_u32(out_, kValidationMagic);
-    put_u8(out_, *encode_command(Dialect::V2, Command::Ping));
-    put_u32(out_, ++nonce_);
-    send("connect (VALIDATE + PING)");
-    // Part of connecting: bounded by connect_timeout, not by the (longer) reply timeout.
-    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    char reply[4];
-    read(reply, 4, "connect (PING)", std::min(timeout(), std::max(left, kMinHandshakeTimeout)));
-    if (get_u32(reply) != nonce_) fail("connect (PING)", "the server answered a wrong nonce");
-  }
+Reply Client::call(const std::function<void(AsyncClient::ReplyHandler)>& submit) {
+  bool done = false;
+  std::exception_ptr error;
+  Reply reply;
+  submit([&](std::exception_ptr e, Reply r) {
+    error = e;
+    reply = std::move(r);
+    done = true;
+  });
+  run_until(io_, done);
+  if (error) std::rethrow_exception(error);
+  return reply;
 }
 
 void Client::ensure_connected() {
-  if (!conn_) connect_locked();
+  if (async_->connected()) return;
+  call([&](AsyncClient::ReplyHandler done) {
+    async_->connect([done = std::move(done)](std::exception_ptr e) { done(e, {}); });
+  });
 }
 
-void Client::drop() { conn_.reset(); }
-
-void Client::fail(std::string_view op, std::string_view detail, bool timeout) {
-  drop();
-  std::string message = "store client " + endpoint_ + ": " + std::string(op) + ": " +
-                        std::string(detail);
-  if (timeout) throw StoreTimeout(message);
-  throw StoreError(message);
-}
-
-void Client::begin(Command command) {
-  ensure_connected();
-  out_.clear();
-  auto byte = encode_command(dialect_, command);
-  if (!byte) {
-    throw StoreError("store client " + endpoint_ + ": " + std::string(command_name(command)) +
-                     " does not exist in the " + std::string(dialect_name(dialect_)) +
-                     " dialect this client speaks");
-  }
-  put_u8(out_, *byte);
-}
-
-void Client::send(std::string_view op) {
-  switch (conn_->send_all(out_, timeout())) {
-    case TcpConnection::Io::Ok: return;
-    case TcpConnection::Io::Timeout: fail(op, "timed out after " + ms_text(timeout()) + " sending the request", true);
-    case TcpConnection::Io::Closed: fail(op, "the server closed the connection");
-    case TcpConnection::Io::Error: fail(op, "send failed: " + conn_->last_error());
-  }
-}
-
-void Client::read(char* dst, std::size_t n, std::string_view op, std::chrono::milliseconds timeout) {
-  switch (conn_->read(dst, n, timeout)) {
-    case TcpConnection::Io::Ok: return;
-    case TcpConnection::Io::Timeout:
-      fail(op, "timed out after " + ms_text(timeout) + " waiting for the reply", true);
-    case TcpConnection::Io::Closed:
-      fail(op, "the server closed the connection (it logs why when it rejected a request)");
-    case TcpConnection::Io::Error: fail(op, "receive failed: " + conn_->last_error());
-  }
-}
-
-std::uint8_t Client::read_u8(std::string_view op) {
-  char b;
-  read(&b, 1, op, timeout());
-  return static_cast<std::uint8_t>(b);
-}
-
-std::int64_t Client::read_i64(std::string_view op) {
-  char b[8];
-  read(b, 8, op, timeout());
-  return get_i64(b);
-}
-
-std::string Client::read_bytes(std::string_view op) {
-  char b[8];
-  read(b, 8, op, timeout());
-  std::uint64_t len = get_u64(b);
-  if (len > options_.limits.max_value_bytes) {
-    fail(op, "the server sent a value of " + std::to_string(len) + " bytes, over the limit of " +
-                 std::to_string(options_.limits.max_value_bytes));
-  }
-  std::string value(static_cast<std::size_t>(len), '\0');
-  read(value.data(), value.size(), op, timeout());
-  return value;
+Reply Client::request(Request request, const std::string& op) {
+  ensure_connected();  // as before: the timeout starts once connected
+  return call([&](AsyncClient::ReplyHandler done) {
+    async_->request(std::move(request), op, timeout(), std::move(done));
+  });
 }
 
 void Client::require_v2(std::string_view op) {
@@ -164,52 +124,34 @@ void Client::require_v2(std::string_view op) {
 
 void Client::set(const std::string& key, std::string_view value) {
   std::lock_guard lock(mutex_);
-  begin(Command::Set);
-  put_bytes(out_, key);
-  put_bytes(out_, value);
-  send(op_with_key("set", key));
+  request(make_request(Command::Set, {key}, {std::string(value)}), op_with_key("set", key));
 }
 
 std::string Client::get(const std::string& key) {
   std::lock_guard lock(mutex_);
   const std::string op = op_with_key("get", key);
   wait_locked({key}, timeout(), op);
-  begin(Command::Get);
-  put_bytes(out_, key);
-  send(op);
-  return read_bytes(op);
+  return std::move(request(make_request(Command::Get, {key}), op).values.at(0));
 }
 
 std::int64_t Client::add(const std::string& key, std::int64_t delta) {
   std::lock_guard lock(mutex_);
-  const std::string op = op_with_key("add", key);
-  begin(Command::Add);
-  put_bytes(out_, key);
-  put_i64(out_, delta);
-  send(op);
-  return read_i64(op);
+  return request(make_request(Command::Add, {key}, {}, delta), op_with_key("add", key)).number;
 }
 
 std::string Client::compare_set(const std::string& key, std::string_view expected,
                                 std::string_view desired) {
   std::lock_guard lock(mutex_);
-  const std::string op = op_with_key("compare_set", key);
-  begin(Command::CompareSet);
-  put_bytes(out_, key);
-  put_bytes(out_, expected);
-  put_bytes(out_, desired);
-  send(op);
-  return read_bytes(op);
+  Reply reply = request(
+      make_request(Command::CompareSet, {key}, {std::string(expected), std::string(desired)}),
+      op_with_key("compare_set", key));
+  return std::move(reply.values.at(0));
 }
 
 bool Client::check(const std::vector<std::string>& keys) {
   std::lock_guard lock(mutex_);
-  const std::string op = "check " + describe_keys(keys);
-  begin(Command::Check);
-  put_u64(out_, keys.size());
-  for (const auto& key : keys) put_bytes(out_, key);
-  send(op);
-  return read_u8(op) == kCheckReady;
+  return request(make_request(Command::Check, keys), "check " + describe_keys(keys)).code ==
+         kCheckReady;
 }
 
 void Client::wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) {
@@ -218,49 +160,20 @@ void Client::wait(const std::vector<std::string>& keys, std::chrono::millisecond
 }
 
 void Client::wait_locked(const std::vector<std::string>& keys, std::chrono::milliseconds timeout,
-                         std::string_view op) {
-  begin(Command::Wait);
-  put_u64(out_, keys.size());
-  for (const auto& key : keys) put_bytes(out_, key);
-  send(op);
-  char reply = 0;
-  switch (conn_->read(&reply, 1, timeout)) {
-    case TcpConnection::Io::Ok:
-      if (static_cast<std::uint8_t>(reply) != kStopWaiting) {
-        fail(op, "unexpected wait reply " + std::to_string(static_cast<int>(reply)));
-      }
-      return;
-    case TcpConnection::Io::Timeout: break;
-    case TcpConnection::Io::Closed: fail(op, "the server closed the connection");
-    case TcpConnection::Io::Error: fail(op, "receive failed: " + conn_->last_error());
-  }
-  const std::string detail = "timed out after " + ms_text(timeout) + " waiting for " +
-                             describe_keys(keys);
-  if (dialect_ == Dialect::V1) fail(op, detail, true);  // 1.x cannot cancel: reconnect later
-  // 2.x: cancel, then read until WAIT_CANCELED (a racing STOP_WAITING may come first).
-  out_.clear();
-  put_u8(out_, *encode_command(Dialect::V2, Command::CancelWait));
-  send(op);
-  do {
-    read(&reply, 1, "cancel wait", kCancelReplyTimeout);
-  } while (static_cast<std::uint8_t>(reply) == kStopWaiting);
-  throw StoreTimeout("store client " + endpoint_ + ": " + std::string(op) + ": " + detail);
+                         const std::string& op) {
+  ensure_connected();
+  call([&](AsyncClient::ReplyHandler done) { async_->wait(keys, op, timeout, std::move(done)); });
 }
 
 bool Client::delete_key(const std::string& key) {
   std::lock_guard lock(mutex_);
-  const std::string op = op_with_key("delete_key", key);
-  begin(Command::DeleteKey);
-  put_bytes(out_, key);
-  send(op);
-  return read_i64(op) > 0;
+  return request(make_request(Command::DeleteKey, {key}), op_with_key("delete_key", key)).number >
+         0;
 }
 
 std::int64_t Client::num_keys() {
   std::lock_guard lock(mutex_);
-  begin(Command::GetNumKeys);
-  send("num_keys");
-  return read_i64("num_keys");
+  return request(make_request(Command::GetNumKeys), "num_keys").number;
 }
 
 void Client::append(const std::string& key, std::string_view value) {
@@ -275,32 +188,19 @@ void Client::append(const std::string& key, std::string_view value) {
     }
   }
   std::lock_guard lock(mutex_);
-  begin(Command::Append);
-  put_bytes(out_, key);
-  put_bytes(out_, value);
-  send(op_with_key("append", key));
+  request(make_request(Command::Append, {key}, {std::string(value)}), op_with_key("append", key));
 }
 
 std::vector<std::string> Client::multi_get(const std::vector<std::string>& keys) {
   std::lock_guard lock(mutex_);
   const std::string op = "multi_get " + describe_keys(keys);
   wait_locked(keys, timeout(), op);
-  std::vector<std::string> values;
+  if (dialect_ == Dialect::V2) return request(make_request(Command::MultiGet, keys), op).values;
+  std::vector<std::string> values;  // 1.x: one GET per key
   values.reserve(keys.size());
-  if (dialect_ == Dialect::V1) {
-    for (const auto& key : keys) {
-      begin(Command::Get);
-      put_bytes(out_, key);
-      send(op);
-      values.push_back(read_bytes(op));
-    }
-    return values;
+  for (const auto& key : keys) {
+    values.push_back(std::move(request(make_request(Command::Get, {key}), op).values.at(0)));
   }
-  begin(Command::MultiGet);
-  put_u64(out_, keys.size());
-  for (const auto& key : keys) put_bytes(out_, key);
-  send(op);
-  for (std::size_t i = 0; i < keys.size(); ++i) values.push_back(read_bytes(op));
   return values;
 }
 
@@ -312,64 +212,50 @@ void Client::multi_set(const std::vector<std::string>& keys,
   }
   std::lock_guard lock(mutex_);
   const std::string op = "multi_set " + describe_keys(keys);
-  if (dialect_ == Dialect::V1) {
-    for (std::size_t i = 0; i < keys.size(); ++i) {
-      begin(Command::Set);
-      put_bytes(out_, keys[i]);
-      put_bytes(out_, values[i]);
-      send(op);
-    }
+  if (dialect_ == Dialect::V2) {
+    request(make_request(Command::MultiSet, keys, values), op);
     return;
   }
-  begin(Command::MultiSet);
-  put_u64(out_, keys.size());
-  for (std::size_t i = 0; i < keys.size(); ++i) {
-    put_bytes(out_, keys[i]);
-    put_bytes(out_, values[i]);
+  for (std::size_t i = 0; i < keys.size(); ++i) {  // 1.x: one SET per key
+    request(make_request(Command::Set, {keys[i]}, {values[i]}), op);
   }
-  send(op);
 }
 
 std::chrono::nanoseconds Client::ping() {
   std::lock_guard lock(mutex_);
-  auto start = Clock::now();
-  if (dialect_ == Dialect::V1) {
-    begin(Command::GetNumKeys);
-    send("ping");
-    read_i64("ping");
+  ensure_connected();
+  const auto start = Clock::now();
+  if (dialect_ == Dialect::V1) {  // no PING in 1.x: the smallest round trip it has
+    request(make_request(Command::GetNumKeys), "ping");
     return Clock::now() - start;
   }
-  begin(Command::Ping);
-  put_u32(out_, ++nonce_);
-  send("ping");
-  char reply[4];
-  read(reply, 4, "ping", timeout());
-  if (get_u32(reply) != nonce_) fail("ping", "the server answered a wrong nonce");
+  const std::uint32_t nonce = ++nonce_;
+  if (request(make_request(Command::Ping, {}, {}, 0, nonce), "ping").u32 != nonce) {
+    async_->close();
+    throw StoreError("store client " + endpoint_ + ": ping: the server answered a wrong nonce");
+  }
   return Clock::now() - start;
 }
 
 void Client::queue_push(const std::string& key, std::string_view value) {
   std::lock_guard lock(mutex_);
   require_v2("queue_push");
-  begin(Command::QueuePush);
-  put_bytes(out_, key);
-  put_bytes(out_, value);
-  send(op_with_key("queue_push", key));
+  request(make_request(Command::QueuePush, {key}, {std::string(value)}),
+          op_with_key("queue_push", key));
 }
 
 std::string Client::queue_pop(const std::string& key, std::chrono::milliseconds timeout) {
   std::lock_guard lock(mutex_);
   require_v2("queue_pop");
   const std::string op = op_with_key("queue_pop", key);
-  auto deadline = Clock::now() + timeout;
+  const auto deadline = Clock::now() + timeout;
   for (;;) {
-    wait_locked({key}, std::chrono::duration_cast<std::chrono::milliseconds>(
-                           std::max(deadline - Clock::now(), Clock::duration::zero())),
+    wait_locked({key},
+                std::chrono::duration_cast<std::chrono::milliseconds>(
+                    std::max(deadline - Clock::now(), Clock::duration::zero())),
                 op);
-    begin(Command::QueuePop);
-    put_bytes(out_, key);
-    send(op);
-    if (read_i64(op) > 0) return read_bytes(op);
+    Reply reply = request(make_request(Command::QueuePop, {key}), op);
+    if (reply.number > 0) return std::move(reply.values.at(0));
     // Another client popped it between our wait and our pop: wait again.
   }
 }
@@ -377,11 +263,13 @@ std::string Client::queue_pop(const std::string& key, std::chrono::milliseconds 
 std::int64_t Client::queue_len(const std::string& key) {
   std::lock_guard lock(mutex_);
   require_v2("queue_len");
-  const std::string op = op_with_key("queue_len", key);
-  begin(Command::QueueLen);
-  put_bytes(out_, key);
-  send(op);
-  return read_i64(op);
+  return request(make_request(Command::QueueLen, {key}), op_with_key("queue_len", key)).number;
+}
+
+std::string Client::local_address() {
+  std::lock_guard lock(mutex_);
+  ensure_connected();
+  return async_->local_address();
 }
 
 Dialect detect_dialect(const std::string& host, std::uint16_t port,

@@ -49,14 +49,20 @@ void Connection::close(std::string_view reason) {
     server_->log("closed connection from " + peer_ + ": " + std::string(reason));
     ++server_->rejected;
   }
-  for (auto& waiter : waiters_) server_->table.cancel_wait(waiter);
-  server_->pending_waits -= static_cast<std::int64_t>(waiters_.size());
-  waiters_.clear();
+  cancel_waits();
+  server_->queued_reply_bytes -= static_cast<std::int64_t>(accounted_);
+  accounted_ = 0;
   for (const auto& key : watched_) server_->table.unwatch(key, *this);
   watched_.clear();
   boost::system::error_code ignored;
   socket_.close(ignored);
   server_->remove(this);
+}
+
+void Connection::cancel_waits() {
+  for (auto& [raw, waiter] : waiters_) server_->table.cancel_wait(*waiter);
+  server_->pending_waits -= static_cast<std::int64_t>(waiters_.size());
+  waiters_.clear();
 }
 
 // Reads until the socket has nothing more (the reactor is edge-triggered), handling each
@@ -118,13 +124,17 @@ bool Connection::process(const char* data, std::size_t size) {
     if (result.status == RequestParser::Status::NeedMore) break;
     ++server_->requests;
     if (!handle(parser_.request())) return false;
+    if (!within_output_budget()) return false;
   }
   server_->keys.store(static_cast<std::int64_t>(server_->table.size()), std::memory_order_relaxed);
+  server_->stored_bytes.store(static_cast<std::int64_t>(server_->table.stored_bytes()),
+                              std::memory_order_relaxed);
   return true;
 }
 
 bool Connection::handle(Request& r) {
   auto& table = server_->table;
+  if (!fits_store_budget(r)) return false;
   switch (r.command) {
     case Command::Validate:
       if (r.u32 != kValidationMagic) {
@@ -185,9 +195,7 @@ bool Connection::handle(Request& r) {
       for (std::size_t i = 0; i < r.key_count; ++i) table.set(r.key(i), std::move(r.values[i]));
       return true;
     case Command::CancelWait:
-      for (auto& waiter : waiters_) table.cancel_wait(waiter);
-      server_->pending_waits -= static_cast<std::int64_t>(waiters_.size());
-      waiters_.clear();
+      cancel_waits();
       put_u8(out_, kWaitCanceled);
       return true;
     case Command::QueuePush: table.queue_push(r.key(), std::move(r.values[0])); return true;
@@ -203,6 +211,59 @@ bool Connection::handle(Request& r) {
   return true;
 }
 
+std::size_t Connection::store_growth(const Request& r) const {
+  // ADD stores at most this many characters ("-9223372036854775808").
+  constexpr std::size_t kCounterDigits = 20;
+  const auto& table = server_->table;
+  switch (r.command) {
+    case Command::Set: return table.set_growth(r.key(), r.value().size());
+    case Command::CompareSet: return table.set_growth(r.key(), r.value(1).size());
+    case Command::Add: return table.set_growth(r.key(), kCounterDigits);
+    case Command::Append: return table.append_growth(r.key(), r.value().size());
+    case Command::QueuePush: return table.push_growth(r.key(), r.value().size());
+    case Command::MultiSet: {
+      std::size_t growth = 0;
+      for (std::size_t i = 0; i < r.key_count; ++i) {
+        growth += table.set_growth(r.key(i), r.value(i).size());
+      }
+      return growth;
+    }
+    default: return 0;
+  }
+}
+
+bool Connection::fits_store_budget(const Request& r) {
+  const std::size_t growth = store_growth(r);
+  if (growth == 0) return true;
+  const std::size_t stored = server_->table.stored_bytes();
+  const std::size_t budget = server_->options.max_stored_bytes;
+  if (stored <= budget && growth <= budget - stored) return true;
+  close(std::string(command_name(r.command)) + " of key " + quoted(r.key()) +
+        " would make the store hold " + std::to_string(stored + growth) +
+        " bytes, over its budget of " + std::to_string(budget) +
+        " bytes (--max-stored-bytes); nothing of it was stored");
+  return false;
+}
+
+void Connection::account_output() {
+  if (closed_) return;
+  server_->queued_reply_bytes +=
+      static_cast<std::int64_t>(backlog()) - static_cast<std::int64_t>(accounted_);
+  accounted_ = backlog();
+}
+
+bool Connection::within_output_budget() {
+  account_output();
+  const auto total = static_cast<std::size_t>(server_->queued_reply_bytes.load());
+  const std::size_t budget = server_->options.max_queued_reply_bytes;
+  if (total <= budget || accounted_ == 0) return true;
+  close("replies queued for all clients reached " + std::to_string(total) +
+        " bytes, over the budget of " + std::to_string(budget) +
+        " bytes (--max-queued-reply-bytes); this client had " + std::to_string(accounted_) +
+        " bytes of replies it did not read");
+  return false;
+}
+
 bool Connection::handle_wait(const Request& r) {
   bool all = true;
   for (std::size_t i = 0; i < r.key_count && all; ++i) all = server_->table.present(r.key(i));
@@ -210,13 +271,20 @@ bool Connection::handle_wait(const Request& r) {
     put_u8(out_, kStopWaiting);
     return true;
   }
-  Waiter& waiter = waiters_.emplace_back();
-  waiter.owner = this;
-  if (!server_->table.begin_wait(waiter, r.keys, r.key_count)) {
-    waiters_.pop_back();
+  const std::size_t cap = server_->options.max_waits_per_connection;
+  if (waiters_.size() >= cap) {
+    close("more than " + std::to_string(cap) +
+          " WAITs pending on one connection (--max-waits-per-connection)");
+    return false;
+  }
+  auto waiter = std::make_unique<Waiter>();
+  waiter->owner = this;
+  if (!server_->table.begin_wait(*waiter, r.keys, r.key_count)) {
     put_u8(out_, kStopWaiting);
     return true;
   }
+  const Waiter* raw = waiter.get();
+  waiters_.emplace(raw, std::move(waiter));
   ++server_->pending_waits;
   return true;
 }
@@ -242,7 +310,7 @@ bool Connection::handle_multi_get(const Request& r) {
 }
 
 void Connection::on_wait_done(Waiter& waiter) {
-  waiters_.remove_if([&](const Waiter& w) { return &w == &waiter; });
+  waiters_.erase(&waiter);
   --server_->pending_waits;
   put_u8(out_, kStopWaiting);
   flush();
@@ -251,13 +319,20 @@ void Connection::on_wait_done(Waiter& waiter) {
 void Connection::on_key_event(std::uint8_t event, std::string_view key, std::string_view old_value,
                               std::string_view new_value) {
   if (closing_) return;
-  if (backlog() > kMaxPushedOutput) {
+  const bool over_budget = static_cast<std::size_t>(server_->queued_reply_bytes.load()) >
+                           server_->options.max_queued_reply_bytes;
+  if (backlog() > kMaxPushedOutput || (over_budget && backlog() > 0)) {
     // Not from inside the table's notification loop: close on the next turn of the loop.
     closing_ = true;
-    boost::asio::post(socket_.get_executor(), [self = shared_from_this()] {
-      self->close("more than " + std::to_string(kMaxPushedOutput) +
-                  " bytes of watch events queued and not read");
-    });
+    std::string reason = over_budget
+                             ? "replies queued for all clients are over the budget of " +
+                                   std::to_string(server_->options.max_queued_reply_bytes) +
+                                   " bytes (--max-queued-reply-bytes) and this 1.x watcher "
+                                   "does not read its events"
+                             : "more than " + std::to_string(kMaxPushedOutput) +
+                                   " bytes of watch events queued and not read";
+    boost::asio::post(socket_.get_executor(),
+                      [self = shared_from_this(), reason] { self->close(reason); });
     return;
   }
   put_u8(out_, event);
@@ -268,6 +343,11 @@ void Connection::on_key_event(std::uint8_t event, std::string_view key, std::str
 }
 
 void Connection::flush() {
+  send_queued();
+  account_output();
+}
+
+void Connection::send_queued() {
   if (writing_ || out_.empty() || closed_) return;
   // Most replies fit the socket buffer: send at once and skip the event loop. Errors are
   // left to the asynchronous write below, so that a connection never closes in the middle

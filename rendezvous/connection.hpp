@@ -3,9 +3,9 @@
 // bytes arrive, reassembles requests, answers them in order and batches its writes.
 // Private to the rendezvous library; lives on the server's event loop thread.
 
-#include <list>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include <boost/asio/ip/tcp.hpp>
@@ -33,13 +33,26 @@ class Connection final : public Subscriber, public std::enable_shared_from_this<
 
  private:
   void on_readable();
+  // Cancels every pending wait of this connection: O(waits), whatever their keys.
+  void cancel_waits();
   void wait_readable();
   bool process(const char* data, std::size_t size);
   // Answers one request; returns false after closing the connection for it.
   bool handle(Request& request);
   bool handle_wait(const Request& request);
   bool handle_multi_get(const Request& request);
+  // How much the store would grow at most by handling request.
+  std::size_t store_growth(const Request& request) const;
+  // False after closing the connection for a request that would outgrow the store budget.
+  bool fits_store_budget(const Request& request);
+  // Tells the server how many reply bytes this connection holds now.
+  void account_output();
+  // account_output(); false after closing the connection when the server-wide total is
+  // over budget and this connection holds some of it.
+  bool within_output_budget();
+  // Hands queued replies to the socket and accounts for what is left.
   void flush();
+  void send_queued();
   void on_written(const boost::system::error_code& ec);
   // Replies queued or being written.
   std::size_t backlog() const { return out_.size() + sending_.size(); }
@@ -50,12 +63,14 @@ class Connection final : public Subscriber, public std::enable_shared_from_this<
   RequestParser parser_;
   std::string out_;      // replies not yet handed to the socket
   std::string sending_;  // replies being written
+  std::size_t accounted_ = 0;  // backlog() as last added to the server's total
   bool writing_ = false;
   bool read_paused_ = false;  // too much output queued: stop reading until it drains
   bool closed_ = false;
   bool closing_ = false;  // a close is posted: push nothing more
   std::string unread_;    // bytes read but not yet handled when the backlog grew too large
-  std::list<Waiter> waiters_;
+  // Pending waits, by address: the table answers with a reference, removed in O(1).
+  std::unordered_map<const Waiter*, std::unique_ptr<Waiter>> waiters_;
   std::vector<std::string> watched_;
 };
 

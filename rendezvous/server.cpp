@@ -139,6 +139,8 @@ ServerStats Server::stats() const {
   s.accepted = impl_->accepted.load();
   s.rejected = impl_->rejected.load();
   s.requests = impl_->requests.load();
+  s.stored_bytes = impl_->stored_bytes.load();
+  s.queued_reply_bytes = impl_->queued_reply_bytes.load();
   return s;
 }
 

@@ -45,6 +45,9 @@ struct Server::Impl : std::enable_shared_from_this<Server::Impl> {
   std::atomic<std::int64_t> accepted{0};
   std::atomic<std::int64_t> rejected{0};
   std::atomic<std::int64_t> requests{0};
+  std::atomic<std::int64_t> stored_bytes{0};
+  // Replies queued in every connection (each adds what it holds beyond what it told).
+  std::atomic<std::int64_t> queued_reply_bytes{0};
 };
 
 }  // namespace ddp::store

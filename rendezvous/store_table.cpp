@@ -19,13 +19,29 @@ bool StoreTable::present(std::string_view key) const {
   return q != queues_.end() && !q->second.empty();
 }
 
+std::size_t StoreTable::set_growth(std::string_view key, std::size_t value_bytes) const {
+  const std::string* current = find(key);
+  if (!current) return key.size() + value_bytes;
+  return value_bytes > current->size() ? value_bytes - current->size() : 0;
+}
+
+std::size_t StoreTable::append_growth(std::string_view key, std::size_t bytes) const {
+  return find(key) ? bytes : key.size() + bytes;
+}
+
+std::size_t StoreTable::push_growth(std::string_view key, std::size_t value_bytes) const {
+  return queues_.find(key) != queues_.end() ? value_bytes : key.size() + value_bytes;
+}
+
 void StoreTable::set(std::string_view key, std::string&& value) {
   auto it = data_.find(key);
   if (it == data_.end()) {
     it = data_.emplace(std::string(key), std::move(value)).first;
+    stored_bytes_ += key.size() + it->second.size();
     changed(key, kWatchKeyCreated, {}, it->second, true);
     return;
   }
+  stored_bytes_ = stored_bytes_ - it->second.size() + value.size();
   if (watchers_.empty()) {
     it->second = std::move(value);
     changed(key, kWatchKeyUpdated, {}, it->second, false);
@@ -68,6 +84,7 @@ std::string StoreTable::compare_set(std::string_view key, std::string&& expected
 bool StoreTable::erase(std::string_view key) {
   auto it = data_.find(key);
   if (it == data_.end()) return false;
+  stored_bytes_ -= it->first.size() + it->second.size();
   if (watchers_.find(key) != watchers_.end()) {
     std::string old = std::move(it->second);
     data_.erase(it);
@@ -86,12 +103,17 @@ void StoreTable::append(std::string_view key, std::string_view bytes) {
   }
   std::string old = watchers_.empty() ? std::string() : it->second;
   it->second.append(bytes);
+  stored_bytes_ += bytes.size();
   changed(key, kWatchKeyUpdated, old, it->second, false);
 }
 
 void StoreTable::queue_push(std::string_view key, std::string&& value) {
   auto it = queues_.find(key);
-  if (it == queues_.end()) it = queues_.emplace(std::string(key), std::deque<std::string>()).first;
+  if (it == queues_.end()) {
+    it = queues_.emplace(std::string(key), std::deque<std::string>()).first;
+    stored_bytes_ += key.size();
+  }
+  stored_bytes_ += value.size();
   it->second.push_back(std::move(value));
   wake_one(key);
 }
@@ -102,7 +124,11 @@ std::int64_t StoreTable::queue_pop(std::string_view key, std::string& value) {
   auto length = static_cast<std::int64_t>(it->second.size());
   value = std::move(it->second.front());
   it->second.pop_front();
-  if (it->second.empty()) queues_.erase(it);
+  stored_bytes_ -= value.size();
+  if (it->second.empty()) {
+    stored_bytes_ -= it->first.size();
+    queues_.erase(it);
+  }
   return length;
 }
 
@@ -114,13 +140,13 @@ std::int64_t StoreTable::queue_len(std::string_view key) const {
 bool StoreTable::begin_wait(Waiter& waiter, const std::vector<std::string>& keys,
                             std::size_t count) {
   waiter.remaining = 0;
-  waiter.keys.clear();
+  waiter.slots.clear();
   for (std::size_t i = 0; i < count; ++i) {
     if (present(keys[i])) continue;
     auto it = waiters_.find(keys[i]);
-    if (it == waiters_.end()) it = waiters_.emplace(keys[i], std::vector<Waiter*>()).first;
-    it->second.push_back(&waiter);
-    waiter.keys.push_back(keys[i]);
+    if (it == waiters_.end()) it = waiters_.emplace(keys[i], WaitList()).first;
+    auto entry = it->second.insert(it->second.end(), WaitEntry{&waiter, waiter.slots.size()});
+    waiter.slots.push_back(WaitSlot{keys[i], entry, true});
     ++waiter.remaining;
     ++registrations_;
   }
@@ -128,16 +154,14 @@ bool StoreTable::begin_wait(Waiter& waiter, const std::vector<std::string>& keys
 }
 
 void StoreTable::cancel_wait(Waiter& waiter) {
-  for (const auto& key : waiter.keys) {
-    auto it = waiters_.find(key);
-    if (it == waiters_.end()) continue;
-    auto& list = it->second;
-    auto removed = std::remove(list.begin(), list.end(), &waiter);
-    registrations_ -= static_cast<std::size_t>(list.end() - removed);
-    list.erase(removed, list.end());
-    if (list.empty()) waiters_.erase(it);
+  for (auto& slot : waiter.slots) {
+    if (!slot.active) continue;
+    auto it = waiters_.find(slot.key);
+    it->second.erase(slot.entry);
+    --registrations_;
+    if (it->second.empty()) waiters_.erase(it);
   }
-  waiter.keys.clear();
+  waiter.slots.clear();
   waiter.remaining = 0;
 }
 
@@ -164,28 +188,29 @@ void StoreTable::changed(std::string_view key, std::uint8_t event, std::string_v
 void StoreTable::wake_all(std::string_view key) {
   auto it = waiters_.find(key);
   if (it == waiters_.end()) return;
-  std::vector<Waiter*> list = std::move(it->second);
+  WaitList list = std::move(it->second);
   waiters_.erase(it);
   registrations_ -= list.size();
-  for (Waiter* waiter : list) {
-    if (--waiter->remaining == 0) {
-      waiter->keys.clear();
-      waiter->owner->on_wait_done(*waiter);
-    }
-  }
+  // A waiter is answered (and may be destroyed) at its last entry, never before.
+  for (const WaitEntry& entry : list) satisfy(entry);
 }
 
 void StoreTable::wake_one(std::string_view key) {
   auto it = waiters_.find(key);
   if (it == waiters_.end()) return;
-  Waiter* waiter = it->second.front();
-  it->second.erase(it->second.begin());
+  WaitEntry entry = it->second.front();
+  it->second.pop_front();
   --registrations_;
   if (it->second.empty()) waiters_.erase(it);
-  if (--waiter->remaining == 0) {
-    waiter->keys.clear();
-    waiter->owner->on_wait_done(*waiter);
-  }
+  satisfy(entry);
+}
+
+void StoreTable::satisfy(const WaitEntry& entry) {
+  Waiter& waiter = *entry.waiter;
+  waiter.slots[entry.slot].active = false;
+  if (--waiter.remaining > 0) return;
+  waiter.slots.clear();
+  waiter.owner->on_wait_done(waiter);
 }
 
 void StoreTable::notify_watchers(std::uint8_t event, std::string_view key,

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <list>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -14,12 +15,29 @@
 namespace ddp::store {
 
 class Subscriber;
+struct Waiter;
 
-// One pending WAIT: answered when `remaining` reaches zero.
+// A waiter's place in one key's queue of waiters, and which of its slots it fills.
+struct WaitEntry {
+  Waiter* waiter;
+  std::size_t slot;
+};
+using WaitList = std::list<WaitEntry>;
+
+// One key a waiter is registered on: its entry in that key's list, so that removing it
+// costs O(1) however many others wait on the key.
+struct WaitSlot {
+  std::string key;
+  WaitList::iterator entry;
+  bool active = false;  // false once the key appeared (its entry is gone)
+};
+
+// One pending WAIT: answered when `remaining` reaches zero. The table keeps pointers to
+// it while registered: its owner must cancel_wait() before destroying it.
 struct Waiter {
   Subscriber* owner = nullptr;
   std::size_t remaining = 0;
-  std::vector<std::string> keys;  // the keys it was registered on
+  std::vector<WaitSlot> slots;  // the keys it was registered on
 };
 
 // The side of a connection the table calls back into.
@@ -50,6 +68,13 @@ class StoreTable {
   // A key exists for CHECK and WAIT when it holds a value or a non-empty queue.
   bool present(std::string_view key) const;
   std::size_t size() const { return data_.size(); }
+  // Bytes of every key, value and queued element held now.
+  std::size_t stored_bytes() const { return stored_bytes_; }
+  // How much stored_bytes() would grow at most if key were set to a value of value_bytes.
+  std::size_t set_growth(std::string_view key, std::size_t value_bytes) const;
+  // The same for appending bytes to key, and for pushing a value of value_bytes to its queue.
+  std::size_t append_growth(std::string_view key, std::size_t bytes) const;
+  std::size_t push_growth(std::string_view key, std::size_t value_bytes) const;
 
   void set(std::string_view key, std::string&& value);
   // The new value; nullopt (and nothing changed) when the key holds no decimal integer.
@@ -66,7 +91,7 @@ class StoreTable {
 
   // Registers waiter on every missing key; false when none is missing (nothing registered).
   bool begin_wait(Waiter& waiter, const std::vector<std::string>& keys, std::size_t count);
-  // Removes waiter from every key it is still registered on.
+  // Removes waiter from every key it is still registered on: O(keys of the waiter).
   void cancel_wait(Waiter& waiter);
   std::size_t waiter_registrations() const { return registrations_; }
 
@@ -78,14 +103,17 @@ class StoreTable {
                std::string_view new_value, bool created);
   void wake_all(std::string_view key);
   void wake_one(std::string_view key);
+  // Counts one key of entry's waiter as present; answers the waiter when it was the last.
+  void satisfy(const WaitEntry& entry);
   void notify_watchers(std::uint8_t event, std::string_view key, std::string_view old_value,
                        std::string_view new_value);
 
   StringMap<std::string> data_;
   StringMap<std::deque<std::string>> queues_;
-  StringMap<std::vector<Waiter*>> waiters_;
+  StringMap<WaitList> waiters_;
   StringMap<std::vector<Subscriber*>> watchers_;
   std::size_t registrations_ = 0;
+  std::size_t stored_bytes_ = 0;
 };
 
 }  // namespace ddp::store

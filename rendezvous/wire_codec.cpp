@@ -1,5 +1,6 @@
 #include "ddp/store/wire_codec.hpp"
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <stdexcept>
@@ -399,6 +400,119 @@ bool RequestParser::finish_length() {
 std::string& RequestParser::body_target() {
   return field_ == Field::Key ? request_.keys[request_.key_count - 1]
                               : request_.values[request_.value_count - 1];
+}
+
+// ---- reply parser -------------------------------------------------------------------
+
+bool has_reply(Command command) {
+  switch (command) {
+    case Validate:
+    case Set:
+    case Append:
+    case MultiSet:
+    case QueuePush: return false;
+    default: return true;
+  }
+}
+
+void ReplyParser::expect(Command command, std::size_t key_count) {
+  command_ = command;
+  key_count_ = key_count;
+  reply_.number = 0;
+  reply_.code = 0;
+  reply_.u32 = 0;
+  reply_.values.clear();
+  fields_done_ = 0;
+  reply_bytes_ = 0;
+  error_.clear();
+  begin_field();
+}
+
+ReplyParser::Field ReplyParser::next_field() const {
+  const std::size_t i = fields_done_;
+  switch (command_) {
+    case Ping: return i == 0 ? Field::U32 : Field::None;
+    case Get:
+    case CompareSet: return i == 0 ? Field::Length : Field::None;
+    case Add:
+    case GetNumKeys:
+    case DeleteKey:
+    case QueueLen: return i == 0 ? Field::I64 : Field::None;
+    case Check:
+    case Wait:
+    case CancelWait:
+    case WatchKey: return i == 0 ? Field::U8 : Field::None;
+    case MultiGet: return i < key_count_ ? Field::Length : Field::None;
+    case QueuePop:
+      if (i == 0) return Field::I64;
+      return i == 1 && reply_.number > 0 ? Field::Length : Field::None;
+    default: return Field::None;
+  }
+}
+
+void ReplyParser::begin_field() {
+  field_ = next_field();
+  in_body_ = false;
+  scratch_have_ = 0;
+  scratch_need_ = field_ == Field::U8 ? 1 : field_ == Field::U32 ? 4 : 8;
+}
+
+bool ReplyParser::finish_fixed() {
+  const char* p = reinterpret_cast<const char*>(scratch_);
+  switch (field_) {
+    case Field::U8: reply_.code = scratch_[0]; break;
+    case Field::U32: reply_.u32 = get_u32(p); break;
+    case Field::I64: reply_.number = get_i64(p); break;
+    case Field::Length: {
+      const std::uint64_t len = get_u64(p);
+      if (len > limits_.max_value_bytes) {
+        error_ = "the server sent a value of " + std::to_string(len) +
+                 " bytes, over the limit of " + std::to_string(limits_.max_value_bytes);
+        return false;
+      }
+      if (reply_bytes_ > limits_.max_reply_bytes || len > limits_.max_reply_bytes - reply_bytes_) {
+        error_ = "the server sent a reply of more than " +
+                 std::to_string(limits_.max_reply_bytes) + " bytes, over the limit";
+        return false;
+      }
+      reply_bytes_ += len;
+      reply_.values.emplace_back().reserve(static_cast<std::size_t>(
+          std::min<std::uint64_t>(len, kReservedAtOnce)));
+      body_left_ = len;
+      in_body_ = true;
+      return true;
+    }
+    case Field::None: break;
+  }
+  ++fields_done_;
+  begin_field();
+  return true;
+}
+
+ReplyParser::Result ReplyParser::feed(std::string_view data) {
+  if (!error_.empty()) return {Status::Error, 0};
+  std::size_t pos = 0;
+  while (field_ != Field::None) {
+    if (in_body_) {
+      auto n = static_cast<std::size_t>(std::min<std::uint64_t>(body_left_, data.size() - pos));
+      reply_.values.back().append(data.data() + pos, n);
+      pos += n;
+      body_left_ -= n;
+      if (body_left_ > 0) return {Status::NeedMore, pos};
+      ++fields_done_;
+      begin_field();
+      continue;
+    }
+    if (pos == data.size()) return {Status::NeedMore, pos};
+    std::size_t n = std::min(scratch_need_ - scratch_have_, data.size() - pos);
+    std::memcpy(scratch_ + scratch_have_, data.data() + pos, n);
+    scratch_have_ += n;
+    pos += n;
+    reply_bytes_ += n;
+    if (scratch_have_ < scratch_need_) return {Status::NeedMore, pos};
+    if (!finish_fixed()) return {Status::Error, pos};
+  }
+  return {Status::Complete, pos};
 }
 
 }  // namespace ddp::store

@@ -22,11 +22,11 @@ namespace ddp::test {
 // A Server on 127.0.0.1 (port picked), run by its own thread; its log lines are kept.
 class TestServer {
  public:
-  explicit TestServer(store::Limits limits = {}) {
-    store::ServerOptions options;
+  explicit TestServer(store::Limits limits = {}) : TestServer(options_with(limits)) {}
+  // options.host, port and logger are replaced.
+  explicit TestServer(store::ServerOptions options) {
     options.host = "127.0.0.1";
     options.port = 0;
-    options.limits = limits;
     options.logger = [this](std::string_view line) {
       std::lock_guard lock(mutex_);
       log_.emplace_back(line);
@@ -59,6 +59,12 @@ class TestServer {
   }
 
  private:
+  static store::ServerOptions options_with(store::Limits limits) {
+    store::ServerOptions options;
+    options.limits = limits;
+    return options;
+  }
+
   boost::asio::io_context io_{1};
   std::unique_ptr<store::Server> server_;
   std::thread thread_;

@@ -256,3 +256,133 @@ TEST_CASE("a 1.x watcher that never reads its events is closed, not buffered wit
   CHECK(watcher.closed_by_peer());
   CHECK(setter.get("w") == value);
 }
+
+namespace {
+
+// Far below the 20 s the server froze for when pending waits were removed by scanning.
+constexpr auto kPromptly = 5s;
+constexpr int kPipelinedWaits = 160000;
+
+// A connection with kPipelinedWaits WAITs for one missing key, all registered.
+RawSocket flood_with_waits(const TestServer& server) {
+  RawSocket flood(server.port());
+  const std::string wait = v2(make_request(Command::Wait, {"never"}));
+  std::string bytes = kOpening;
+  bytes.reserve(kOpening.size() + wait.size() * kPipelinedWaits);
+  for (int i = 0; i < kPipelinedWaits; ++i) bytes += wait;
+  REQUIRE(flood.send(bytes));
+  REQUIRE(eventually([&] { return server.stats().waits == kPipelinedWaits; }, 60s));
+  return flood;
+}
+
+}  // namespace
+
+TEST_CASE("160 thousand WAITs pipelined on one connection are dropped without stalling the others") {
+  ServerOptions options;
+  options.max_waits_per_connection = kPipelinedWaits;
+  TestServer server(options);
+  Client other(server.client_options());
+  RawSocket flood = flood_with_waits(server);
+  const auto start = std::chrono::steady_clock::now();
+  SECTION("by closing the connection") {
+    flood.close();
+    CHECK(eventually([&] { return server.stats().waits == 0; }, kPromptly));
+  }
+  SECTION("by CANCEL_WAIT") {
+    REQUIRE(flood.send(v2(make_request(Command::CancelWait))));
+    CHECK(flood.read(1, kPromptly) == std::string(1, static_cast<char>(kWaitCanceled)));
+  }
+  SECTION("by SETting the key") {
+    other.set("never", "now");
+    CHECK(flood.read(kPipelinedWaits, kPromptly) ==
+          std::string(kPipelinedWaits, static_cast<char>(kStopWaiting)));
+  }
+  other.ping();  // the server answers the others at once
+  CHECK(std::chrono::steady_clock::now() - start < kPromptly);
+  CHECK(eventually([&] { return server.stats().waits == 0; }));
+}
+
+TEST_CASE("one WAIT over the per-connection cap closes that connection only") {
+  TestServer server;  // the default cap
+  RawSocket flood(server.port());
+  const std::string wait = v2(make_request(Command::Wait, {"never"}));
+  std::string bytes = kOpening;
+  for (std::size_t i = 0; i < kDefaultMaxWaitsPerConnection; ++i) bytes += wait;
+  REQUIRE(flood.send(bytes));
+  REQUIRE(eventually([&] {
+    return server.stats().waits == static_cast<std::int64_t>(kDefaultMaxWaitsPerConnection);
+  }));
+  CHECK(server.stats().rejected == 0);
+  flood.send(wait);
+  CHECK(flood.closed_by_peer());
+  CHECK(eventually([&] { return idle(server); }));
+  CHECK(server.stats().rejected == 1);
+  bool logged = false;
+  for (const auto& line : server.log()) {
+    logged = logged || line.find("WAITs pending on one connection") != std::string::npos;
+  }
+  CHECK(logged);
+  Client client(server.client_options());
+  client.set("never", "now");
+  client.wait({"never"});
+}
+
+namespace {
+
+bool log_has(const TestServer& server, const std::string& text) {
+  for (const auto& line : server.log()) {
+    if (line.find(text) != std::string::npos) return true;
+  }
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("a SET past the store-wide budget closes that connection and stores nothing") {
+  ServerOptions options;
+  options.max_stored_bytes = 1024 * 1024;
+  TestServer server(options);
+  const std::string value(100 * 1024, 'v');
+  Client filler(server.client_options());
+  for (int i = 0; i < 10; ++i) filler.set("k" + std::to_string(i), value);  // 1,000 KiB
+  CHECK(filler.num_keys() == 10);
+  CHECK(server.stats().stored_bytes == 10 * (2 + 100 * 1024));
+  filler.set("k10", value);  // SET has no reply: the next call finds the connection closed
+  CHECK_THROWS_AS(filler.num_keys(), StoreError);
+  CHECK(eventually([&] { return server.stats().rejected == 1; }));
+  CHECK(log_has(server, "--max-stored-bytes"));
+  Client other(server.client_options());
+  CHECK(other.num_keys() == 10);
+  CHECK_FALSE(other.check({"k10"}));
+  CHECK(other.get("k0") == value);
+  other.set("k0", "small");  // replacing a value with a smaller one always fits
+  other.set("k10", value);   // and frees room for another
+  CHECK(other.get("k10") == value);
+  // The other ways to store count too.
+  for (auto command : {Command::Append, Command::QueuePush}) {
+    CAPTURE(command_name(command));
+    RawSocket raw(server.port());
+    raw.send(kOpening + v2(make_request(command, {"grow"}, {value})));
+    CHECK(raw.closed_by_peer());
+  }
+  CHECK(eventually([&] { return server.stats().rejected == 3; }));
+}
+
+TEST_CASE("replies queued past the store-wide budget close the client that does not read them") {
+  ServerOptions options;
+  options.max_queued_reply_bytes = 4 * 1024 * 1024;
+  TestServer server(options);
+  Client client(server.client_options());
+  const std::string big(1024 * 1024, 'b');
+  client.set("big", big);
+  REQUIRE(client.get("big") == big);
+  RawSocket greedy(server.port());
+  // 40 MiB of replies, never read: more than the socket buffers and the budget together.
+  std::string requests;
+  for (int i = 0; i < 40; ++i) requests += encode(Dialect::V1, make_request(Command::Get, {"big"}));
+  REQUIRE(greedy.send(requests));
+  CHECK(eventually([&] { return server.stats().rejected == 1; }));
+  CHECK(log_has(server, "--max-queued-reply-bytes"));
+  CHECK(eventually([&] { return server.stats().queued_reply_bytes == 0; }));
+  CHECK(client.get("big") == big);  // the others go on
+}

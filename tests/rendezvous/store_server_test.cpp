@@ -10,6 +10,7 @@
 
 #include "ddp/store/client.hpp"
 #include "ddp/store/prefix_store.hpp"
+#include "add_forms.hpp"
 #include "raw_socket.hpp"
 #include "store_fixture.hpp"
 #include "test_support.hpp"
@@ -298,6 +299,29 @@ TEST_CASE("client and server: ADD past INT64_MAX wraps to INT64_MIN in both dial
     CHECK(client.get("n") == std::to_string(kMin));
     CHECK(client.add("n", -1) == kMax);
     CHECK(server.stats().rejected == 0);
+  }
+}
+
+TEST_CASE("ADD reads the stored value as PyTorch's server does (std::stoll), in both dialects") {
+  for (Dialect dialect : {Dialect::V1, Dialect::V2}) {
+    TestServer server;
+    std::int64_t closed = 0;
+    for (const auto& form : ddp::test::add_forms()) {
+      CAPTURE(dialect_name(dialect), form.stored);
+      Client client(server.client_options(dialect));
+      client.set("n", form.stored);
+      if (form.after) {
+        CHECK(client.add("n", 1) == *form.after);
+        CHECK(client.get("n") == std::to_string(*form.after));
+      } else {
+        CHECK_THROWS_AS(client.add("n", 1), StoreError);  // the server closed the connection
+        ++closed;
+        Client other(server.client_options(dialect));
+        CHECK(other.get("n") == form.stored);  // nothing changed
+      }
+    }
+    CHECK(eventually([&] { return server.stats().rejected == closed; }));
+    CHECK(log_mentions(server, "ADD"));
   }
 }
 

@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include "ddp/store/client.hpp"
+#include "add_forms.hpp"
 #include "store_fixture.hpp"
 #include "test_support.hpp"
 
@@ -94,4 +95,25 @@ TEST_CASE("our 1.x client against PyTorch 1.13's TCPStore server") {
   CHECK(client.get("log") == "abcd");
   CHECK(client.ping() > 0ns);
   CHECK(detect_dialect("127.0.0.1", options.port) == Dialect::V1);
+}
+
+TEST_CASE("ADD on every stored form answers as PyTorch 1.13's own server does") {
+  if (skip_without_torch()) return;
+  ChildProcess python(ddp::test::torch_python(), {script("store_server.py")});
+  const std::string port_line = python.next_line();
+  REQUIRE_FALSE(port_line.empty());
+  ClientOptions options;
+  options.port = static_cast<std::uint16_t>(std::stoi(port_line));
+  options.dialect = Dialect::V1;
+  options.timeout = 20s;
+  for (const auto& form : ddp::test::add_forms()) {
+    CAPTURE(form.stored);
+    Client client(options);  // a fresh connection: PyTorch's server closes it when stoll throws
+    client.set("n", form.stored);
+    if (form.after) {
+      CHECK(client.add("n", 1) == *form.after);
+    } else {
+      CHECK_THROWS_AS(client.add("n", 1), StoreError);
+    }
+  }
 }

@@ -274,3 +274,122 @@ TEST_CASE("random garbage never crashes the parser and never holds much memory")
     CHECK(held <= 2 * bytes.size() + strings * (4096 + 32));
   }
 }
+
+namespace {
+
+struct Parsed {
+  ReplyParser::Status status;
+  std::size_t consumed = 0;
+  Reply reply;
+  std::string error;
+};
+
+// Feeds wire to a parser expecting command's reply, one byte at a time.
+Parsed parse_reply(Command command, const std::string& wire, std::size_t key_count = 0,
+                   Limits limits = {}) {
+  ReplyParser parser(limits);
+  parser.expect(command, key_count);
+  Parsed out{ReplyParser::Status::NeedMore, 0, {}, {}};
+  for (std::size_t i = 0; i <= wire.size(); ++i) {
+    auto result = parser.feed(std::string_view(wire).substr(i, i < wire.size() ? 1 : 0));
+    out.consumed += result.consumed;
+    out.status = result.status;
+    if (result.status != ReplyParser::Status::NeedMore) break;
+  }
+  out.reply = parser.reply();
+  out.error = parser.error();
+  return out;
+}
+
+std::string value_bytes(std::string_view v) {
+  std::string out;
+  put_bytes(out, v);
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("reply parser: every reply shape, fed byte by byte") {
+  using Status = ReplyParser::Status;
+  auto get = parse_reply(Command::Get, value_bytes("v1"));
+  CHECK(get.status == Status::Complete);
+  CHECK(get.reply.values == std::vector<std::string>{"v1"});
+  auto multi = parse_reply(Command::MultiGet, value_bytes("a") + value_bytes("") + value_bytes("ccc"), 3);
+  CHECK(multi.status == Status::Complete);
+  CHECK(multi.reply.values == std::vector<std::string>{"a", "", "ccc"});
+  std::string i64;
+  put_i64(i64, -42);
+  auto add = parse_reply(Command::Add, i64);
+  CHECK(add.status == Status::Complete);
+  CHECK(add.reply.number == -42);
+  std::string u32;
+  put_u32(u32, 0xDEADBEEF);
+  CHECK(parse_reply(Command::Ping, u32).reply.u32 == 0xDEADBEEF);
+  CHECK(parse_reply(Command::Check, std::string(1, '\1')).reply.code == kCheckNotReady);
+  std::string empty_pop;
+  put_i64(empty_pop, 0);
+  auto none = parse_reply(Command::QueuePop, empty_pop);
+  CHECK(none.status == Status::Complete);
+  CHECK(none.reply.values.empty());
+  std::string pop;
+  put_i64(pop, 2);
+  auto popped = parse_reply(Command::QueuePop, pop + value_bytes("first"));
+  CHECK(popped.reply.number == 2);
+  CHECK(popped.reply.values == std::vector<std::string>{"first"});
+}
+
+TEST_CASE("reply parser: it stops at the end of the reply, and commands without one are complete at once") {
+  ReplyParser parser;
+  parser.expect(Command::Wait);
+  auto result = parser.feed(std::string("\0\0\0", 3));
+  CHECK(result.status == ReplyParser::Status::Complete);
+  CHECK(result.consumed == 1);
+  parser.expect(Command::Set);
+  result = parser.feed("x");
+  CHECK(result.status == ReplyParser::Status::Complete);
+  CHECK(result.consumed == 0);
+  CHECK_FALSE(has_reply(Command::Set));
+  CHECK(has_reply(Command::Get));
+}
+
+TEST_CASE("reply parser: a value over the limit fails before anything is allocated") {
+  Limits limits;
+  limits.max_value_bytes = 16;
+  std::string huge;
+  put_u64(huge, std::uint64_t{1} << 62);
+  auto parsed = parse_reply(Command::Get, huge, 0, limits);
+  CHECK(parsed.status == ReplyParser::Status::Error);
+  CHECK_THAT(parsed.error, Catch::Contains("over the limit of 16"));
+  limits.max_value_bytes = 1024;
+  limits.max_reply_bytes = 100;
+  auto multi = parse_reply(Command::MultiGet, value_bytes(std::string(60, 'a')) +
+                                                  value_bytes(std::string(60, 'b')), 2, limits);
+  CHECK(multi.status == ReplyParser::Status::Error);
+}
+
+TEST_CASE("reply parser: random bytes as any reply never crash it nor make it hold much") {
+  constexpr Command kAnswered[] = {Command::Ping,     Command::Get,        Command::CompareSet,
+                                   Command::Add,      Command::GetNumKeys, Command::DeleteKey,
+                                   Command::QueueLen, Command::Check,      Command::Wait,
+                                   Command::CancelWait, Command::MultiGet, Command::QueuePop};
+  std::mt19937_64 rng(54321);
+  Limits limits;
+  limits.max_value_bytes = 1024;
+  limits.max_reply_bytes = 4096;
+  ReplyParser parser(limits);
+  for (int round = 0; round < 5000; ++round) {
+    std::string bytes(rng() % 300, '\0');
+    for (auto& c : bytes) c = static_cast<char>(rng() % 4 == 0 ? rng() % 8 : rng());
+    parser.expect(kAnswered[rng() % std::size(kAnswered)], rng() % 8);
+    std::string_view rest = bytes;
+    auto status = ReplyParser::Status::NeedMore;
+    while (!rest.empty() && status == ReplyParser::Status::NeedMore) {
+      auto r = parser.feed(rest.substr(0, 1 + rng() % 16));
+      rest.remove_prefix(r.consumed);
+      status = r.status;
+    }
+    std::size_t held = 0;
+    for (const auto& value : parser.reply().values) held += value.size();
+    CHECK(held <= limits.max_reply_bytes);
+  }
+}

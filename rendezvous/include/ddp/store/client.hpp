@@ -6,8 +6,12 @@
 // but calls on one Client run one at a time (a blocked wait holds the others back). Give each
 // thread its own Client for concurrency.
 //
+// A thin blocking wrapper over AsyncClient: each call runs a private io_context until its
+// operation completed.
+//
 // Timeouts: connecting retries with back-off until connect_timeout; every later call waits
-// at most timeout() (or the wait's own timeout) for each reply. Every failure throws
+// at most timeout() (or the wait's own timeout) for the whole of each reply, however
+// slowly its bytes arrive. Every failure throws
 // StoreError (StoreTimeout for an expired wait) naming the endpoint, the operation and the
 // key. After a failure the connection is dropped and the next call reconnects.
 
@@ -17,27 +21,14 @@
 #include <optional>
 #include <string>
 
+#include <boost/asio/io_context.hpp>
+
+#include "ddp/store/async_client.hpp"
+#include "ddp/store/client_options.hpp"
 #include "ddp/store/store.hpp"
 #include "ddp/store/wire_codec.hpp"
 
 namespace ddp::store {
-
-// How long a new Client keeps trying to reach its server by default.
-inline constexpr std::chrono::milliseconds kDefaultConnectTimeout = std::chrono::seconds(60);
-// How long detect_dialect waits for a 1.x reply by default.
-inline constexpr std::chrono::milliseconds kDefaultProbeTimeout = std::chrono::milliseconds(1000);
-
-struct ClientOptions {
-  std::string host = "127.0.0.1";
-  std::uint16_t port = 29500;
-  // V2 (default), V1 for a PyTorch 1.x server, or nullopt to probe with detect_dialect().
-  std::optional<Dialect> dialect = Dialect::V2;
-  std::chrono::milliseconds connect_timeout = kDefaultConnectTimeout;
-  std::chrono::milliseconds timeout = kDefaultTimeout;  // waits, gets and each reply
-  Limits limits;  // the largest value accepted in a reply
-};
-
-class TcpConnection;
 
 class Client : public Store {
  public:
@@ -79,28 +70,25 @@ class Client : public Store {
   Dialect dialect() const { return dialect_; }
   // "host:port"
   const std::string& endpoint() const { return endpoint_; }
+  // This end's address on the connection to the server ("10.0.0.5", "::1"): the address
+  // other hosts reach this one at on that route. Connects first when not connected.
+  std::string local_address();
 
  private:
+  // Runs the private io_context until submit's operation completed; rethrows its error.
+  Reply call(const std::function<void(AsyncClient::ReplyHandler)>& submit);
+  Reply request(Request request, const std::string& op);
   void ensure_connected();
-  void connect_locked();
-  void drop();
-  [[noreturn]] void fail(std::string_view op, std::string_view detail, bool timeout = false);
-  void begin(Command command);
-  void send(std::string_view op);
-  void read(char* dst, std::size_t n, std::string_view op, std::chrono::milliseconds timeout);
-  std::uint8_t read_u8(std::string_view op);
-  std::int64_t read_i64(std::string_view op);
-  std::string read_bytes(std::string_view op);
   void wait_locked(const std::vector<std::string>& keys, std::chrono::milliseconds timeout,
-                   std::string_view op);
+                   const std::string& op);
   void require_v2(std::string_view op);
 
   ClientOptions options_;
   std::string endpoint_;
   Dialect dialect_ = Dialect::V2;
   std::mutex mutex_;
-  std::unique_ptr<TcpConnection> conn_;
-  std::string out_;
+  boost::asio::io_context io_{1};  // run only by the caller of a method, under mutex_
+  std::unique_ptr<AsyncClient> async_;
   std::uint32_t nonce_ = 0;
 };
 

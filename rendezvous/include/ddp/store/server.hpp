@@ -22,6 +22,12 @@
 
 namespace ddp::store {
 
+inline constexpr std::size_t kDefaultMaxWaitsPerConnection = 1024;
+// Store-wide memory budgets, sized for real jobs (a job stores kilobytes to a few megabytes
+// per rank).
+inline constexpr std::size_t kDefaultMaxStoredBytes = std::size_t{1} << 30;         // 1 GiB
+inline constexpr std::size_t kDefaultMaxQueuedReplyBytes = std::size_t{256} << 20;  // 256 MiB
+
 // One line per event worth telling an operator (a connection closed for bad bytes).
 using Logger = std::function<void(std::string_view line)>;
 
@@ -31,6 +37,15 @@ struct ServerOptions {
   Limits limits;                 // per-request limits; larger requests close the connection
   Logger logger;                 // empty: lines go to stderr prefixed "ddpstore: "
   int backlog = 65535;           // listen backlog (the kernel caps it at somaxconn)
+  // WAITs one connection may have pending (real clients have one or two); one more
+  // closes that connection.
+  std::size_t max_waits_per_connection = kDefaultMaxWaitsPerConnection;
+  // Keys, values and queued elements of the whole store. A request that would store more
+  // closes its connection; nothing of it is stored.
+  std::size_t max_stored_bytes = kDefaultMaxStoredBytes;
+  // Replies (and 1.x watch events) queued for all connections and not yet taken by their
+  // sockets. The connection whose request takes the total past it is closed.
+  std::size_t max_queued_reply_bytes = kDefaultMaxQueuedReplyBytes;
 };
 
 // Counters for tests and monitoring; safe to read from any thread.
@@ -41,6 +56,8 @@ struct ServerStats {
   std::int64_t accepted = 0;         // connections accepted since start
   std::int64_t rejected = 0;         // connections closed for a protocol violation
   std::int64_t requests = 0;         // requests handled since start
+  std::int64_t stored_bytes = 0;     // keys, values and queued elements held
+  std::int64_t queued_reply_bytes = 0;  // replies waiting for their clients' sockets
 };
 
 class Server {

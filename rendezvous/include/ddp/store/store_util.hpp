@@ -9,7 +9,10 @@
 
 namespace ddp::store {
 
-// Parses the decimal text ADD keeps under a key ("-12", "0"); nullopt when it is not one.
+// Parses the value under a key that ADD adds to exactly as PyTorch's servers do (std::stoll):
+// leading C-locale whitespace, an optional '+' or '-', at least one decimal digit, and
+// anything after the digits (or from the first NUL byte on) ignored: " +12abc" is 12.
+// nullopt where stoll throws: no digits ("", "abc", "-") or a number outside int64.
 std::optional<std::int64_t> parse_counter(std::string_view text);
 
 // "k1, k2 (and 3 more)": keys for an error message, cut after a few.

@@ -1,6 +1,6 @@
 #pragma once
-// The c10d TCPStore wire format (both dialects): command tables, an incremental request
-// parser and the encoders for requests and replies. Pure functions and objects, no sockets:
+// The c10d TCPStore wire format (both dialects): command tables, incremental request and
+// reply parsers and the encoders for requests and replies. Pure functions and objects, no sockets:
 // the server, the client, the benchmarks and the fuzzer all share this file.
 //
 // Facts: /work/shared/store-protocol.md. Every length read from the wire is checked against
@@ -146,6 +146,63 @@ class RequestParser {
   std::size_t scratch_need_ = 0;
   std::uint64_t body_left_ = 0;
   std::uint64_t request_bytes_ = 0;
+  std::string error_;
+};
+
+// One decoded reply. Which fields are set depends on the command it answers.
+struct Reply {
+  std::int64_t number = 0;          // ADD, GETNUMKEYS, DELETE_KEY, QUEUE_LEN; QUEUE_POP's length
+  std::uint8_t code = 0;            // CHECK, WAIT, CANCEL_WAIT, WATCH_KEY
+  std::uint32_t u32 = 0;            // PING's nonce
+  std::vector<std::string> values;  // GET, COMPARE_SET: 1; MULTI_GET: one per key; QUEUE_POP: 0 or 1
+};
+
+// False for the commands the server never answers (VALIDATE, SET, APPEND, MULTI_SET,
+// QUEUE_PUSH).
+bool has_reply(Command command);
+
+// Reassembles the reply to one request from bytes as they arrive, in any fragmentation.
+// Call expect() with the request's command before feeding its reply. Every length is checked
+// against Limits (max_value_bytes per value, max_reply_bytes in all) before anything is
+// allocated for it.
+class ReplyParser {
+ public:
+  enum class Status { NeedMore, Complete, Error };
+  struct Result {
+    Status status;
+    std::size_t consumed;  // bytes of the input used (the rest is not part of this reply)
+  };
+
+  explicit ReplyParser(Limits limits = {}) : limits_(limits) {}
+
+  // Starts the reply to command; key_count: the keys of a MULTI_GET. Clears any error.
+  void expect(Command command, std::size_t key_count = 0);
+  // Consumes bytes until the reply is complete, more are needed, or it is invalid (error()
+  // says why). A command without a reply is complete at once.
+  Result feed(std::string_view data);
+
+  Reply& reply() { return reply_; }
+  const std::string& error() const { return error_; }
+
+ private:
+  enum class Field : std::uint8_t { None, U8, U32, I64, Length };
+
+  Field next_field() const;
+  void begin_field();
+  bool finish_fixed();
+
+  Limits limits_;
+  Command command_ = Command::Set;
+  std::size_t key_count_ = 0;
+  Reply reply_;
+  Field field_ = Field::None;
+  std::size_t fields_done_ = 0;
+  bool in_body_ = false;
+  std::uint64_t body_left_ = 0;
+  std::uint64_t reply_bytes_ = 0;
+  unsigned char scratch_[8] = {};
+  std::size_t scratch_have_ = 0;
+  std::size_t scratch_need_ = 0;
   std::string error_;
 };
 
