@@ -83,8 +83,8 @@ class StoreRendezvous final : public Rendezvous {
         auto error = std::current_exception();
         deliver([&] { on_error(error); });
       } catch (const std::exception& e) {
-        auto error = std::make_exception_ptr(RendezvousError(
-            "rendezvous at " + session_.endpoint + " failed: " + std::string(e.what())));
+        auto error = std::make_exception_ptr(RendezvousError("rendezvous at " + session_.endpoint +
+                                                             " failed: " + std::string(e.what())));
         deliver([&] { on_error(error); });
       }
     });
@@ -211,13 +211,14 @@ class StoreRendezvous final : public Rendezvous {
     if (resolved_addr_.empty()) {
       resolved_addr_ = self.addr;
       if (resolved_addr_.empty()) {
-        resolved_addr_ = local_address_towards(session_.settings.store_host,
-                                               session_.settings.store_port);
+        resolved_addr_ =
+            local_address_towards(session_.settings.store_host, session_.settings.store_port);
       }
       if (resolved_addr_.empty()) resolved_addr_ = self.host;
     }
-    return Participant{self.node_id, self.host,           resolved_addr_,   self.local_world_size,
-                       self.role,    self.fixed_group_rank, worker_store_port};
+    return Participant{self.node_id,          self.host, resolved_addr_,
+                       self.local_world_size, self.role, self.fixed_group_rank,
+                       worker_store_port};
   }
 
   // ADDs 1 to hb/<node_id> every keep_alive_interval until stop_heartbeats().

@@ -130,14 +130,18 @@ class Node {
             }
           });
         },
-        [this](WaitStatus status) { push(Event::Kind::kWait, [&](Event& e) { e.wait = status; }); });
+        [this](WaitStatus status) {
+          push(Event::Kind::kWait, [&](Event& e) { e.wait = status; });
+        });
   }
   void watch() {
-    rdzv_->watch_round(
-        [this](StopReason reason) { push(Event::Kind::kStop, [&](Event& e) { e.stop = reason; }); });
+    rdzv_->watch_round([this](StopReason reason) {
+      push(Event::Kind::kStop, [&](Event& e) { e.stop = reason; });
+    });
   }
   void finish() {
-    rdzv_->finish_round([this](bool ok) { push(Event::Kind::kDone, [&](Event& e) { e.done = ok; }); });
+    rdzv_->finish_round(
+        [this](bool ok) { push(Event::Kind::kDone, [&](Event& e) { e.done = ok; }); });
   }
   Rendezvous& rdzv() { return *rdzv_; }
   // Destroys the engine without leave(): to the others, this node just went silent.
@@ -368,9 +372,9 @@ TEST_CASE("store rendezvous: the exit barrier, then late nodes are told the job 
   auto error = inbox.take("late", Event::Kind::kError);
   REQUIRE(error);
   CHECK(error->closed_error);
-  CHECK_THAT(error->error, Catch::Contains("rendezvous 'job' at 127.0.0.1:" +
-                                           std::to_string(server.port()) +
-                                           " is closed: the job finished"));
+  CHECK_THAT(error->error,
+             Catch::Contains("rendezvous 'job' at 127.0.0.1:" + std::to_string(server.port()) +
+                             " is closed: the job finished"));
 }
 
 TEST_CASE("store rendezvous: a stop during the exit barrier fails it") {
