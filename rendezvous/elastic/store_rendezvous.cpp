@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <mutex>
 #include <random>
@@ -19,7 +20,8 @@
 namespace ddp::elastic {
 namespace {
 
-// leave() is best effort: at most this long for each store step.
+// leave() is best effort: each store step takes at most close_timeout (torchrun's bound on
+// shutting a rendezvous down), and never more than this.
 constexpr std::chrono::milliseconds kLeaveTimeout = std::chrono::seconds(5);
 
 std::string random_node_id(const std::string& host) {
@@ -147,8 +149,9 @@ class StoreRendezvous final : public Rendezvous {
     stop_heartbeats();
     const NodeInfo& self = session_.settings.self;
     try {
-      auto options = session_.client_options(kLeaveTimeout);
-      options.timeout = kLeaveTimeout;
+      auto bound = std::min(session_.settings.timeouts.close, kLeaveTimeout);
+      auto options = session_.client_options(bound);
+      options.timeout = bound;
       store::Client store(options);
       std::optional<int> running;
       session_.modify(store, [&](const std::optional<RoundState>& current) {

@@ -529,3 +529,34 @@ TEST_CASE("store rendezvous: a node that dies while waiting is dropped from the 
     CHECK(round->round.members.size() == 4);
   }
 }
+
+TEST_CASE("store rendezvous: eight nodes go through several failures and restarts together") {
+  ddp::test::TestServer server;
+  Inbox inbox;
+  Job job{"c10d", "job", 4, 8, 10min};
+  std::vector<std::unique_ptr<Node>> nodes;
+  std::vector<Node*> all;
+  std::vector<std::string> names;
+  for (int i = 0; i < 8; ++i) {
+    names.push_back("n" + std::to_string(i));
+    nodes.push_back(std::make_unique<Node>(inbox, settings_for(server.port(), job, names.back())));
+    all.push_back(nodes.back().get());
+  }
+  for (int attempt = 0; attempt < 3; ++attempt) {
+    auto rounds = form_round(inbox, all, names);
+    for (const auto& [name, round] : rounds) {
+      CHECK(round.round == attempt);
+      CHECK(round.restart_count == attempt);
+      CHECK(member_ids(round) == member_ids(rounds["n0"]));
+    }
+    for (auto* node : all) node->watch();
+    StopReason failed;
+    failed.rank = attempt;
+    all[attempt * 3 % 8]->rdzv().stop_round(failed);
+    for (const auto& name : names) {
+      auto stop = inbox.take(name, Event::Kind::kStop);
+      REQUIRE(stop);
+      CHECK(stop->stop.rank == attempt);
+    }
+  }
+}
