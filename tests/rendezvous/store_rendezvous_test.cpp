@@ -388,3 +388,31 @@ TEST_CASE("store rendezvous: eight nodes go through several failures and restart
     }
   }
 }
+
+TEST_CASE("store rendezvous: a node arriving while the job finishes does not restart it") {
+  ddp::test::TestServer server;
+  Inbox inbox;
+  Job job{"c10d", "job", 2, 3};
+  Node a(inbox, settings_for(server.port(), job, "a"));
+  Node b(inbox, settings_for(server.port(), job, "b"));
+  form_round(inbox, {&a, &b}, {"a", "b"});
+  a.watch();
+  b.watch();
+  a.finish();  // a's workers succeeded; b's still run
+  // a is in the barrier once its count is in: poll the counter through a client of our own.
+  ddp::store::Client probe(server.client_options());
+  REQUIRE(ddp::test::eventually([&] { return probe.add("/ddprun/job/round_0/done", 0) == 1; }));
+  Node late(inbox, settings_for(server.port(), job, "late"));
+  late.next_round();
+  REQUIRE(inbox.take("late", Event::Kind::kWait));  // it is waiting, not stopping the round
+  b.finish();
+  for (const char* name : {"a", "b"}) {
+    auto done = inbox.take(name, Event::Kind::kDone);
+    REQUIRE(done);
+    CHECK(done->done);
+  }
+  auto error = inbox.take("late", Event::Kind::kError);
+  REQUIRE(error);
+  CHECK(error->closed_error);
+  CHECK(inbox.count(Event::Kind::kStop) == 0);
+}
