@@ -95,7 +95,7 @@ inline RendezvousSettings settings_for(int port, const Job& job, const std::stri
   s.timeouts.join = job.join;
   s.timeouts.last_call = job.last_call;
   s.timeouts.keep_alive = 200ms;
-  s.timeouts.keep_alive_max_attempt = 5;
+  s.timeouts.keep_alive_max_attempt = 10;  // 2 s of silence: lost even on a loaded machine
   s.timeouts.read = 10s;
   s.timeouts.exit_barrier = kOutcome;
   s.wait_notice_interval = 100ms;
