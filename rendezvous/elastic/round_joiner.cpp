@@ -100,6 +100,9 @@ std::optional<RoundJoiner::View> RoundJoiner::join(const View& view) {
   int round = out.state->round;
   if (result.request_stop && stop_requested_for_ != round) {
     stop_requested_for_ = round;
+    // A round some member already finished is ending well: do not restart it, wait (and be
+    // told the job finished).
+    if (store_.add(session_.keys.done(round), 0) > 0) return out;
     auto joined = make_stop(StopReason::Kind::kNodeJoined, self_.node_id, self_.host);
     session_.end_round(store_, round, RoundEnd{false, joined});
   }

@@ -21,9 +21,7 @@ bool erase_node(std::vector<Participant>& nodes, std::string_view node_id) {
   return found;
 }
 
-std::string describe_node(const Participant& node) {
-  return node.host + " (" + node.node_id + ")";
-}
+std::string describe_node(const Participant& node) { return node.host + " (" + node.node_id + ")"; }
 
 // Static: the node's --node_rank must be in range and not held by another joined node.
 std::string static_rank_error(const RoundState& state, const Participant& self,
@@ -128,7 +126,8 @@ JoinResult join_round(const std::optional<RoundState>& state, const JoinInput& i
   if (member) {
     // The round this node ran has ended: without a recorded end (the driver sets one before
     // asking), it counts as a membership change.
-    RoundEnd end = input.last_round_end.value_or(RoundEnd{false, make_stop(StopReason::Kind::kNodeLeft)});
+    RoundEnd end =
+        input.last_round_end.value_or(RoundEnd{false, make_stop(StopReason::Kind::kNodeLeft)});
     if (end.finished) return {JoinResult::Kind::kFinished, {}, false, {}};
     return open_next(*state, input.self, end, rules);
   }
@@ -244,8 +243,8 @@ std::vector<std::string> nodes_to_watch(const RoundState& state) {
 std::optional<std::chrono::milliseconds> LastCallTimer::observe(const RoundState& state,
                                                                 const RoundRules& rules,
                                                                 Clock::time_point now) {
-  bool at_min = state.phase == Phase::kOpen &&
-                static_cast<int>(state.participants.size()) >= rules.min_nodes;
+  bool at_min =
+      state.phase == Phase::kOpen && static_cast<int>(state.participants.size()) >= rules.min_nodes;
   if (!at_min || state.round != round_) {
     round_ = state.round;
     since_.reset();

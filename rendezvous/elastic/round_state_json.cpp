@@ -12,9 +12,12 @@ using nlohmann::json;
 
 const char* phase_name(Phase phase) {
   switch (phase) {
-    case Phase::kOpen: return "open";
-    case Phase::kRunning: return "running";
-    case Phase::kFinished: return "finished";
+    case Phase::kOpen:
+      return "open";
+    case Phase::kRunning:
+      return "running";
+    case Phase::kFinished:
+      return "finished";
   }
   return "open";
 }
@@ -28,10 +31,14 @@ Phase phase_of(const std::string& name) {
 
 const char* kind_name(StopReason::Kind kind) {
   switch (kind) {
-    case StopReason::Kind::kWorkerFailed: return "worker_failed";
-    case StopReason::Kind::kNodeLost: return "node_lost";
-    case StopReason::Kind::kNodeJoined: return "node_joined";
-    case StopReason::Kind::kNodeLeft: return "node_left";
+    case StopReason::Kind::kWorkerFailed:
+      return "worker_failed";
+    case StopReason::Kind::kNodeLost:
+      return "node_lost";
+    case StopReason::Kind::kNodeJoined:
+      return "node_joined";
+    case StopReason::Kind::kNodeLeft:
+      return "node_left";
   }
   return "worker_failed";
 }
@@ -45,9 +52,9 @@ StopReason::Kind kind_of(const std::string& name) {
 }
 
 json participant_json(const Participant& node) {
-  json out = {{"id", node.node_id},       {"host", node.host},
-              {"addr", node.addr},        {"local_world_size", node.local_world_size},
-              {"role", node.role},        {"worker_store_port", node.worker_store_port}};
+  json out = {{"id", node.node_id}, {"host", node.host},
+              {"addr", node.addr},  {"local_world_size", node.local_world_size},
+              {"role", node.role},  {"worker_store_port", node.worker_store_port}};
   if (node.fixed_group_rank) out["fixed_group_rank"] = *node.fixed_group_rank;
   return out;
 }
@@ -121,9 +128,15 @@ RoundState decode_state(std::string_view text) {
 std::string encode_end(const RoundEnd& end) {
   if (end.finished) return json{{"finished", true}}.dump();
   const StopReason& r = end.reason;
-  json out = {{"kind", kind_name(r.kind)}, {"node_id", r.node_id},       {"host", r.host},
-              {"rank", r.rank},            {"local_rank", r.local_rank}, {"pid", r.pid},
-              {"exit_code", r.exit_code},  {"signal", r.signal},         {"message", r.message},
+  json out = {{"kind", kind_name(r.kind)},
+              {"node_id", r.node_id},
+              {"host", r.host},
+              {"rank", r.rank},
+              {"local_rank", r.local_rank},
+              {"pid", r.pid},
+              {"exit_code", r.exit_code},
+              {"signal", r.signal},
+              {"message", r.message},
               {"error_file", r.error_file}};
   return out.dump();
 }

@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <mutex>
 #include <random>
@@ -19,7 +20,8 @@
 namespace ddp::elastic {
 namespace {
 
-// leave() is best effort: at most this long for each store step.
+// leave() is best effort: each store step takes at most close_timeout (torchrun's bound on
+// shutting a rendezvous down), and never more than this.
 constexpr std::chrono::milliseconds kLeaveTimeout = std::chrono::seconds(5);
 
 std::string random_node_id(const std::string& host) {
@@ -83,8 +85,8 @@ class StoreRendezvous final : public Rendezvous {
         auto error = std::current_exception();
         deliver([&] { on_error(error); });
       } catch (const std::exception& e) {
-        auto error = std::make_exception_ptr(RendezvousError(
-            "rendezvous at " + session_.endpoint + " failed: " + std::string(e.what())));
+        auto error = std::make_exception_ptr(RendezvousError("rendezvous at " + session_.endpoint +
+                                                             " failed: " + std::string(e.what())));
         deliver([&] { on_error(error); });
       }
     });
@@ -147,8 +149,9 @@ class StoreRendezvous final : public Rendezvous {
     stop_heartbeats();
     const NodeInfo& self = session_.settings.self;
     try {
-      auto options = session_.client_options(kLeaveTimeout);
-      options.timeout = kLeaveTimeout;
+      auto bound = std::min(session_.settings.timeouts.close, kLeaveTimeout);
+      auto options = session_.client_options(bound);
+      options.timeout = bound;
       store::Client store(options);
       std::optional<int> running;
       session_.modify(store, [&](const std::optional<RoundState>& current) {
@@ -211,13 +214,14 @@ class StoreRendezvous final : public Rendezvous {
     if (resolved_addr_.empty()) {
       resolved_addr_ = self.addr;
       if (resolved_addr_.empty()) {
-        resolved_addr_ = local_address_towards(session_.settings.store_host,
-                                               session_.settings.store_port);
+        resolved_addr_ =
+            local_address_towards(session_.settings.store_host, session_.settings.store_port);
       }
       if (resolved_addr_.empty()) resolved_addr_ = self.host;
     }
-    return Participant{self.node_id, self.host,           resolved_addr_,   self.local_world_size,
-                       self.role,    self.fixed_group_rank, worker_store_port};
+    return Participant{self.node_id,          self.host, resolved_addr_,
+                       self.local_world_size, self.role, self.fixed_group_rank,
+                       worker_store_port};
   }
 
   // ADDs 1 to hb/<node_id> every keep_alive_interval until stop_heartbeats().

@@ -1,10 +1,9 @@
 #include "store_session.hpp"
 
 #include <algorithm>
-#include <cstdio>
-
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/udp.hpp>
+#include <cstdio>
 
 #include "ddp/elastic/state_backend.hpp"
 

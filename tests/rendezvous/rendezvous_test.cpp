@@ -72,12 +72,14 @@ TEST_CASE("describe: one line per stop reason") {
   failed.local_rank = 1;
   failed.pid = 4242;
   failed.exit_code = 3;
-  CHECK(describe(failed) == "worker rank 5 (local rank 1, pid 4242) on node gpu01 (n1) exited "
-                            "with code 3");
+  CHECK(describe(failed) ==
+        "worker rank 5 (local rank 1, pid 4242) on node gpu01 (n1) exited "
+        "with code 3");
   failed.signal = SIGKILL;
   failed.message = "CUDA out of memory";
-  CHECK(describe(failed) == "worker rank 5 (local rank 1, pid 4242) on node gpu01 (n1) was "
-                            "killed by SIGKILL: CUDA out of memory");
+  CHECK(describe(failed) ==
+        "worker rank 5 (local rank 1, pid 4242) on node gpu01 (n1) was "
+        "killed by SIGKILL: CUDA out of memory");
 
   StopReason lost;
   lost.kind = StopReason::Kind::kNodeLost;

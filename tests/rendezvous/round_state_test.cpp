@@ -186,8 +186,8 @@ TEST_CASE("round state: a node arriving while a round runs waits, and ends it if
   CHECK_FALSE(again.next);
 
   // The members restart into a larger world: d is moved in and expected.
-  auto opened = join_round(late.next, JoinInput{node("b"), 0, ended(StopReason::Kind::kNodeJoined)},
-                           rules);
+  auto opened =
+      join_round(late.next, JoinInput{node("b"), 0, ended(StopReason::Kind::kNodeJoined)}, rules);
   REQUIRE(opened.next);
   CHECK(opened.next->restart_count == 0);
   CHECK(opened.next->wait_list.empty());

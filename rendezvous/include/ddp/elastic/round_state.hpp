@@ -75,7 +75,7 @@ StopReason make_stop(StopReason::Kind kind, std::string node_id = {}, std::strin
 // What a node brings to next_round.
 struct JoinInput {
   Participant self;
-  std::optional<int> last_round;        // the round this node last ran, if any
+  std::optional<int> last_round;           // the round this node last ran, if any
   std::optional<RoundEnd> last_round_end;  // how that round ended (read from its end key)
 };
 
@@ -134,8 +134,8 @@ std::vector<std::string> nodes_to_watch(const RoundState& state);
 class LastCallTimer {
  public:
   using Clock = std::chrono::steady_clock;
-  std::optional<std::chrono::milliseconds> observe(const RoundState& state,
-                                                   const RoundRules& rules, Clock::time_point now);
+  std::optional<std::chrono::milliseconds> observe(const RoundState& state, const RoundRules& rules,
+                                                   Clock::time_point now);
 
  private:
   int round_ = -1;
