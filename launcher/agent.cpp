@@ -159,6 +159,7 @@ class Agent::Impl {
   void wait_for_signal() {
     signals_.async_wait([this](boost::system::error_code ec, int signal) {
       if (ec) return;
+      if (lingering_) return io_.stop();
       if (machine_) machine_->handle(event::Signal{signal});
       wait_for_signal();
     });
@@ -171,6 +172,10 @@ class Agent::Impl {
     if (outcome.keep_logs) temp_dir_.clear();  // keep the error files the report points to
     if (!outcome.report.empty()) {
       console_.write_notice(options_.console_err, std::move(outcome.report));
+    }
+    if (outcome.exit_code == 0 && rendezvous_->hosts_rendezvous_store()) {
+      lingering_ = true;  // a signal ends it
+      return rendezvous_->linger([this] { io_.stop(); });
     }
     io_.stop();
   }
@@ -192,6 +197,7 @@ class Agent::Impl {
   std::unique_ptr<ProcessWorkerGroup> workers_;
   std::unique_ptr<AgentMachine> machine_;
   std::optional<int> exit_code_;
+  bool lingering_ = false;  // the job is over; the rendezvous store waits for the others
 };
 
 Agent::Agent(LaunchConfig config, WorkerCommand command, AgentOptions options)

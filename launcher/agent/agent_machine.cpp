@@ -75,7 +75,9 @@ void AgentMachine::on(const event::Waiting& e) {
   const elastic::WaitStatus& s = e.status;
   const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(s.waited).count();
   const std::string where = " at " + s.endpoint + " (" + std::to_string(seconds) + " s)";
-  if (s.joined < s.min_nodes) {
+  if (s.wait_listed) {
+    ctx_.notice("ddprun: a round runs without this node; waiting to join the next one" + where);
+  } else if (s.joined < s.min_nodes) {
     ctx_.notice("ddprun: waiting for " + std::to_string(s.min_nodes - s.joined) + " of " +
                 std::to_string(s.min_nodes) + " nodes" + where);
   } else {

@@ -7,6 +7,8 @@
 // per round. Internal to the launcher; lives on the agent's loop.
 
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
@@ -17,6 +19,12 @@
 #include "ddp/store/server.hpp"
 
 namespace ddp::launcher {
+
+// After a job that passed the exit barrier, how long the agent serving the rendezvous store
+// keeps it up for the agents that have not read the barrier's result yet.
+inline constexpr std::chrono::milliseconds kStoreLingerTimeout{5000};
+// How often it looks whether they are gone.
+inline constexpr std::chrono::milliseconds kStoreLingerCheck{20};
 
 struct RendezvousHostOptions {
   MasterHostFactory master_host;  // one node: who serves MASTER_PORT
@@ -40,7 +48,17 @@ class RendezvousHost {
   // last round's) and returns the port.
   int open_worker_store();
 
+  // True when this agent serves the rendezvous store to the other agents.
+  bool hosts_rendezvous_store() const { return rendezvous_store_ != nullptr; }
+  // Ends the rendezvous engine (closing its own connections), then calls done once no other
+  // agent is connected to the rendezvous store, or after kStoreLingerTimeout, so that the
+  // last agents still reading the exit barrier do not lose the store under them. Call once,
+  // on the loop, when the job is over.
+  void linger(std::function<void()> done);
+
  private:
+  void check_linger(std::chrono::steady_clock::time_point deadline, std::function<void()> done);
+
   void host_rendezvous_store(const std::string& where, int port);
 
   boost::asio::io_context& io_;
@@ -51,6 +69,7 @@ class RendezvousHost {
   std::unique_ptr<store::Server> rendezvous_store_;      // several, when this agent hosts it
   std::unique_ptr<store::Server> worker_store_;          // c10d: this round's
   std::unique_ptr<elastic::Rendezvous> rendezvous_;
+  boost::asio::steady_timer linger_timer_;
 };
 
 }  // namespace ddp::launcher

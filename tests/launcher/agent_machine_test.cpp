@@ -450,6 +450,15 @@ TEST_CASE("the waiting line is printed at most every few seconds") {
   CHECK(h.notices[2] ==
         "ddprun: 2 of at most 4 nodes joined; waiting for the round to close at 10.0.0.1:29500 "
         "(15 s)");
+  h.timers.now_ += kWaitNoticeInterval;
+  ddp::elastic::WaitStatus listed{0, 2, 4, "10.0.0.1:29500", std::chrono::seconds(20)};
+  listed.wait_listed = true;  // the round is full, or restarting without this node
+  h.rdzv.last().on_wait(listed);
+  h.run();
+  REQUIRE(h.notices.size() == 4);
+  CHECK(h.notices[3] ==
+        "ddprun: a round runs without this node; waiting to join the next one at "
+        "10.0.0.1:29500 (20 s)");
 }
 
 TEST_CASE("the outcome waits for the last teed output, bounded by the drain timeout") {

@@ -26,6 +26,8 @@ struct RendezvousTimeouts {
   std::chrono::milliseconds keep_alive{std::chrono::seconds(5)};   // keep_alive_interval
   int keep_alive_max_attempt = 3;                                  // keep_alive_max_attempt
   std::chrono::milliseconds read{std::chrono::seconds(60)};        // read_timeout (store ops)
+  // How long finish_round waits for the other nodes (torchrun's exit barrier timeout).
+  std::chrono::milliseconds exit_barrier{std::chrono::seconds(300)};
 };
 
 // What one node brings to a round.
@@ -109,6 +111,8 @@ struct WaitStatus {
   int max_nodes = 0;
   std::string endpoint;     // "host:port" of the rendezvous store
   std::chrono::milliseconds waited{0};
+  bool wait_listed = false;  // a round runs without this node (full, or it is restarting into
+                             // a larger world): it waits for the next round; joined is 0
 };
 
 // Every method is called from the agent's thread and returns at once; results arrive through
@@ -162,10 +166,24 @@ struct RendezvousSettings {
   int max_nodes = 1;
   RendezvousTimeouts timeouts;
   NodeInfo self;
+  // How often on_wait is called while a node waits for a round (the first time after one
+  // interval, so a quick rendezvous prints nothing).
+  std::chrono::milliseconds wait_notice_interval{std::chrono::seconds(3)};
 };
 
 // The engine over a TCP store: connects (retrying with back-off until timeouts.join, then a
 // RendezvousError naming the endpoint and how long it tried) on its own thread.
+//
+// Protocol (docs/elastic.md, "How rounds work"): every key lives under /ddprun/<run_id>/.
+// `state` holds the rounds as JSON, changed only by compare-and-set (round_state.hpp is the
+// pure logic); `hb/<node_id>` is each node's heartbeat counter, ADDed every keep_alive and
+// judged stale on the observer's own clock; `round_<r>/closed` is set when round r closes;
+// `round_<r>/end` says how running round r ended, first writer wins (a StopReason, or
+// finished once the exit barrier counter `round_<r>/done` reached every member).
+// Threads: heartbeats; one for next_round / stop_round / finish_round (in call order); one
+// for watch_round. Each has its own store client. Callbacks must not call leave().
+// Throws RendezvousError at once for invalid settings (backend, MIN:MAX, static without a
+// fixed_group_rank). An empty self.node_id gets "<host>_<pid>_<random>".
 std::unique_ptr<Rendezvous> make_store_rendezvous(RendezvousSettings settings);
 
 }  // namespace ddp::elastic
