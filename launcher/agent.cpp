@@ -13,8 +13,8 @@
 #include "agent/asio_timers.hpp"
 #include "agent/process_worker_group.hpp"
 #include "agent/rendezvous_host.hpp"
-#include "ddp/launcher/worker_env.hpp"
 #include "console_writer.hpp"
+#include "ddp/launcher/worker_env.hpp"
 #include "group_reaper.hpp"
 
 namespace ddp::launcher {
@@ -79,11 +79,10 @@ class Agent::Impl {
     reaper_.emplace();  // before any handler or socket of ours exists to be inherited
     for (int signal : config_.signals_to_handle) signals_.add(signal);
     wait_for_signal();
-    elastic::NodeInfo self{make_node_id(host_), host_, config_.local_addr,
+    elastic::NodeInfo self{make_node_id(host_),    host_,        config_.local_addr,
                            config_.nproc_per_node, config_.role, std::nullopt};
-    RendezvousHostOptions rdzv_options{options_.master_host, [this](const std::string& line) {
-                                         notice(line);
-                                       }};
+    RendezvousHostOptions rdzv_options{options_.master_host,
+                                       [this](const std::string& line) { notice(line); }};
     rendezvous_ = std::make_unique<RendezvousHost>(io_, config_, self, std::move(rdzv_options));
     prepare_log_root();
     if (needs_omp_default(config_, options_.base_env)) {
@@ -173,9 +172,9 @@ class Agent::Impl {
     if (!outcome.report.empty()) {
       console_.write_notice(options_.console_err, std::move(outcome.report));
     }
-    if (outcome.exit_code == 0 && rendezvous_->hosts_rendezvous_store()) {
-      lingering_ = true;  // a signal ends it
-      return rendezvous_->linger([this] { io_.stop(); });
+    if (rendezvous_->hosts_rendezvous_store()) {  // the others may still need the store
+      lingering_ = true;                          // a signal ends it
+      return rendezvous_->shut_down(outcome.exit_code == 0, [this] { io_.stop(); });
     }
     io_.stop();
   }
@@ -186,7 +185,7 @@ class Agent::Impl {
   LaunchConfig config_;
   WorkerCommand command_;
   AgentOptions options_;
-  ConsoleWriter console_;  // every console write of the agent; never blocks the loop
+  ConsoleWriter console_;              // every console write of the agent; never blocks the loop
   std::optional<GroupReaper> reaper_;  // kills the groups if this process dies first
   boost::asio::signal_set signals_;
   AsioTimers timers_;

@@ -27,9 +27,15 @@ void AgentMachine::join_next_round() {
   auto post = ctx_.post;
   ctx_.rendezvous->next_round(
       worker_store_port,
-      [post, round](elastic::RoundInfo info) { post(event::RoundReady{round, std::move(info)}); },
-      [post, round](std::exception_ptr error) { post(event::RoundError{round, error}); },
-      [post, round](elastic::WaitStatus status) { post(event::Waiting{round, status}); });
+      [post, round](elastic::RoundInfo info) {
+        post(event::RoundReady{round, std::move(info)});
+      },
+      [post, round](std::exception_ptr error) {
+        post(event::RoundError{round, error});
+      },
+      [post, round](elastic::WaitStatus status) {
+        post(event::Waiting{round, status});
+      });
 }
 
 // Starting: watch the round, then start its workers.
@@ -45,8 +51,9 @@ void AgentMachine::on(const event::RoundReady& e) {
   other_failures_.clear();
   auto post = ctx_.post;
   const int round = round_;
-  ctx_.rendezvous->watch_round(
-      [post, round](StopReason reason) { post(event::RoundStopped{round, std::move(reason)}); });
+  ctx_.rendezvous->watch_round([post, round](StopReason reason) {
+    post(event::RoundStopped{round, std::move(reason)});
+  });
   ctx_.workers->start(*info_, [post, round](int local_rank, WorkerExit exit) {
     post(event::WorkerExited{round, local_rank, exit});
   });
@@ -90,8 +97,7 @@ void AgentMachine::on(const event::Waiting& e) {
 // Running / Stopping / ShuttingDown: a worker exited.
 void AgentMachine::on(const event::WorkerExited& e) {
   if (!current(e.round) || group_exited_) return;
-  if (state_ != State::kRunning && state_ != State::kStopping &&
-      state_ != State::kShuttingDown) {
+  if (state_ != State::kRunning && state_ != State::kStopping && state_ != State::kShuttingDown) {
     return;
   }
   ++exits_seen_;
@@ -146,8 +152,9 @@ void AgentMachine::on_group_exited() {
   state_ = State::kBarrier;
   auto post = ctx_.post;
   const int round = round_;
-  ctx_.rendezvous->finish_round(
-      [post, round](bool all_succeeded) { post(event::BarrierDone{round, all_succeeded}); });
+  ctx_.rendezvous->finish_round([post, round](bool all_succeeded) {
+    post(event::BarrierDone{round, all_succeeded});
+  });
 }
 
 // The round must end, for the reason every node agreed on.
@@ -178,8 +185,9 @@ void AgentMachine::on(const event::BarrierDone& e) {
 
 void AgentMachine::on(const event::GraceTimer& e) {
   if (!current(e.round) || state_ != State::kStopping || reason_) return;
-  finish({1, "ddprun: the exit barrier at " + ctx_.rendezvous->endpoint() +
-                 " failed and no node said why; giving up\n",
+  finish({1,
+          "ddprun: the exit barrier at " + ctx_.rendezvous->endpoint() +
+              " failed and no node said why; giving up\n",
           false});
 }
 
@@ -235,8 +243,8 @@ void AgentMachine::on(const event::Signal& e) {
     return ctx_.workers->signal(SIGKILL);
   }
   signal_ = e.number;
-  const bool workers_run = (state_ == State::kRunning || state_ == State::kStopping) &&
-                           !group_exited_;
+  const bool workers_run =
+      (state_ == State::kRunning || state_ == State::kStopping) && !group_exited_;
   if (!workers_run) {
     ctx_.notice("ddprun: got " + signal_name(e.number) + ": leaving the rendezvous");
     ctx_.rendezvous->leave();
@@ -256,8 +264,7 @@ void AgentMachine::finish(AgentOutcome outcome) {
   ctx_.timers->cancel(TimerId::kGrace);
   if (!ctx_.workers->output_pending()) return done();
   auto post = ctx_.post;
-  ctx_.timers->start(TimerId::kDrain, config_.drain_timeout,
-                     [post] { post(event::DrainTimer{}); });
+  ctx_.timers->start(TimerId::kDrain, config_.drain_timeout, [post] { post(event::DrainTimer{}); });
 }
 
 void AgentMachine::on(const event::OutputDrained&) {

@@ -38,17 +38,17 @@ inline constexpr std::chrono::milliseconds kStopReasonGrace{5000};
 inline constexpr std::chrono::milliseconds kWaitNoticeInterval{5000};
 
 struct AgentMachineConfig {
-  std::string job_name;            // names the job in the failure report (the entrypoint)
-  std::string node_id;             // this agent in StopReasons (NodeInfo::node_id)
-  int max_restarts = 0;            // --max_restarts: rounds after a worker failure
+  std::string job_name;  // names the job in the failure report (the entrypoint)
+  std::string node_id;   // this agent in StopReasons (NodeInfo::node_id)
+  int max_restarts = 0;  // --max_restarts: rounds after a worker failure
   std::chrono::milliseconds shutdown_timeout{30000};  // SIGTERM (or the signal) to SIGKILL
   std::chrono::milliseconds drain_timeout = kOutputDrainTimeout;
 };
 
 // How the job ended.
 struct AgentOutcome {
-  int exit_code = 1;    // ddprun's exit status
-  std::string report;   // the failure report, printed after all output; empty on success
+  int exit_code = 1;       // ddprun's exit status
+  std::string report;      // the failure report, printed after all output; empty on success
   bool keep_logs = false;  // the report points at error files: keep them
 };
 
@@ -56,11 +56,11 @@ struct AgentMachineContext {
   elastic::Rendezvous* rendezvous = nullptr;
   WorkerGroup* workers = nullptr;
   AgentTimers* timers = nullptr;
-  std::function<void(AgentEvent)> post;           // thread-safe; queues for handle()
+  std::function<void(AgentEvent)> post;            // thread-safe; queues for handle()
   std::function<void(const std::string&)> notice;  // one line for the console (no newline)
-  std::function<int()> open_worker_store;  // before each round: a fresh worker store's port
-                                           // (c10d); unset: 0 (the master is fixed)
-  std::function<void(AgentOutcome)> on_done;  // once, when the job is over and output drained
+  std::function<int()> open_worker_store;          // before each round: a fresh worker store's port
+                                                   // (c10d); unset: 0 (the master is fixed)
+  std::function<void(AgentOutcome)> on_done;       // once, when the job is over and output drained
 };
 
 class AgentMachine {
@@ -113,7 +113,7 @@ class AgentMachine {
   AgentMachineConfig config_;
   AgentMachineContext ctx_;
   State state_ = State::kRendezvous;
-  int round_ = 0;  // incremented by every next_round call
+  int round_ = 0;                           // incremented by every next_round call
   std::optional<elastic::RoundInfo> info_;  // the round that runs (or ran last)
   int group_size_ = 0;
   int exits_seen_ = 0;
@@ -121,7 +121,7 @@ class AgentMachine {
   std::optional<elastic::StopReason> reason_;  // why the round ends, as all nodes agreed
   std::optional<WorkerFailure> root_cause_;    // a local failure that ended the round
   std::vector<WorkerFailure> other_failures_;  // local workers that had failed too
-  int signal_ = 0;  // the handled signal that shuts the agent down
+  int signal_ = 0;                             // the handled signal that shuts the agent down
   std::optional<AgentTimers::Clock::time_point> last_wait_notice_;
   AgentOutcome outcome_;
 };

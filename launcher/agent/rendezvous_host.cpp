@@ -1,6 +1,7 @@
 #include "rendezvous_host.hpp"
 
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
 #include <cstdio>
 
 #include "ddp/launcher/rdzv_settings.hpp"
@@ -52,7 +53,10 @@ RendezvousHost::RendezvousHost(boost::asio::io_context& io, const LaunchConfig& 
   rendezvous_ = elastic::make_store_rendezvous(std::move(settings));
 }
 
-RendezvousHost::~RendezvousHost() { rendezvous_.reset(); }
+RendezvousHost::~RendezvousHost() {
+  rendezvous_.reset();
+  if (closer_.joinable()) closer_.join();
+}
 
 void RendezvousHost::host_rendezvous_store(const std::string& where, int port) {
   try {
@@ -65,15 +69,20 @@ void RendezvousHost::host_rendezvous_store(const std::string& where, int port) {
   }
 }
 
-void RendezvousHost::linger(std::function<void()> done) {
-  rendezvous_.reset();
-  check_linger(std::chrono::steady_clock::now() + kStoreLingerTimeout, std::move(done));
+void RendezvousHost::shut_down(bool wait_for_others, std::function<void()> done) {
+  closer_ = std::thread(
+      [this, engine = std::move(rendezvous_), wait_for_others, done = std::move(done)]() mutable {
+        engine.reset();
+        boost::asio::post(io_, [this, wait_for_others, done = std::move(done)] {
+          if (!wait_for_others) return done();
+          check_linger(std::chrono::steady_clock::now() + kStoreLingerTimeout, done);
+        });
+      });
 }
 
 void RendezvousHost::check_linger(std::chrono::steady_clock::time_point deadline,
                                   std::function<void()> done) {
-  if (rendezvous_store_->stats().connections == 0 ||
-      std::chrono::steady_clock::now() >= deadline) {
+  if (rendezvous_store_->stats().connections == 0 || std::chrono::steady_clock::now() >= deadline) {
     return done();
   }
   linger_timer_.expires_after(kStoreLingerCheck);

@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "ddp/elastic/rendezvous.hpp"
 #include "ddp/launcher/launch_config.hpp"
@@ -27,7 +28,7 @@ inline constexpr std::chrono::milliseconds kStoreLingerTimeout{5000};
 inline constexpr std::chrono::milliseconds kStoreLingerCheck{20};
 
 struct RendezvousHostOptions {
-  MasterHostFactory master_host;  // one node: who serves MASTER_PORT
+  MasterHostFactory master_host;                   // one node: who serves MASTER_PORT
   std::function<void(const std::string&)> notice;  // a line for the console
 };
 
@@ -50,11 +51,13 @@ class RendezvousHost {
 
   // True when this agent serves the rendezvous store to the other agents.
   bool hosts_rendezvous_store() const { return rendezvous_store_ != nullptr; }
-  // Ends the rendezvous engine (closing its own connections), then calls done once no other
-  // agent is connected to the rendezvous store, or after kStoreLingerTimeout, so that the
-  // last agents still reading the exit barrier do not lose the store under them. Call once,
-  // on the loop, when the job is over.
-  void linger(std::function<void()> done);
+  // The job is over, and this agent serves the rendezvous store: ends the rendezvous engine
+  // on a thread of its own while the loop goes on serving the store (the engine's threads may
+  // be waiting on it); then, when wait_for_others (the exit barrier passed), waits until no
+  // other agent is connected to the store, at most kStoreLingerTimeout, so that the last
+  // agents reading the barrier's result do not lose the store under them; then calls done on
+  // the loop. Call once, on the loop.
+  void shut_down(bool wait_for_others, std::function<void()> done);
 
  private:
   void check_linger(std::chrono::steady_clock::time_point deadline, std::function<void()> done);
@@ -65,11 +68,12 @@ class RendezvousHost {
   RendezvousHostOptions options_;
   bool agent_store_ = false;
   bool worker_stores_ = false;
-  std::unique_ptr<MasterHost> master_;                   // one node
-  std::unique_ptr<store::Server> rendezvous_store_;      // several, when this agent hosts it
-  std::unique_ptr<store::Server> worker_store_;          // c10d: this round's
+  std::unique_ptr<MasterHost> master_;               // one node
+  std::unique_ptr<store::Server> rendezvous_store_;  // several, when this agent hosts it
+  std::unique_ptr<store::Server> worker_store_;      // c10d: this round's
   std::unique_ptr<elastic::Rendezvous> rendezvous_;
   boost::asio::steady_timer linger_timer_;
+  std::thread closer_;  // ends the engine off the loop (shut_down)
 };
 
 }  // namespace ddp::launcher

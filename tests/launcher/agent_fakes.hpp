@@ -58,8 +58,8 @@ class FakeWorkers : public WorkerGroup {
   std::vector<ExitHandler> handlers;  // by start
   std::vector<int> signals;
   int released = 0;
-  std::map<int, WorkerExit> exits;    // of the current round, by local rank
-  std::set<int> failed_unreported;    // failed, exit event not delivered yet
+  std::map<int, WorkerExit> exits;  // of the current round, by local rank
+  std::set<int> failed_unreported;  // failed, exit event not delivered yet
   bool pending_output = false;
 
   void start(const RoundInfo& round, ExitHandler on_exit) override {

@@ -35,8 +35,7 @@ struct Harness {
                 AgentMachineContext{&rdzv, &workers, &timers,
                                     [this](AgentEvent e) { queue.push_back(std::move(e)); },
                                     [this](const std::string& line) { notices.push_back(line); },
-                                    nullptr,
-                                    [this](AgentOutcome o) { outcome = std::move(o); }}) {
+                                    nullptr, [this](AgentOutcome o) { outcome = std::move(o); }}) {
     machine.start();
   }
 
@@ -127,7 +126,8 @@ TEST_CASE("single node: the round's workers succeed, the barrier passes, exit 0"
   CHECK(h.machine.state() == AgentMachine::State::kDone);
 }
 
-TEST_CASE("a local worker failure stops the round for all with the root cause, then the next round") {
+TEST_CASE(
+    "a local worker failure stops the round for all with the root cause, then the next round") {
   Harness h(2);
   h.round_ready(two_nodes(0));
   h.exit(1, 3);
@@ -141,7 +141,7 @@ TEST_CASE("a local worker failure stops the round for all with the root cause, t
   CHECK(sent.exit_code == 3);
   CHECK(h.workers.signals == std::vector<int>{SIGTERM});
   CHECK(h.machine.state() == AgentMachine::State::kStopping);
-  h.remote_stop(sent);  // the watcher reports the reason that won: ours
+  h.remote_stop(sent);               // the watcher reports the reason that won: ours
   CHECK(h.rdzv.rounds.size() == 1);  // worker 0 still runs
   h.exit(0, 0, SIGTERM);
   REQUIRE(h.rdzv.rounds.size() == 2);
@@ -171,7 +171,8 @@ TEST_CASE("a stop from another node: SIGTERM, SIGKILL after the shutdown timeout
   CHECK(h.noticed("restarting it (restart 1 of at most 1)"));
 }
 
-TEST_CASE("restarts exhausted by another node's failure: non-zero exit, report names its root cause") {
+TEST_CASE(
+    "restarts exhausted by another node's failure: non-zero exit, report names its root cause") {
   Harness h(1);
   h.round_ready(two_nodes(1));  // already the one restart allowed
   StopReason reason = worker_failed("node-b", "host-b", 1, 7);
@@ -204,7 +205,8 @@ TEST_CASE("restarts exhausted by a local failure: its exit status and the full l
   CHECK_THAT(h.outcome->report, Catch::Contains("Other Failures:\n[1]:"));
 }
 
-TEST_CASE("a local failure that loses to another node's: the other is the root cause, ours listed") {
+TEST_CASE(
+    "a local failure that loses to another node's: the other is the root cause, ours listed") {
   Harness h(0);
   h.round_ready(two_nodes(0));
   h.exit(0, 2);

@@ -69,8 +69,12 @@ std::vector<ProcessResult> run_agents(const std::vector<std::vector<std::string>
 }
 
 std::vector<std::string> c10d(int port, const std::string& run_id) {
-  return {"--nnodes=2", "--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:" + std::to_string(port),
-          "--rdzv_id=" + run_id, "--nproc_per_node=1", "--monitor_interval=0.1"};
+  return {"--nnodes=2",
+          "--rdzv_backend=c10d",
+          "--rdzv_endpoint=127.0.0.1:" + std::to_string(port),
+          "--rdzv_id=" + run_id,
+          "--nproc_per_node=1",
+          "--monitor_interval=0.1"};
 }
 
 }  // namespace
@@ -115,11 +119,18 @@ TEST_CASE("c10d: a worker failing on one node restarts every node with the next 
   TempDir dir;
   const int port = free_port();
   std::ofstream(dir.path() / "pass-1").put('\n');  // rank 1 passes its wait; rank 0 waits
-  const std::vector<std::string> worker = {
-      "--env-json", (dir.path() / "env-{rank}-{restart}.json").string(),
-      "--wait-for-file", (dir.path() / "env-0-{restart}.json").string(),
-      "--if-restart-below", "1", "--wait-for-file", (dir.path() / "pass-{rank}").string(),
-      "--if-restart-below", "1", "--exit", "3"};
+  const std::vector<std::string> worker = {"--env-json",
+                                           (dir.path() / "env-{rank}-{restart}.json").string(),
+                                           "--wait-for-file",
+                                           (dir.path() / "env-0-{restart}.json").string(),
+                                           "--if-restart-below",
+                                           "1",
+                                           "--wait-for-file",
+                                           (dir.path() / "pass-{rank}").string(),
+                                           "--if-restart-below",
+                                           "1",
+                                           "--exit",
+                                           "3"};
   auto options = c10d(port, "restart");
   options.push_back("--max_restarts=1");
   auto results = run_agents({ddprun(options, worker), ddprun(options, worker)});
@@ -140,11 +151,13 @@ TEST_CASE("c10d: restarts exhausted: every node exits non-zero naming the root c
   TempDir dir;
   const int port = free_port();
   const std::vector<std::string> worker = {
-      "--env-json", (dir.path() / "env-{rank}.json").string(),
+      "--env-json",      (dir.path() / "env-{rank}.json").string(),
       "--wait-for-file", (dir.path() / "env-0.json").string(),
-      "--if-rank", "1", "--exit", "3", "--wait"};
-  auto results = run_agents({ddprun(c10d(port, "exhausted"), worker),
-                             ddprun(c10d(port, "exhausted"), worker)});
+      "--if-rank",       "1",
+      "--exit",          "3",
+      "--wait"};
+  auto results = run_agents(
+      {ddprun(c10d(port, "exhausted"), worker), ddprun(c10d(port, "exhausted"), worker)});
   for (const auto& r : results) {
     INFO(r.err);
     CHECK(r.status == 3);
