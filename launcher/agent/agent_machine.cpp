@@ -289,6 +289,7 @@ std::string stop_reason_text(const StopReason& reason) {
       return "rank " + std::to_string(reason.rank) + " on " + node + ": " +
              failure_from(reason).describe_exit();
     case StopReason::Kind::kNodeLost:
+      if (reason.node_id.empty()) return "the rendezvous store at " + node + " was lost";
       return "node " + node + " stopped answering (its heartbeat went stale)";
     case StopReason::Kind::kNodeJoined:
       return "node " + node + " waits to join";

@@ -237,6 +237,20 @@ TEST_CASE("membership changes re-form the group without counting a restart") {
   }
 }
 
+TEST_CASE("stop reasons in one line") {
+  StopReason lost;
+  lost.kind = Kind::kNodeLost;
+  lost.node_id = "node-b";
+  lost.host = "host-b";
+  CHECK(stop_reason_text(lost) == "node host-b stopped answering (its heartbeat went stale)");
+  lost.node_id.clear();  // no node: the store itself
+  lost.host = "10.0.0.1";
+  CHECK(stop_reason_text(lost) == "the rendezvous store at 10.0.0.1 was lost");
+  StopReason killed = worker_failed("node-b", "host-b", 5, 0);
+  killed.signal = SIGKILL;
+  CHECK(stop_reason_text(killed) == "rank 5 on host-b: signal SIGKILL (9)");
+}
+
 TEST_CASE("a signal: forwarded, the rendezvous left, 128+signal, and a second one kills at once") {
   Harness h(3);
   h.round_ready(two_nodes(0));
