@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <csignal>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -165,4 +166,49 @@ TEST_CASE("c10d: restarts exhausted: every node exits non-zero naming the root c
     CHECK_THAT(r.err, Catch::Contains("rank      : 1 (local_rank: 0)"));
     CHECK_THAT(r.err, Catch::Contains("exit      : exit code 3"));
   }
+}
+
+TEST_CASE("c10d: a node arriving while a round runs restarts the group into a larger world") {
+  if (engine_missing()) return;
+  const int port = free_port();
+  auto options = c10d(port, "grow");
+  options[0] = "--nnodes=1:2";
+  options.push_back("--rdzv_conf=last_call_timeout=0.2");
+  const std::vector<std::string> worker = {"--hello", "--ready", "--wait"};
+  ChildProcess first(ddprun(options, worker));
+  first.wait_for_stdout_lines(" of 1 (", 1);  // a round of one: MIN is 1
+  ChildProcess late(ddprun(options, worker));
+  late.wait_for_stdout_lines(" of 2 (", 1);
+  first.wait_for_stdout_lines(" of 2 (", 1);
+  first.signal(SIGTERM);
+  late.signal(SIGTERM);
+  ProcessResult a = first.wait(kJobTimeout);
+  ProcessResult b = late.wait(kJobTimeout);
+  INFO(a.err << b.err);
+  CHECK_THAT(a.err, Catch::Contains("not counted against --max_restarts"));
+  CHECK(a.status == 128 + SIGTERM);
+  CHECK(b.status == 128 + SIGTERM);
+}
+
+TEST_CASE("c10d: kill -9 of an agent: the other goes on in a smaller world") {
+  if (engine_missing()) return;
+  const int port = free_port();
+  auto options = c10d(port, "shrink");
+  options[0] = "--nnodes=1:2";
+  const std::string conf = "--rdzv_conf=keep_alive_interval=0.2,keep_alive_max_attempt=2";
+  const std::vector<std::string> worker = {"--hello", "--ready", "--wait"};
+  auto host_options = options;
+  host_options.push_back(conf + ",is_host=1");  // this one serves the store; the other not
+  options.push_back(conf + ",is_host=0");
+  ChildProcess host(ddprun(host_options, worker));
+  ChildProcess other(ddprun(options, worker));
+  host.wait_for_stdout_lines(" of 2 (", 1);
+  other.wait_for_stdout_lines(" of 2 (", 1);
+  other.signal(SIGKILL);
+  host.wait_for_stdout_lines(" of 1 (", 1);
+  host.signal(SIGTERM);
+  ProcessResult r = host.wait(kJobTimeout);
+  INFO(r.err);
+  CHECK_THAT(r.err, Catch::Contains("stopped answering"));
+  CHECK(r.status == 128 + SIGTERM);
 }
