@@ -140,7 +140,7 @@ class Agent::Impl {
     machine.max_restarts = config_.max_restarts;
     machine.shutdown_timeout = config_.shutdown_timeout;
     AgentMachineContext context;
-    context.rendezvous = &rendezvous_->rendezvous();
+    context.rendezvous = rendezvous_.get();
     context.workers = workers_.get();
     context.timers = &timers_;
     context.post = [this](AgentEvent event) {  // from any thread

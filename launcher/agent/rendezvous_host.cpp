@@ -54,8 +54,13 @@ RendezvousHost::RendezvousHost(boost::asio::io_context& io, const LaunchConfig& 
 }
 
 RendezvousHost::~RendezvousHost() {
+  if (leaver_.joinable()) leaver_.join();
   rendezvous_.reset();
   if (closer_.joinable()) closer_.join();
+}
+
+void RendezvousHost::leave() {
+  leaver_ = std::thread([engine = rendezvous_.get()] { engine->leave(); });
 }
 
 void RendezvousHost::host_rendezvous_store(const std::string& where, int port) {
@@ -70,14 +75,15 @@ void RendezvousHost::host_rendezvous_store(const std::string& where, int port) {
 }
 
 void RendezvousHost::shut_down(bool wait_for_others, std::function<void()> done) {
-  closer_ = std::thread(
-      [this, engine = std::move(rendezvous_), wait_for_others, done = std::move(done)]() mutable {
-        engine.reset();
-        boost::asio::post(io_, [this, wait_for_others, done = std::move(done)] {
-          if (!wait_for_others) return done();
-          check_linger(std::chrono::steady_clock::now() + kStoreLingerTimeout, done);
-        });
-      });
+  closer_ = std::thread([this, engine = std::move(rendezvous_), leaver = std::move(leaver_),
+                         wait_for_others, done = std::move(done)]() mutable {
+    if (leaver.joinable()) leaver.join();
+    engine.reset();
+    boost::asio::post(io_, [this, wait_for_others, done = std::move(done)] {
+      if (!wait_for_others) return done();
+      check_linger(std::chrono::steady_clock::now() + kStoreLingerTimeout, done);
+    });
+  });
 }
 
 void RendezvousHost::check_linger(std::chrono::steady_clock::time_point deadline,

@@ -32,15 +32,36 @@ struct RendezvousHostOptions {
   std::function<void(const std::string&)> notice;  // a line for the console
 };
 
-class RendezvousHost {
+// It is also the Rendezvous the agent's machine uses: every call goes to the engine, except
+// that leave() runs on a thread of its own, so that the loop never blocks on it (the store it
+// talks to may be the one this loop serves).
+class RendezvousHost : public elastic::Rendezvous {
  public:
   // Throws UsageError for --rdzv_conf / endpoint values it cannot use, StoreError when a
   // store cannot be served, whatever make_store_rendezvous throws.
   RendezvousHost(boost::asio::io_context& io, const LaunchConfig& config, elastic::NodeInfo self,
                  RendezvousHostOptions options);
-  ~RendezvousHost();  // the rendezvous (and its threads) ends before the stores close
+  ~RendezvousHost() override;  // the engine (and its threads) ends before the stores close
 
-  elastic::Rendezvous& rendezvous() { return *rendezvous_; }
+  void next_round(int worker_store_port, std::function<void(elastic::RoundInfo)> on_round,
+                  std::function<void(std::exception_ptr)> on_error,
+                  std::function<void(elastic::WaitStatus)> on_wait) override {
+    rendezvous_->next_round(worker_store_port, std::move(on_round), std::move(on_error),
+                            std::move(on_wait));
+  }
+  void watch_round(std::function<void(elastic::StopReason)> on_stop) override {
+    rendezvous_->watch_round(std::move(on_stop));
+  }
+  void stop_round(elastic::StopReason reason) override {
+    rendezvous_->stop_round(std::move(reason));
+  }
+  void finish_round(std::function<void(bool)> on_done) override {
+    rendezvous_->finish_round(std::move(on_done));
+  }
+  // Returns at once; the engine's leave() runs on a thread of its own. Call at most once.
+  void leave() override;
+  std::string endpoint() const override { return rendezvous_->endpoint(); }
+
   // TORCHELASTIC_USE_AGENT_STORE: the workers' master is a store an agent serves.
   bool workers_use_agent_store() const { return agent_store_; }
   // c10d: every round gets a fresh worker store, served by its group rank 0.
@@ -73,6 +94,7 @@ class RendezvousHost {
   std::unique_ptr<store::Server> worker_store_;      // c10d: this round's
   std::unique_ptr<elastic::Rendezvous> rendezvous_;
   boost::asio::steady_timer linger_timer_;
+  std::thread leaver_;  // the engine's leave(), off the loop
   std::thread closer_;  // ends the engine off the loop (shut_down)
 };
 
