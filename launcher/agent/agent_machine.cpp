@@ -47,6 +47,7 @@ void AgentMachine::on(const event::RoundReady& e) {
   exits_seen_ = 0;
   group_exited_ = false;
   reason_.reset();
+  sent_reason_.reset();
   root_cause_.reset();
   other_failures_.clear();
   auto post = ctx_.post;
@@ -122,6 +123,7 @@ void AgentMachine::on_local_failure(int local_rank) {
   reason.signal = root_cause_->signal;
   reason.error_file = root_cause_->error_file;
   if (root_cause_->error) reason.message = root_cause_->error->message;
+  sent_reason_ = reason;
   ctx_.rendezvous->stop_round(reason);
   stop_workers(SIGTERM);
 }
@@ -148,7 +150,10 @@ void AgentMachine::on_group_exited() {
   ctx_.timers->cancel(TimerId::kKill);
   ctx_.workers->release();
   if (state_ == State::kShuttingDown) return finish({128 + signal_, "", false});
-  if (state_ == State::kStopping) return decide_after_stop();
+  if (state_ == State::kStopping) {
+    if (!reason_) start_grace_timer();  // ours was sent; the agreed one should follow
+    return decide_after_stop();
+  }
   state_ = State::kBarrier;
   auto post = ctx_.post;
   const int round = round_;
@@ -177,14 +182,24 @@ void AgentMachine::on(const event::BarrierDone& e) {
   if (e.all_succeeded) return finish({0, "", false});
   state_ = State::kStopping;  // every local worker has exited; wait for the reason
   if (reason_) return decide_after_stop();
+  start_grace_timer();
+}
+
+void AgentMachine::start_grace_timer() {
   auto post = ctx_.post;
   const int round = round_;
   ctx_.timers->start(TimerId::kGrace, kStopReasonGrace,
                      [post, round] { post(event::GraceTimer{round}); });
 }
 
+// No stop reason came from the rendezvous in time: after a local failure, go on with ours;
+// after a failed exit barrier, give up.
 void AgentMachine::on(const event::GraceTimer& e) {
   if (!current(e.round) || state_ != State::kStopping || reason_) return;
+  if (sent_reason_) {
+    reason_ = sent_reason_;
+    return decide_after_stop();
+  }
   finish({1,
           "ddprun: the exit barrier at " + ctx_.rendezvous->endpoint() +
               " failed and no node said why; giving up\n",

@@ -31,8 +31,9 @@ namespace ddp::launcher {
 // Once the job has ended, how long teed output may take to reach end-of-file (a worker's
 // descendant that left its process group can hold a pipe open) before ddprun exits anyway.
 inline constexpr std::chrono::milliseconds kOutputDrainTimeout{5000};
-// After a failed exit barrier, how long to wait for the rendezvous to say why the round
-// stopped before giving up.
+// Once the workers have exited, how long to wait for the rendezvous to say why the round
+// stopped: after a local failure the agent then goes on with its own reason; after a failed
+// exit barrier it gives up.
 inline constexpr std::chrono::milliseconds kStopReasonGrace{5000};
 // The "waiting for N of M nodes" line is printed at most this often.
 inline constexpr std::chrono::milliseconds kWaitNoticeInterval{5000};
@@ -106,6 +107,7 @@ class AgentMachine {
   void stop_workers(int signal);
   void on_group_exited();
   void decide_after_stop();
+  void start_grace_timer();
   void give_up(const elastic::StopReason& reason);
   void finish(AgentOutcome outcome);
   void done();
@@ -118,10 +120,11 @@ class AgentMachine {
   int group_size_ = 0;
   int exits_seen_ = 0;
   bool group_exited_ = false;
-  std::optional<elastic::StopReason> reason_;  // why the round ends, as all nodes agreed
-  std::optional<WorkerFailure> root_cause_;    // a local failure that ended the round
-  std::vector<WorkerFailure> other_failures_;  // local workers that had failed too
-  int signal_ = 0;                             // the handled signal that shuts the agent down
+  std::optional<elastic::StopReason> reason_;       // why the round ends, as all nodes agreed
+  std::optional<elastic::StopReason> sent_reason_;  // ours, given to stop_round
+  std::optional<WorkerFailure> root_cause_;         // a local failure that ended the round
+  std::vector<WorkerFailure> other_failures_;       // local workers that had failed too
+  int signal_ = 0;                                  // the handled signal that shuts the agent down
   std::optional<AgentTimers::Clock::time_point> last_wait_notice_;
   AgentOutcome outcome_;
 };

@@ -154,6 +154,17 @@ TEST_CASE(
   CHECK(h.machine.state() == AgentMachine::State::kRunning);
 }
 
+TEST_CASE("a local failure whose stop the rendezvous never reports: ours after a grace period") {
+  Harness h(1);
+  h.round_ready(two_nodes(0));
+  h.exit(0, 3);
+  h.exit(1, 0, SIGTERM);
+  CHECK(h.rdzv.rounds.size() == 1);  // waits for the agreed reason
+  h.advance(kStopReasonGrace);
+  CHECK(h.rdzv.rounds.size() == 2);
+  CHECK(h.noticed("restarting it (restart 1 of at most 1)"));
+}
+
 TEST_CASE("a stop from another node: SIGTERM, SIGKILL after the shutdown timeout, next round") {
   Harness h(1);
   h.round_ready(two_nodes(0));
