@@ -13,8 +13,8 @@
 #include "agent/asio_timers.hpp"
 #include "agent/process_worker_group.hpp"
 #include "agent/rendezvous_host.hpp"
-#include "ddp/launcher/worker_env.hpp"
 #include "console_writer.hpp"
+#include "ddp/launcher/worker_env.hpp"
 #include "group_reaper.hpp"
 
 namespace ddp::launcher {
@@ -79,11 +79,10 @@ class Agent::Impl {
     reaper_.emplace();  // before any handler or socket of ours exists to be inherited
     for (int signal : config_.signals_to_handle) signals_.add(signal);
     wait_for_signal();
-    elastic::NodeInfo self{make_node_id(host_), host_, config_.local_addr,
+    elastic::NodeInfo self{make_node_id(host_),    host_,        config_.local_addr,
                            config_.nproc_per_node, config_.role, std::nullopt};
-    RendezvousHostOptions rdzv_options{options_.master_host, [this](const std::string& line) {
-                                         notice(line);
-                                       }};
+    RendezvousHostOptions rdzv_options{options_.master_host,
+                                       [this](const std::string& line) { notice(line); }};
     rendezvous_ = std::make_unique<RendezvousHost>(io_, config_, self, std::move(rdzv_options));
     prepare_log_root();
     if (needs_omp_default(config_, options_.base_env)) {
@@ -141,7 +140,7 @@ class Agent::Impl {
     machine.max_restarts = config_.max_restarts;
     machine.shutdown_timeout = config_.shutdown_timeout;
     AgentMachineContext context;
-    context.rendezvous = &rendezvous_->rendezvous();
+    context.rendezvous = rendezvous_.get();
     context.workers = workers_.get();
     context.timers = &timers_;
     context.post = [this](AgentEvent event) {  // from any thread
@@ -159,6 +158,7 @@ class Agent::Impl {
   void wait_for_signal() {
     signals_.async_wait([this](boost::system::error_code ec, int signal) {
       if (ec) return;
+      if (lingering_) return io_.stop();
       if (machine_) machine_->handle(event::Signal{signal});
       wait_for_signal();
     });
@@ -172,6 +172,10 @@ class Agent::Impl {
     if (!outcome.report.empty()) {
       console_.write_notice(options_.console_err, std::move(outcome.report));
     }
+    if (rendezvous_->hosts_rendezvous_store()) {  // the others may still need the store
+      lingering_ = true;                          // a signal ends it
+      return rendezvous_->shut_down(outcome.exit_code == 0, [this] { io_.stop(); });
+    }
     io_.stop();
   }
 
@@ -181,7 +185,7 @@ class Agent::Impl {
   LaunchConfig config_;
   WorkerCommand command_;
   AgentOptions options_;
-  ConsoleWriter console_;  // every console write of the agent; never blocks the loop
+  ConsoleWriter console_;              // every console write of the agent; never blocks the loop
   std::optional<GroupReaper> reaper_;  // kills the groups if this process dies first
   boost::asio::signal_set signals_;
   AsioTimers timers_;
@@ -192,6 +196,7 @@ class Agent::Impl {
   std::unique_ptr<ProcessWorkerGroup> workers_;
   std::unique_ptr<AgentMachine> machine_;
   std::optional<int> exit_code_;
+  bool lingering_ = false;  // the job is over; the rendezvous store waits for the others
 };
 
 Agent::Agent(LaunchConfig config, WorkerCommand command, AgentOptions options)

@@ -8,7 +8,7 @@ namespace ddp::launcher::detail {
 namespace {
 
 constexpr std::string_view kNodes = "Nodes and workers";
-constexpr std::string_view kRdzv = "Rendezvous (one node for now)";
+constexpr std::string_view kRdzv = "Rendezvous";
 constexpr std::string_view kLife = "Failures, restarts and signals";
 constexpr std::string_view kLogs = "Logs";
 constexpr std::string_view kEntry = "What each worker runs";
@@ -21,18 +21,19 @@ constexpr std::array kOptions = {
                "Workers on this node: a number, one per core (cpu), one per GPU (gpu), or one "
                "per GPU if there are any, else per core (auto)."},
     OptionSpec{"node_rank", "", true, false, "N", "0", kNodes,
-               "Rank of this node. Must be 0 on one node."},
+               "Rank of this node (static rendezvous). Below --nnodes."},
     OptionSpec{"standalone", "", false, true, "", "", kRdzv,
                "Single-node job with its own rendezvous: picks a free port and a fresh run id; "
                "--rdzv_* options are ignored."},
     OptionSpec{"rdzv_backend", "", true, false, "NAME", "static", kRdzv,
-               "static or c10d (on this host). etcd and etcd-v2 are not implemented yet."},
+               "static or c10d. etcd and etcd-v2 are not implemented yet."},
     OptionSpec{"rdzv_endpoint", "", true, false, "HOST[:PORT]", "", kRdzv,
-               "Rendezvous endpoint. Must be this host for now."},
+               "Rendezvous store (c10d: default port 29400; its host's agent serves it)."},
     OptionSpec{"rdzv_id", "", true, false, "ID", "none", kRdzv,
                "Job id, given to workers as TORCHELASTIC_RUN_ID."},
     OptionSpec{"rdzv_conf", "", true, false, "K=V,...", "", kRdzv,
-               "Extra rendezvous settings. Checked for form; not used on one node."},
+               "Rendezvous settings: join_timeout, last_call_timeout, close_timeout, "
+               "keep_alive_interval, keep_alive_max_attempt, read_timeout, timeout, is_host."},
     OptionSpec{"master_addr", "", true, false, "ADDR", "127.0.0.1", kRdzv,
                "MASTER_ADDR given to workers."},
     OptionSpec{"master_port", "", true, false, "PORT", "29500", kRdzv,

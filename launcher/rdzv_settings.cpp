@@ -30,8 +30,7 @@ UsageError bad_pair(const std::string& key, const std::string& value, const std:
 std::chrono::milliseconds seconds_value(const std::string& key, const std::string& value) {
   char* end = nullptr;
   double seconds = std::strtod(value.c_str(), &end);
-  if (value.empty() || *end != '\0' || !std::isfinite(seconds) || seconds <= 0 ||
-      seconds > 1e7) {
+  if (value.empty() || *end != '\0' || !std::isfinite(seconds) || seconds <= 0 || seconds > 1e7) {
     throw bad_pair(key, value, "a number of seconds above 0");
   }
   return std::chrono::milliseconds(static_cast<long long>(seconds * 1000.0));
@@ -158,14 +157,16 @@ elastic::RendezvousSettings rendezvous_settings(const LaunchConfig& config, cons
     self.fixed_group_rank = config.node_rank;
   } else {
     if (config.rdzv_endpoint.empty()) {
-      throw UsageError("--rdzv_backend=c10d with more than one node needs --rdzv_endpoint="
-                       "HOST[:PORT], the host whose agent serves the rendezvous");
+      throw UsageError(
+          "--rdzv_backend=c10d with more than one node needs --rdzv_endpoint="
+          "HOST[:PORT], the host whose agent serves the rendezvous");
     }
     store = parse_host_port("--rdzv_endpoint", config.rdzv_endpoint, kDefaultC10dPort);
   }
   if (store.port == 0) {
-    throw UsageError("the rendezvous of a multi-node job needs a port other nodes can reach "
-                     "(--master_port or --rdzv_endpoint=HOST:PORT); port 0 picks one per node");
+    throw UsageError(
+        "the rendezvous of a multi-node job needs a port other nodes can reach "
+        "(--master_port or --rdzv_endpoint=HOST:PORT); port 0 picks one per node");
   }
   settings.store_host = store.host;
   settings.store_port = store.port;
@@ -196,8 +197,8 @@ bool is_local_host(const std::string& host) {
   bool matches = false;
   for (addrinfo* it = found; it && !matches; it = it->ai_next) {
     char text[NI_MAXHOST] = {};
-    if (::getnameinfo(it->ai_addr, it->ai_addrlen, text, sizeof text, nullptr, 0,
-                      NI_NUMERICHOST) == 0) {
+    if (::getnameinfo(it->ai_addr, it->ai_addrlen, text, sizeof text, nullptr, 0, NI_NUMERICHOST) ==
+        0) {
       matches = local.contains(text) || std::string(text).starts_with("127.");
     }
   }

@@ -9,8 +9,8 @@
 #include <exception>
 #include <variant>
 
-#include "ddp/elastic/rendezvous.hpp"
 #include "../worker.hpp"
+#include "ddp/elastic/rendezvous.hpp"
 
 namespace ddp::launcher::event {
 

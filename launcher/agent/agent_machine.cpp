@@ -27,9 +27,15 @@ void AgentMachine::join_next_round() {
   auto post = ctx_.post;
   ctx_.rendezvous->next_round(
       worker_store_port,
-      [post, round](elastic::RoundInfo info) { post(event::RoundReady{round, std::move(info)}); },
-      [post, round](std::exception_ptr error) { post(event::RoundError{round, error}); },
-      [post, round](elastic::WaitStatus status) { post(event::Waiting{round, status}); });
+      [post, round](elastic::RoundInfo info) {
+        post(event::RoundReady{round, std::move(info)});
+      },
+      [post, round](std::exception_ptr error) {
+        post(event::RoundError{round, error});
+      },
+      [post, round](elastic::WaitStatus status) {
+        post(event::Waiting{round, status});
+      });
 }
 
 // Starting: watch the round, then start its workers.
@@ -41,12 +47,14 @@ void AgentMachine::on(const event::RoundReady& e) {
   exits_seen_ = 0;
   group_exited_ = false;
   reason_.reset();
+  sent_reason_.reset();
   root_cause_.reset();
   other_failures_.clear();
   auto post = ctx_.post;
   const int round = round_;
-  ctx_.rendezvous->watch_round(
-      [post, round](StopReason reason) { post(event::RoundStopped{round, std::move(reason)}); });
+  ctx_.rendezvous->watch_round([post, round](StopReason reason) {
+    post(event::RoundStopped{round, std::move(reason)});
+  });
   ctx_.workers->start(*info_, [post, round](int local_rank, WorkerExit exit) {
     post(event::WorkerExited{round, local_rank, exit});
   });
@@ -75,7 +83,9 @@ void AgentMachine::on(const event::Waiting& e) {
   const elastic::WaitStatus& s = e.status;
   const auto seconds = std::chrono::duration_cast<std::chrono::seconds>(s.waited).count();
   const std::string where = " at " + s.endpoint + " (" + std::to_string(seconds) + " s)";
-  if (s.joined < s.min_nodes) {
+  if (s.wait_listed) {
+    ctx_.notice("ddprun: a round runs without this node; waiting to join the next one" + where);
+  } else if (s.joined < s.min_nodes) {
     ctx_.notice("ddprun: waiting for " + std::to_string(s.min_nodes - s.joined) + " of " +
                 std::to_string(s.min_nodes) + " nodes" + where);
   } else {
@@ -88,8 +98,7 @@ void AgentMachine::on(const event::Waiting& e) {
 // Running / Stopping / ShuttingDown: a worker exited.
 void AgentMachine::on(const event::WorkerExited& e) {
   if (!current(e.round) || group_exited_) return;
-  if (state_ != State::kRunning && state_ != State::kStopping &&
-      state_ != State::kShuttingDown) {
+  if (state_ != State::kRunning && state_ != State::kStopping && state_ != State::kShuttingDown) {
     return;
   }
   ++exits_seen_;
@@ -114,6 +123,7 @@ void AgentMachine::on_local_failure(int local_rank) {
   reason.signal = root_cause_->signal;
   reason.error_file = root_cause_->error_file;
   if (root_cause_->error) reason.message = root_cause_->error->message;
+  sent_reason_ = reason;
   ctx_.rendezvous->stop_round(reason);
   stop_workers(SIGTERM);
 }
@@ -140,12 +150,16 @@ void AgentMachine::on_group_exited() {
   ctx_.timers->cancel(TimerId::kKill);
   ctx_.workers->release();
   if (state_ == State::kShuttingDown) return finish({128 + signal_, "", false});
-  if (state_ == State::kStopping) return decide_after_stop();
+  if (state_ == State::kStopping) {
+    if (!reason_) start_grace_timer();  // ours was sent; the agreed one should follow
+    return decide_after_stop();
+  }
   state_ = State::kBarrier;
   auto post = ctx_.post;
   const int round = round_;
-  ctx_.rendezvous->finish_round(
-      [post, round](bool all_succeeded) { post(event::BarrierDone{round, all_succeeded}); });
+  ctx_.rendezvous->finish_round([post, round](bool all_succeeded) {
+    post(event::BarrierDone{round, all_succeeded});
+  });
 }
 
 // The round must end, for the reason every node agreed on.
@@ -168,16 +182,27 @@ void AgentMachine::on(const event::BarrierDone& e) {
   if (e.all_succeeded) return finish({0, "", false});
   state_ = State::kStopping;  // every local worker has exited; wait for the reason
   if (reason_) return decide_after_stop();
+  start_grace_timer();
+}
+
+void AgentMachine::start_grace_timer() {
   auto post = ctx_.post;
   const int round = round_;
   ctx_.timers->start(TimerId::kGrace, kStopReasonGrace,
                      [post, round] { post(event::GraceTimer{round}); });
 }
 
+// No stop reason came from the rendezvous in time: after a local failure, go on with ours;
+// after a failed exit barrier, give up.
 void AgentMachine::on(const event::GraceTimer& e) {
   if (!current(e.round) || state_ != State::kStopping || reason_) return;
-  finish({1, "ddprun: the exit barrier at " + ctx_.rendezvous->endpoint() +
-                 " failed and no node said why; giving up\n",
+  if (sent_reason_) {
+    reason_ = sent_reason_;
+    return decide_after_stop();
+  }
+  finish({1,
+          "ddprun: the exit barrier at " + ctx_.rendezvous->endpoint() +
+              " failed and no node said why; giving up\n",
           false});
 }
 
@@ -233,8 +258,8 @@ void AgentMachine::on(const event::Signal& e) {
     return ctx_.workers->signal(SIGKILL);
   }
   signal_ = e.number;
-  const bool workers_run = (state_ == State::kRunning || state_ == State::kStopping) &&
-                           !group_exited_;
+  const bool workers_run =
+      (state_ == State::kRunning || state_ == State::kStopping) && !group_exited_;
   if (!workers_run) {
     ctx_.notice("ddprun: got " + signal_name(e.number) + ": leaving the rendezvous");
     ctx_.rendezvous->leave();
@@ -254,8 +279,7 @@ void AgentMachine::finish(AgentOutcome outcome) {
   ctx_.timers->cancel(TimerId::kGrace);
   if (!ctx_.workers->output_pending()) return done();
   auto post = ctx_.post;
-  ctx_.timers->start(TimerId::kDrain, config_.drain_timeout,
-                     [post] { post(event::DrainTimer{}); });
+  ctx_.timers->start(TimerId::kDrain, config_.drain_timeout, [post] { post(event::DrainTimer{}); });
 }
 
 void AgentMachine::on(const event::OutputDrained&) {
@@ -280,6 +304,7 @@ std::string stop_reason_text(const StopReason& reason) {
       return "rank " + std::to_string(reason.rank) + " on " + node + ": " +
              failure_from(reason).describe_exit();
     case StopReason::Kind::kNodeLost:
+      if (reason.node_id.empty()) return "the rendezvous store at " + node + " was lost";
       return "node " + node + " stopped answering (its heartbeat went stale)";
     case StopReason::Kind::kNodeJoined:
       return "node " + node + " waits to join";

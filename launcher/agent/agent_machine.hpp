@@ -31,24 +31,25 @@ namespace ddp::launcher {
 // Once the job has ended, how long teed output may take to reach end-of-file (a worker's
 // descendant that left its process group can hold a pipe open) before ddprun exits anyway.
 inline constexpr std::chrono::milliseconds kOutputDrainTimeout{5000};
-// After a failed exit barrier, how long to wait for the rendezvous to say why the round
-// stopped before giving up.
+// Once the workers have exited, how long to wait for the rendezvous to say why the round
+// stopped: after a local failure the agent then goes on with its own reason; after a failed
+// exit barrier it gives up.
 inline constexpr std::chrono::milliseconds kStopReasonGrace{5000};
 // The "waiting for N of M nodes" line is printed at most this often.
 inline constexpr std::chrono::milliseconds kWaitNoticeInterval{5000};
 
 struct AgentMachineConfig {
-  std::string job_name;            // names the job in the failure report (the entrypoint)
-  std::string node_id;             // this agent in StopReasons (NodeInfo::node_id)
-  int max_restarts = 0;            // --max_restarts: rounds after a worker failure
+  std::string job_name;  // names the job in the failure report (the entrypoint)
+  std::string node_id;   // this agent in StopReasons (NodeInfo::node_id)
+  int max_restarts = 0;  // --max_restarts: rounds after a worker failure
   std::chrono::milliseconds shutdown_timeout{30000};  // SIGTERM (or the signal) to SIGKILL
   std::chrono::milliseconds drain_timeout = kOutputDrainTimeout;
 };
 
 // How the job ended.
 struct AgentOutcome {
-  int exit_code = 1;    // ddprun's exit status
-  std::string report;   // the failure report, printed after all output; empty on success
+  int exit_code = 1;       // ddprun's exit status
+  std::string report;      // the failure report, printed after all output; empty on success
   bool keep_logs = false;  // the report points at error files: keep them
 };
 
@@ -56,11 +57,11 @@ struct AgentMachineContext {
   elastic::Rendezvous* rendezvous = nullptr;
   WorkerGroup* workers = nullptr;
   AgentTimers* timers = nullptr;
-  std::function<void(AgentEvent)> post;           // thread-safe; queues for handle()
+  std::function<void(AgentEvent)> post;            // thread-safe; queues for handle()
   std::function<void(const std::string&)> notice;  // one line for the console (no newline)
-  std::function<int()> open_worker_store;  // before each round: a fresh worker store's port
-                                           // (c10d); unset: 0 (the master is fixed)
-  std::function<void(AgentOutcome)> on_done;  // once, when the job is over and output drained
+  std::function<int()> open_worker_store;          // before each round: a fresh worker store's port
+                                                   // (c10d); unset: 0 (the master is fixed)
+  std::function<void(AgentOutcome)> on_done;       // once, when the job is over and output drained
 };
 
 class AgentMachine {
@@ -106,6 +107,7 @@ class AgentMachine {
   void stop_workers(int signal);
   void on_group_exited();
   void decide_after_stop();
+  void start_grace_timer();
   void give_up(const elastic::StopReason& reason);
   void finish(AgentOutcome outcome);
   void done();
@@ -113,15 +115,16 @@ class AgentMachine {
   AgentMachineConfig config_;
   AgentMachineContext ctx_;
   State state_ = State::kRendezvous;
-  int round_ = 0;  // incremented by every next_round call
+  int round_ = 0;                           // incremented by every next_round call
   std::optional<elastic::RoundInfo> info_;  // the round that runs (or ran last)
   int group_size_ = 0;
   int exits_seen_ = 0;
   bool group_exited_ = false;
-  std::optional<elastic::StopReason> reason_;  // why the round ends, as all nodes agreed
-  std::optional<WorkerFailure> root_cause_;    // a local failure that ended the round
-  std::vector<WorkerFailure> other_failures_;  // local workers that had failed too
-  int signal_ = 0;  // the handled signal that shuts the agent down
+  std::optional<elastic::StopReason> reason_;       // why the round ends, as all nodes agreed
+  std::optional<elastic::StopReason> sent_reason_;  // ours, given to stop_round
+  std::optional<WorkerFailure> root_cause_;         // a local failure that ended the round
+  std::vector<WorkerFailure> other_failures_;       // local workers that had failed too
+  int signal_ = 0;                                  // the handled signal that shuts the agent down
   std::optional<AgentTimers::Clock::time_point> last_wait_notice_;
   AgentOutcome outcome_;
 };

@@ -7,10 +7,10 @@ void AsioTimers::start(TimerId id, std::chrono::milliseconds after,
   auto [it, inserted] = timers_.try_emplace(id, io_);
   const unsigned generation = ++generation_[id];
   it->second.expires_after(after);
-  it->second.async_wait([this, id, generation, on_expiry = std::move(on_expiry)](
-                            boost::system::error_code ec) {
-    if (!ec && generation_[id] == generation) on_expiry();
-  });
+  it->second.async_wait(
+      [this, id, generation, on_expiry = std::move(on_expiry)](boost::system::error_code ec) {
+        if (!ec && generation_[id] == generation) on_expiry();
+      });
 }
 
 void AsioTimers::cancel(TimerId id) {

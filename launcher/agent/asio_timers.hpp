@@ -14,8 +14,7 @@ class AsioTimers : public AgentTimers {
   explicit AsioTimers(boost::asio::io_context& io) : io_(io) {}
 
   Clock::time_point now() const override { return Clock::now(); }
-  void start(TimerId id, std::chrono::milliseconds after,
-             std::function<void()> on_expiry) override;
+  void start(TimerId id, std::chrono::milliseconds after, std::function<void()> on_expiry) override;
   void cancel(TimerId id) override;
 
  private:

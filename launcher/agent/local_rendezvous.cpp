@@ -4,8 +4,7 @@
 
 namespace ddp::launcher {
 
-LocalRendezvous::LocalRendezvous(elastic::NodeInfo self, std::string master_addr,
-                                 int master_port)
+LocalRendezvous::LocalRendezvous(elastic::NodeInfo self, std::string master_addr, int master_port)
     : self_(std::move(self)), master_addr_(std::move(master_addr)), master_port_(master_port) {}
 
 void LocalRendezvous::next_round(int, std::function<void(elastic::RoundInfo)> on_round,
@@ -18,8 +17,8 @@ void LocalRendezvous::next_round(int, std::function<void(elastic::RoundInfo)> on
   round.round = next_round_++;
   round.restart_count = restart_count_;
   round.group_rank = 0;
-  round.members.push_back(elastic::Member{self_.node_id, self_.host, self_.addr,
-                                          self_.local_world_size, self_.role});
+  round.members.push_back(
+      elastic::Member{self_.node_id, self_.host, self_.addr, self_.local_world_size, self_.role});
   round.master_addr = master_addr_;
   round.master_port = master_port_;
   on_round(std::move(round));

@@ -40,8 +40,7 @@ void ProcessWorkerGroup::start_worker(int local_rank, const fs::path& dir, ExitH
   spawn.program = options_.command.program;
   spawn.argv = worker_argv(options_.command, options_.config, local_rank);
   spawn.env = merge_environment(
-      options_.base_env,
-      worker_variables(options_.config, master, identity, options_.base_env));
+      options_.base_env, worker_variables(options_.config, master, identity, options_.base_env));
   WorkerStreams streams = open_worker_streams(options_.config, local_rank, dir,
                                               options_.console_out, options_.console_err);
   spawn.stdout_fd = streams.child_out.valid() ? streams.child_out.get() : -1;

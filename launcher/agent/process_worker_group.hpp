@@ -26,12 +26,12 @@ struct ProcessWorkerGroupOptions {
   LaunchConfig config;
   WorkerCommand command;
   std::map<std::string, std::string> base_env;  // the workers' environment before the contract
-  std::filesystem::path log_root;  // <log_dir>/<run_id>, absolute
-  std::string host;                // this node's name in reports
-  bool agent_store = false;        // TORCHELASTIC_USE_AGENT_STORE: the round's master is a
-                                   // store some agent serves
-  int console_out = -1;            // teed stdout lines go here (and workers inherit it)
-  int console_err = -1;            // teed stderr lines go here (and workers inherit it)
+  std::filesystem::path log_root;               // <log_dir>/<run_id>, absolute
+  std::string host;                             // this node's name in reports
+  bool agent_store = false;                 // TORCHELASTIC_USE_AGENT_STORE: the round's master is a
+                                            // store some agent serves
+  int console_out = -1;                     // teed stdout lines go here (and workers inherit it)
+  int console_err = -1;                     // teed stderr lines go here (and workers inherit it)
   std::function<void()> on_output_drained;  // teed output of every round reached EOF
 };
 

@@ -1,6 +1,7 @@
 #include "rendezvous_host.hpp"
 
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/post.hpp>
 #include <cstdio>
 
 #include "ddp/launcher/rdzv_settings.hpp"
@@ -33,7 +34,7 @@ bool port_taken(boost::asio::io_context& io, int port) {
 
 RendezvousHost::RendezvousHost(boost::asio::io_context& io, const LaunchConfig& config,
                                elastic::NodeInfo self, RendezvousHostOptions options)
-    : io_(io), options_(std::move(options)) {
+    : io_(io), options_(std::move(options)), linger_timer_(io) {
   const RdzvConf conf = parse_rdzv_conf(config.rdzv_conf);
   for (const std::string& key : conf.unknown_keys) options_.notice(unknown_rdzv_conf_warning(key));
   if (!is_multi_node(config)) {
@@ -46,13 +47,21 @@ RendezvousHost::RendezvousHost(boost::asio::io_context& io, const LaunchConfig& 
   elastic::RendezvousSettings settings = rendezvous_settings(config, conf, std::move(self));
   agent_store_ = true;
   worker_stores_ = settings.backend == "c10d";
-  if (hosts_rendezvous_store(config, conf, settings, is_local_host)) {
+  if (launcher::hosts_rendezvous_store(config, conf, settings, is_local_host)) {
     host_rendezvous_store(settings.store_host, settings.store_port);
   }
   rendezvous_ = elastic::make_store_rendezvous(std::move(settings));
 }
 
-RendezvousHost::~RendezvousHost() { rendezvous_.reset(); }
+RendezvousHost::~RendezvousHost() {
+  if (leaver_.joinable()) leaver_.join();
+  rendezvous_.reset();
+  if (closer_.joinable()) closer_.join();
+}
+
+void RendezvousHost::leave() {
+  leaver_ = std::thread([engine = rendezvous_.get()] { engine->leave(); });
+}
 
 void RendezvousHost::host_rendezvous_store(const std::string& where, int port) {
   try {
@@ -63,6 +72,29 @@ void RendezvousHost::host_rendezvous_store(const std::string& where, int port) {
                     " is held by another process; joining the rendezvous at " + where + ":" +
                     std::to_string(port) + " as a client");
   }
+}
+
+void RendezvousHost::shut_down(bool wait_for_others, std::function<void()> done) {
+  closer_ = std::thread([this, engine = std::move(rendezvous_), leaver = std::move(leaver_),
+                         wait_for_others, done = std::move(done)]() mutable {
+    if (leaver.joinable()) leaver.join();
+    engine.reset();
+    boost::asio::post(io_, [this, wait_for_others, done = std::move(done)] {
+      if (!wait_for_others) return done();
+      check_linger(std::chrono::steady_clock::now() + kStoreLingerTimeout, done);
+    });
+  });
+}
+
+void RendezvousHost::check_linger(std::chrono::steady_clock::time_point deadline,
+                                  std::function<void()> done) {
+  if (rendezvous_store_->stats().connections == 0 || std::chrono::steady_clock::now() >= deadline) {
+    return done();
+  }
+  linger_timer_.expires_after(kStoreLingerCheck);
+  linger_timer_.async_wait([this, deadline, done = std::move(done)](boost::system::error_code ec) {
+    if (!ec) check_linger(deadline, done);
+  });
 }
 
 int RendezvousHost::open_worker_store() {

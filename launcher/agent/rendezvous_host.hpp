@@ -7,9 +7,12 @@
 // per round. Internal to the launcher; lives on the agent's loop.
 
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <chrono>
 #include <functional>
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "ddp/elastic/rendezvous.hpp"
 #include "ddp/launcher/launch_config.hpp"
@@ -18,20 +21,47 @@
 
 namespace ddp::launcher {
 
+// After a job that passed the exit barrier, how long the agent serving the rendezvous store
+// keeps it up for the agents that have not read the barrier's result yet.
+inline constexpr std::chrono::milliseconds kStoreLingerTimeout{5000};
+// How often it looks whether they are gone.
+inline constexpr std::chrono::milliseconds kStoreLingerCheck{20};
+
 struct RendezvousHostOptions {
-  MasterHostFactory master_host;  // one node: who serves MASTER_PORT
+  MasterHostFactory master_host;                   // one node: who serves MASTER_PORT
   std::function<void(const std::string&)> notice;  // a line for the console
 };
 
-class RendezvousHost {
+// It is also the Rendezvous the agent's machine uses: every call goes to the engine, except
+// that leave() runs on a thread of its own, so that the loop never blocks on it (the store it
+// talks to may be the one this loop serves).
+class RendezvousHost : public elastic::Rendezvous {
  public:
   // Throws UsageError for --rdzv_conf / endpoint values it cannot use, StoreError when a
   // store cannot be served, whatever make_store_rendezvous throws.
   RendezvousHost(boost::asio::io_context& io, const LaunchConfig& config, elastic::NodeInfo self,
                  RendezvousHostOptions options);
-  ~RendezvousHost();  // the rendezvous (and its threads) ends before the stores close
+  ~RendezvousHost() override;  // the engine (and its threads) ends before the stores close
 
-  elastic::Rendezvous& rendezvous() { return *rendezvous_; }
+  void next_round(int worker_store_port, std::function<void(elastic::RoundInfo)> on_round,
+                  std::function<void(std::exception_ptr)> on_error,
+                  std::function<void(elastic::WaitStatus)> on_wait) override {
+    rendezvous_->next_round(worker_store_port, std::move(on_round), std::move(on_error),
+                            std::move(on_wait));
+  }
+  void watch_round(std::function<void(elastic::StopReason)> on_stop) override {
+    rendezvous_->watch_round(std::move(on_stop));
+  }
+  void stop_round(elastic::StopReason reason) override {
+    rendezvous_->stop_round(std::move(reason));
+  }
+  void finish_round(std::function<void(bool)> on_done) override {
+    rendezvous_->finish_round(std::move(on_done));
+  }
+  // Returns at once; the engine's leave() runs on a thread of its own. Call at most once.
+  void leave() override;
+  std::string endpoint() const override { return rendezvous_->endpoint(); }
+
   // TORCHELASTIC_USE_AGENT_STORE: the workers' master is a store an agent serves.
   bool workers_use_agent_store() const { return agent_store_; }
   // c10d: every round gets a fresh worker store, served by its group rank 0.
@@ -40,17 +70,32 @@ class RendezvousHost {
   // last round's) and returns the port.
   int open_worker_store();
 
+  // True when this agent serves the rendezvous store to the other agents.
+  bool hosts_rendezvous_store() const { return rendezvous_store_ != nullptr; }
+  // The job is over, and this agent serves the rendezvous store: ends the rendezvous engine
+  // on a thread of its own while the loop goes on serving the store (the engine's threads may
+  // be waiting on it); then, when wait_for_others (the exit barrier passed), waits until no
+  // other agent is connected to the store, at most kStoreLingerTimeout, so that the last
+  // agents reading the barrier's result do not lose the store under them; then calls done on
+  // the loop. Call once, on the loop.
+  void shut_down(bool wait_for_others, std::function<void()> done);
+
  private:
+  void check_linger(std::chrono::steady_clock::time_point deadline, std::function<void()> done);
+
   void host_rendezvous_store(const std::string& where, int port);
 
   boost::asio::io_context& io_;
   RendezvousHostOptions options_;
   bool agent_store_ = false;
   bool worker_stores_ = false;
-  std::unique_ptr<MasterHost> master_;                   // one node
-  std::unique_ptr<store::Server> rendezvous_store_;      // several, when this agent hosts it
-  std::unique_ptr<store::Server> worker_store_;          // c10d: this round's
+  std::unique_ptr<MasterHost> master_;               // one node
+  std::unique_ptr<store::Server> rendezvous_store_;  // several, when this agent hosts it
+  std::unique_ptr<store::Server> worker_store_;      // c10d: this round's
   std::unique_ptr<elastic::Rendezvous> rendezvous_;
+  boost::asio::steady_timer linger_timer_;
+  std::thread leaver_;  // the engine's leave(), off the loop
+  std::thread closer_;  // ends the engine off the loop (shut_down)
 };
 
 }  // namespace ddp::launcher

@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
+#include "../worker.hpp"
 #include "ddp/elastic/rendezvous.hpp"
 #include "ddp/launcher/failure_report.hpp"
-#include "../worker.hpp"
 
 namespace ddp::launcher {
 

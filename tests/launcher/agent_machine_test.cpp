@@ -6,123 +6,17 @@
 #include <catch2/catch.hpp>
 #include <csignal>
 #include <deque>
-#include <map>
-#include <set>
+
+#include "agent/local_rendezvous.hpp"
+#include "agent_fakes.hpp"
 
 using namespace ddp::launcher;
+using namespace ddp::launcher::test;
 using ddp::elastic::RoundInfo;
 using ddp::elastic::StopReason;
 using Kind = ddp::elastic::StopReason::Kind;
 
 namespace {
-
-// A rendezvous the test drives: it records calls and keeps the callbacks of every round.
-class FakeRendezvous : public ddp::elastic::Rendezvous {
- public:
-  struct Round {
-    int worker_store_port = 0;
-    std::function<void(RoundInfo)> on_round;
-    std::function<void(std::exception_ptr)> on_error;
-    std::function<void(ddp::elastic::WaitStatus)> on_wait;
-    std::function<void(StopReason)> on_stop;
-    std::function<void(bool)> on_done;
-  };
-  std::vector<Round> rounds;  // one per next_round call
-  std::vector<StopReason> stopped;
-  int left = 0;
-
-  void next_round(int port, std::function<void(RoundInfo)> on_round,
-                  std::function<void(std::exception_ptr)> on_error,
-                  std::function<void(ddp::elastic::WaitStatus)> on_wait) override {
-    rounds.push_back({port, std::move(on_round), std::move(on_error), std::move(on_wait), {}, {}});
-  }
-  void watch_round(std::function<void(StopReason)> on_stop) override {
-    rounds.back().on_stop = std::move(on_stop);
-  }
-  void stop_round(StopReason reason) override { stopped.push_back(std::move(reason)); }
-  void finish_round(std::function<void(bool)> on_done) override {
-    rounds.back().on_done = std::move(on_done);
-  }
-  void leave() override { ++left; }
-  std::string endpoint() const override { return "10.0.0.1:29500"; }
-
-  Round& last() { return rounds.back(); }
-};
-
-// A worker group that starts nothing: the test says when workers exit.
-class FakeWorkers : public WorkerGroup {
- public:
-  std::vector<RoundInfo> starts;
-  std::vector<ExitHandler> handlers;  // by start
-  std::vector<int> signals;
-  int released = 0;
-  std::map<int, WorkerExit> exits;    // of the current round, by local rank
-  std::set<int> failed_unreported;    // failed, exit event not delivered yet
-  bool pending_output = false;
-
-  void start(const RoundInfo& round, ExitHandler on_exit) override {
-    starts.push_back(round);
-    handlers.push_back(std::move(on_exit));
-    exits.clear();
-  }
-  void signal(int signal) override { signals.push_back(signal); }
-  void release() override { ++released; }
-  WorkerFailure failure_of(int local_rank) override {
-    WorkerFailure f;
-    f.host = "host-a";
-    f.local_rank = local_rank;
-    f.rank = ddp::elastic::worker_ranks(starts.back(), local_rank).rank;
-    f.pid = 1000 + local_rank;
-    if (exits.contains(local_rank)) {
-      f.exit_code = exits[local_rank].exit_code;
-      f.signal = exits[local_rank].signal;
-    } else {
-      f.exit_code = 9;  // failed_unreported
-    }
-    return f;
-  }
-  std::vector<WorkerFailure> other_failures(int except) override {
-    std::vector<WorkerFailure> out;
-    for (int rank : failed_unreported) {
-      if (rank != except) out.push_back(failure_of(rank));
-    }
-    return out;
-  }
-  bool output_pending() const override { return pending_output; }
-
-  // Worker local_rank of the latest start exits.
-  void exit(int local_rank, int code, int signal = 0) {
-    WorkerExit e{code, signal, std::chrono::system_clock::now()};
-    exits[local_rank] = e;
-    handlers.back()(local_rank, e);
-  }
-};
-
-class FakeTimers : public AgentTimers {
- public:
-  Clock::time_point now_{};
-  std::map<TimerId, std::pair<Clock::time_point, std::function<void()>>> armed;
-
-  Clock::time_point now() const override { return now_; }
-  void start(TimerId id, std::chrono::milliseconds after, std::function<void()> fn) override {
-    armed[id] = {now_ + after, std::move(fn)};
-  }
-  void cancel(TimerId id) override { armed.erase(id); }
-  bool is_armed(TimerId id) const { return armed.contains(id); }
-
-  void advance(std::chrono::milliseconds by) {
-    now_ += by;
-    for (auto it = armed.begin(); it != armed.end();) {
-      if (it->second.first <= now_) {
-        auto fn = std::move(it->second.second);
-        it = armed.erase(it);
-        fn();
-      } else {
-        ++it;
-      }
-    }
-  }
-};
 
 constexpr auto kShutdown = std::chrono::milliseconds(3000);
 
@@ -141,8 +35,7 @@ struct Harness {
                 AgentMachineContext{&rdzv, &workers, &timers,
                                     [this](AgentEvent e) { queue.push_back(std::move(e)); },
                                     [this](const std::string& line) { notices.push_back(line); },
-                                    nullptr,
-                                    [this](AgentOutcome o) { outcome = std::move(o); }}) {
+                                    nullptr, [this](AgentOutcome o) { outcome = std::move(o); }}) {
     machine.start();
   }
 
@@ -233,7 +126,8 @@ TEST_CASE("single node: the round's workers succeed, the barrier passes, exit 0"
   CHECK(h.machine.state() == AgentMachine::State::kDone);
 }
 
-TEST_CASE("a local worker failure stops the round for all with the root cause, then the next round") {
+TEST_CASE(
+    "a local worker failure stops the round for all with the root cause, then the next round") {
   Harness h(2);
   h.round_ready(two_nodes(0));
   h.exit(1, 3);
@@ -247,7 +141,7 @@ TEST_CASE("a local worker failure stops the round for all with the root cause, t
   CHECK(sent.exit_code == 3);
   CHECK(h.workers.signals == std::vector<int>{SIGTERM});
   CHECK(h.machine.state() == AgentMachine::State::kStopping);
-  h.remote_stop(sent);  // the watcher reports the reason that won: ours
+  h.remote_stop(sent);               // the watcher reports the reason that won: ours
   CHECK(h.rdzv.rounds.size() == 1);  // worker 0 still runs
   h.exit(0, 0, SIGTERM);
   REQUIRE(h.rdzv.rounds.size() == 2);
@@ -258,6 +152,17 @@ TEST_CASE("a local worker failure stops the round for all with the root cause, t
   REQUIRE(h.workers.starts.size() == 2);
   CHECK(h.workers.starts[1].restart_count == 1);
   CHECK(h.machine.state() == AgentMachine::State::kRunning);
+}
+
+TEST_CASE("a local failure whose stop the rendezvous never reports: ours after a grace period") {
+  Harness h(1);
+  h.round_ready(two_nodes(0));
+  h.exit(0, 3);
+  h.exit(1, 0, SIGTERM);
+  CHECK(h.rdzv.rounds.size() == 1);  // waits for the agreed reason
+  h.advance(kStopReasonGrace);
+  CHECK(h.rdzv.rounds.size() == 2);
+  CHECK(h.noticed("restarting it (restart 1 of at most 1)"));
 }
 
 TEST_CASE("a stop from another node: SIGTERM, SIGKILL after the shutdown timeout, next round") {
@@ -277,7 +182,8 @@ TEST_CASE("a stop from another node: SIGTERM, SIGKILL after the shutdown timeout
   CHECK(h.noticed("restarting it (restart 1 of at most 1)"));
 }
 
-TEST_CASE("restarts exhausted by another node's failure: non-zero exit, report names its root cause") {
+TEST_CASE(
+    "restarts exhausted by another node's failure: non-zero exit, report names its root cause") {
   Harness h(1);
   h.round_ready(two_nodes(1));  // already the one restart allowed
   StopReason reason = worker_failed("node-b", "host-b", 1, 7);
@@ -310,7 +216,8 @@ TEST_CASE("restarts exhausted by a local failure: its exit status and the full l
   CHECK_THAT(h.outcome->report, Catch::Contains("Other Failures:\n[1]:"));
 }
 
-TEST_CASE("a local failure that loses to another node's: the other is the root cause, ours listed") {
+TEST_CASE(
+    "a local failure that loses to another node's: the other is the root cause, ours listed") {
   Harness h(0);
   h.round_ready(two_nodes(0));
   h.exit(0, 2);
@@ -339,6 +246,20 @@ TEST_CASE("membership changes re-form the group without counting a restart") {
     CHECK(h.noticed("not counted against --max_restarts"));
     CHECK(h.noticed("host-c"));
   }
+}
+
+TEST_CASE("stop reasons in one line") {
+  StopReason lost;
+  lost.kind = Kind::kNodeLost;
+  lost.node_id = "node-b";
+  lost.host = "host-b";
+  CHECK(stop_reason_text(lost) == "node host-b stopped answering (its heartbeat went stale)");
+  lost.node_id.clear();  // no node: the store itself
+  lost.host = "10.0.0.1";
+  CHECK(stop_reason_text(lost) == "the rendezvous store at 10.0.0.1 was lost");
+  StopReason killed = worker_failed("node-b", "host-b", 5, 0);
+  killed.signal = SIGKILL;
+  CHECK(stop_reason_text(killed) == "rank 5 on host-b: signal SIGKILL (9)");
 }
 
 TEST_CASE("a signal: forwarded, the rendezvous left, 128+signal, and a second one kills at once") {
@@ -450,6 +371,15 @@ TEST_CASE("the waiting line is printed at most every few seconds") {
   CHECK(h.notices[2] ==
         "ddprun: 2 of at most 4 nodes joined; waiting for the round to close at 10.0.0.1:29500 "
         "(15 s)");
+  h.timers.now_ += kWaitNoticeInterval;
+  ddp::elastic::WaitStatus listed{0, 2, 4, "10.0.0.1:29500", std::chrono::seconds(20)};
+  listed.wait_listed = true;  // the round is full, or restarting without this node
+  h.rdzv.last().on_wait(listed);
+  h.run();
+  REQUIRE(h.notices.size() == 4);
+  CHECK(h.notices[3] ==
+        "ddprun: a round runs without this node; waiting to join the next one at "
+        "10.0.0.1:29500 (20 s)");
 }
 
 TEST_CASE("the outcome waits for the last teed output, bounded by the drain timeout") {
@@ -473,4 +403,39 @@ TEST_CASE("the outcome waits for the last teed output, bounded by the drain time
   stuck.run();
   stuck.advance(kOutputDrainTimeout);
   CHECK(stuck.outcome);
+}
+
+TEST_CASE("one node through LocalRendezvous: a failure restarts at once with the next count") {
+  LocalRendezvous rdzv({"node-a", "host-a", "", 2, "default", std::nullopt}, "127.0.0.1", 29511);
+  FakeWorkers workers;
+  FakeTimers timers;
+  std::deque<AgentEvent> queue;
+  std::optional<AgentOutcome> outcome;
+  AgentMachine machine(AgentMachineConfig{"train.py", "node-a", 1, kShutdown},
+                       AgentMachineContext{&rdzv, &workers, &timers,
+                                           [&](AgentEvent e) { queue.push_back(std::move(e)); },
+                                           [](const std::string&) {}, nullptr,
+                                           [&](AgentOutcome o) { outcome = std::move(o); }});
+  auto run = [&] {
+    while (!queue.empty()) {
+      AgentEvent e = std::move(queue.front());
+      queue.pop_front();
+      machine.handle(e);
+    }
+  };
+  machine.start();
+  run();
+  REQUIRE(workers.starts.size() == 1);  // no waiting: the round closed at once
+  CHECK(workers.starts[0].master_port == 29511);
+  workers.exit(1, 4);
+  run();
+  workers.exit(0, 0, SIGTERM);
+  run();
+  REQUIRE(workers.starts.size() == 2);
+  CHECK(workers.starts[1].restart_count == 1);
+  workers.exit(0, 0);
+  workers.exit(1, 0);
+  run();
+  REQUIRE(outcome);
+  CHECK(outcome->exit_code == 0);
 }

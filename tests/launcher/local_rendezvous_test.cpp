@@ -11,7 +11,8 @@ namespace {
 
 RoundInfo next(LocalRendezvous& rdzv) {
   std::optional<RoundInfo> got;
-  rdzv.next_round(0, [&](RoundInfo r) { got = std::move(r); }, nullptr, nullptr);
+  rdzv.next_round(
+      0, [&](RoundInfo r) { got = std::move(r); }, nullptr, nullptr);
   REQUIRE(got);  // at once
   return *got;
 }

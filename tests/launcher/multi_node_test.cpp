@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <csignal>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -69,8 +70,12 @@ std::vector<ProcessResult> run_agents(const std::vector<std::vector<std::string>
 }
 
 std::vector<std::string> c10d(int port, const std::string& run_id) {
-  return {"--nnodes=2", "--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:" + std::to_string(port),
-          "--rdzv_id=" + run_id, "--nproc_per_node=1", "--monitor_interval=0.1"};
+  return {"--nnodes=2",
+          "--rdzv_backend=c10d",
+          "--rdzv_endpoint=127.0.0.1:" + std::to_string(port),
+          "--rdzv_id=" + run_id,
+          "--nproc_per_node=1",
+          "--monitor_interval=0.1"};
 }
 
 }  // namespace
@@ -115,11 +120,18 @@ TEST_CASE("c10d: a worker failing on one node restarts every node with the next 
   TempDir dir;
   const int port = free_port();
   std::ofstream(dir.path() / "pass-1").put('\n');  // rank 1 passes its wait; rank 0 waits
-  const std::vector<std::string> worker = {
-      "--env-json", (dir.path() / "env-{rank}-{restart}.json").string(),
-      "--wait-for-file", (dir.path() / "env-0-{restart}.json").string(),
-      "--if-restart-below", "1", "--wait-for-file", (dir.path() / "pass-{rank}").string(),
-      "--if-restart-below", "1", "--exit", "3"};
+  const std::vector<std::string> worker = {"--env-json",
+                                           (dir.path() / "env-{rank}-{restart}.json").string(),
+                                           "--wait-for-file",
+                                           (dir.path() / "env-0-{restart}.json").string(),
+                                           "--if-restart-below",
+                                           "1",
+                                           "--wait-for-file",
+                                           (dir.path() / "pass-{rank}").string(),
+                                           "--if-restart-below",
+                                           "1",
+                                           "--exit",
+                                           "3"};
   auto options = c10d(port, "restart");
   options.push_back("--max_restarts=1");
   auto results = run_agents({ddprun(options, worker), ddprun(options, worker)});
@@ -140,11 +152,13 @@ TEST_CASE("c10d: restarts exhausted: every node exits non-zero naming the root c
   TempDir dir;
   const int port = free_port();
   const std::vector<std::string> worker = {
-      "--env-json", (dir.path() / "env-{rank}.json").string(),
+      "--env-json",      (dir.path() / "env-{rank}.json").string(),
       "--wait-for-file", (dir.path() / "env-0.json").string(),
-      "--if-rank", "1", "--exit", "3", "--wait"};
-  auto results = run_agents({ddprun(c10d(port, "exhausted"), worker),
-                             ddprun(c10d(port, "exhausted"), worker)});
+      "--if-rank",       "1",
+      "--exit",          "3",
+      "--wait"};
+  auto results = run_agents(
+      {ddprun(c10d(port, "exhausted"), worker), ddprun(c10d(port, "exhausted"), worker)});
   for (const auto& r : results) {
     INFO(r.err);
     CHECK(r.status == 3);
@@ -152,4 +166,49 @@ TEST_CASE("c10d: restarts exhausted: every node exits non-zero naming the root c
     CHECK_THAT(r.err, Catch::Contains("rank      : 1 (local_rank: 0)"));
     CHECK_THAT(r.err, Catch::Contains("exit      : exit code 3"));
   }
+}
+
+TEST_CASE("c10d: a node arriving while a round runs restarts the group into a larger world") {
+  if (engine_missing()) return;
+  const int port = free_port();
+  auto options = c10d(port, "grow");
+  options[0] = "--nnodes=1:2";
+  options.push_back("--rdzv_conf=last_call_timeout=0.2");
+  const std::vector<std::string> worker = {"--hello", "--ready", "--wait"};
+  ChildProcess first(ddprun(options, worker));
+  first.wait_for_stdout_lines(" of 1 (", 1);  // a round of one: MIN is 1
+  ChildProcess late(ddprun(options, worker));
+  late.wait_for_stdout_lines(" of 2 (", 1);
+  first.wait_for_stdout_lines(" of 2 (", 1);
+  first.signal(SIGTERM);
+  late.signal(SIGTERM);
+  ProcessResult a = first.wait(kJobTimeout);
+  ProcessResult b = late.wait(kJobTimeout);
+  INFO(a.err << b.err);
+  CHECK_THAT(a.err, Catch::Contains("not counted against --max_restarts"));
+  CHECK(a.status == 128 + SIGTERM);
+  CHECK(b.status == 128 + SIGTERM);
+}
+
+TEST_CASE("c10d: kill -9 of an agent: the other goes on in a smaller world") {
+  if (engine_missing()) return;
+  const int port = free_port();
+  auto options = c10d(port, "shrink");
+  options[0] = "--nnodes=1:2";
+  const std::string conf = "--rdzv_conf=keep_alive_interval=0.2,keep_alive_max_attempt=2";
+  const std::vector<std::string> worker = {"--hello", "--ready", "--wait"};
+  auto host_options = options;
+  host_options.push_back(conf + ",is_host=1");  // this one serves the store; the other not
+  options.push_back(conf + ",is_host=0");
+  ChildProcess host(ddprun(host_options, worker));
+  ChildProcess other(ddprun(options, worker));
+  host.wait_for_stdout_lines(" of 2 (", 1);
+  other.wait_for_stdout_lines(" of 2 (", 1);
+  other.signal(SIGKILL);
+  host.wait_for_stdout_lines(" of 1 (", 1);
+  host.signal(SIGTERM);
+  ProcessResult r = host.wait(kJobTimeout);
+  INFO(r.err);
+  CHECK_THAT(r.err, Catch::Contains("stopped answering"));
+  CHECK(r.status == 128 + SIGTERM);
 }

@@ -60,15 +60,22 @@ TEST_CASE("rdzv_conf keys become the rendezvous timeouts") {
   CHECK(parse_rdzv_conf({{"is_host", "0"}}).is_host == false);
 }
 
-TEST_CASE("an unknown --rdzv_conf key is kept for a warning that names it and a bad value is an error") {
+TEST_CASE(
+    "an unknown --rdzv_conf key is kept for a warning that names it and a bad value is an error") {
   RdzvConf conf = parse_rdzv_conf({{"jion_timeout", "5"}});
   REQUIRE(conf.unknown_keys == std::vector<std::string>{"jion_timeout"});
   CHECK_THAT(unknown_rdzv_conf_warning("jion_timeout"), Catch::Contains("jion_timeout"));
-  CHECK_THAT(usage_error([] { parse_rdzv_conf({{"join_timeout", "soon"}}); }),
+  CHECK_THAT(usage_error([] {
+               parse_rdzv_conf({{"join_timeout", "soon"}});
+             }),
              Catch::Contains("join_timeout=soon"));
-  CHECK_THAT(usage_error([] { parse_rdzv_conf({{"keep_alive_max_attempt", "0"}}); }),
+  CHECK_THAT(usage_error([] {
+               parse_rdzv_conf({{"keep_alive_max_attempt", "0"}});
+             }),
              Catch::Contains("keep_alive_max_attempt=0"));
-  CHECK_THAT(usage_error([] { parse_rdzv_conf({{"is_host", "maybe"}}); }),
+  CHECK_THAT(usage_error([] {
+               parse_rdzv_conf({{"is_host", "maybe"}});
+             }),
              Catch::Contains("is_host=maybe"));
 }
 
@@ -115,7 +122,8 @@ TEST_CASE("static: the store at --master_addr:--master_port, a fixed group of --
   CHECK_FALSE(hosts_rendezvous_store(config, {}, s, is_local));
 }
 
-TEST_CASE("c10d: the store at --rdzv_endpoint (port 29400), MIN:MAX, hosted by the endpoint's host") {
+TEST_CASE(
+    "c10d: the store at --rdzv_endpoint (port 29400), MIN:MAX, hosted by the endpoint's host") {
   LaunchConfig config = nodes(2, 4, "c10d");
   config.rdzv_endpoint = "node7";
   auto s = rendezvous_settings(config, {}, {});

@@ -1,0 +1,129 @@
+#pragma once
+// Fakes of the agent's collaborators for in-process tests of AgentMachine: a rendezvous the
+// test drives, a worker group that starts nothing, timers the test moves by hand.
+
+#include <chrono>
+#include <functional>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "agent/agent_timers.hpp"
+#include "agent/worker_group.hpp"
+#include "ddp/elastic/rendezvous.hpp"
+
+namespace ddp::launcher::test {
+
+using elastic::RoundInfo;
+using elastic::StopReason;
+
+// A rendezvous the test drives: it records calls and keeps the callbacks of every round.
+class FakeRendezvous : public ddp::elastic::Rendezvous {
+ public:
+  struct Round {
+    int worker_store_port = 0;
+    std::function<void(RoundInfo)> on_round;
+    std::function<void(std::exception_ptr)> on_error;
+    std::function<void(ddp::elastic::WaitStatus)> on_wait;
+    std::function<void(StopReason)> on_stop;
+    std::function<void(bool)> on_done;
+  };
+  std::vector<Round> rounds;  // one per next_round call
+  std::vector<StopReason> stopped;
+  int left = 0;
+
+  void next_round(int port, std::function<void(RoundInfo)> on_round,
+                  std::function<void(std::exception_ptr)> on_error,
+                  std::function<void(ddp::elastic::WaitStatus)> on_wait) override {
+    rounds.push_back({port, std::move(on_round), std::move(on_error), std::move(on_wait), {}, {}});
+  }
+  void watch_round(std::function<void(StopReason)> on_stop) override {
+    rounds.back().on_stop = std::move(on_stop);
+  }
+  void stop_round(StopReason reason) override { stopped.push_back(std::move(reason)); }
+  void finish_round(std::function<void(bool)> on_done) override {
+    rounds.back().on_done = std::move(on_done);
+  }
+  void leave() override { ++left; }
+  std::string endpoint() const override { return "10.0.0.1:29500"; }
+
+  Round& last() { return rounds.back(); }
+};
+
+// A worker group that starts nothing: the test says when workers exit.
+class FakeWorkers : public WorkerGroup {
+ public:
+  std::vector<RoundInfo> starts;
+  std::vector<ExitHandler> handlers;  // by start
+  std::vector<int> signals;
+  int released = 0;
+  std::map<int, WorkerExit> exits;  // of the current round, by local rank
+  std::set<int> failed_unreported;  // failed, exit event not delivered yet
+  bool pending_output = false;
+
+  void start(const RoundInfo& round, ExitHandler on_exit) override {
+    starts.push_back(round);
+    handlers.push_back(std::move(on_exit));
+    exits.clear();
+  }
+  void signal(int signal) override { signals.push_back(signal); }
+  void release() override { ++released; }
+  WorkerFailure failure_of(int local_rank) override {
+    WorkerFailure f;
+    f.host = "host-a";
+    f.local_rank = local_rank;
+    f.rank = ddp::elastic::worker_ranks(starts.back(), local_rank).rank;
+    f.pid = 1000 + local_rank;
+    if (exits.contains(local_rank)) {
+      f.exit_code = exits[local_rank].exit_code;
+      f.signal = exits[local_rank].signal;
+    } else {
+      f.exit_code = 9;  // failed_unreported
+    }
+    return f;
+  }
+  std::vector<WorkerFailure> other_failures(int except) override {
+    std::vector<WorkerFailure> out;
+    for (int rank : failed_unreported) {
+      if (rank != except) out.push_back(failure_of(rank));
+    }
+    return out;
+  }
+  bool output_pending() const override { return pending_output; }
+
+  // Worker local_rank of the latest start exits.
+  void exit(int local_rank, int code, int signal = 0) {
+    WorkerExit e{code, signal, std::chrono::system_clock::now()};
+    exits[local_rank] = e;
+    handlers.back()(local_rank, e);
+  }
+};
+
+class FakeTimers : public AgentTimers {
+ public:
+  Clock::time_point now_{};
+  std::map<TimerId, std::pair<Clock::time_point, std::function<void()>>> armed;
+
+  Clock::time_point now() const override { return now_; }
+  void start(TimerId id, std::chrono::milliseconds after, std::function<void()> fn) override {
+    armed[id] = {now_ + after, std::move(fn)};
+  }
+  void cancel(TimerId id) override { armed.erase(id); }
+  bool is_armed(TimerId id) const { return armed.contains(id); }
+
+  void advance(std::chrono::milliseconds by) {
+    now_ += by;
+    for (auto it = armed.begin(); it != armed.end();) {
+      if (it->second.first <= now_) {
+        auto fn = std::move(it->second.second);
+        it = armed.erase(it);
+        fn();
+      } else {
+        ++it;
+      }
+    }
+  }
+};
+
+}  // namespace ddp::launcher::test
