@@ -4,18 +4,21 @@
 #include <boost/asio/post.hpp>
 #include <cstdio>
 
+#include "ddp/launcher/agent_store.hpp"
 #include "ddp/launcher/rdzv_settings.hpp"
 #include "local_rendezvous.hpp"
 
 namespace ddp::launcher {
 namespace {
 
-store::ServerOptions store_options(int port) {
+// A store other nodes reach: every address. Its log lines go to the agent's console writer
+// (never a blocking write on the loop).
+store::ServerOptions store_options(int port, const std::function<void(const std::string&)>& notice) {
   store::ServerOptions options;
   options.host = "0.0.0.0";
   options.port = static_cast<std::uint16_t>(port);
-  options.logger = [](std::string_view line) {
-    std::fprintf(stderr, "ddprun: store: %.*s\n", static_cast<int>(line.size()), line.data());
+  options.logger = [notice](std::string_view line) {
+    notice("ddprun: store: " + std::string(line));
   };
   return options;
 }
@@ -38,7 +41,11 @@ RendezvousHost::RendezvousHost(boost::asio::io_context& io, const LaunchConfig& 
   const RdzvConf conf = parse_rdzv_conf(config.rdzv_conf);
   for (const std::string& key : conf.unknown_keys) options_.notice(unknown_rdzv_conf_warning(key));
   if (!is_multi_node(config)) {
-    master_ = options_.master_host(io, config);
+    master_ = options_.master_host
+                  ? options_.master_host(io, config)
+                  : agent_store_factory([notice = options_.notice](std::string_view line) {
+                      notice("ddprun: store: " + std::string(line));
+                    })(io, config);
     const MasterEndpoint endpoint = master_->endpoint();
     agent_store_ = endpoint.agent_store;
     rendezvous_ = std::make_unique<LocalRendezvous>(std::move(self), endpoint.addr, endpoint.port);
@@ -65,7 +72,7 @@ void RendezvousHost::leave() {
 
 void RendezvousHost::host_rendezvous_store(const std::string& where, int port) {
   try {
-    rendezvous_store_ = std::make_unique<store::Server>(io_, store_options(port));
+    rendezvous_store_ = std::make_unique<store::Server>(io_, store_options(port, options_.notice));
   } catch (const store::StoreError&) {
     if (!port_taken(io_, port)) throw;
     options_.notice("ddprun: port " + std::to_string(port) +
@@ -99,7 +106,7 @@ void RendezvousHost::check_linger(std::chrono::steady_clock::time_point deadline
 
 int RendezvousHost::open_worker_store() {
   worker_store_.reset();
-  worker_store_ = std::make_unique<store::Server>(io_, store_options(0));
+  worker_store_ = std::make_unique<store::Server>(io_, store_options(0, options_.notice));
   return worker_store_->port();
 }
 

@@ -22,7 +22,9 @@
 namespace ddp::launcher {
 
 struct AgentOptions {
-  MasterHostFactory master_host = host_agent_store;  // one node: who serves MASTER_PORT
+  // One node: who serves MASTER_PORT. Empty: the agent's own store (agent_store_factory),
+  // its log lines through the agent's console writer.
+  MasterHostFactory master_host;
   std::map<std::string, std::string> base_env;  // the workers' environment before the contract
   int console_out = STDOUT_FILENO;  // inherited by workers; teed stdout lines go here
   int console_err = STDERR_FILENO;  // inherited by workers; teed stderr lines, notices, report
