@@ -41,9 +41,15 @@ void wrap(std::ostringstream& out, std::size_t column, const std::string& text,
 
 std::string option_label(const detail::OptionSpec& spec) {
   std::string label = "  ";
-  if (!spec.short_name.empty()) label += std::string(spec.short_name) + ", ";
+  if (!spec.short_name.empty()) {
+    label += spec.short_name;
+    label += ", ";
+  }
   label += detail::long_name(spec);
-  if (!spec.is_flag) label += " " + std::string(spec.metavar);
+  if (!spec.is_flag) {
+    label += ' ';
+    label += spec.metavar;
+  }
   return label;
 }
 
