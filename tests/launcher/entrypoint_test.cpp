@@ -7,6 +7,7 @@
 
 #include "process_harness.hpp"
 #include "test_support.hpp"
+#include "skip.hpp"
 
 using namespace ddp::test;
 using nlohmann::json;
@@ -120,8 +121,7 @@ TEST_CASE("help and version exit 0") {
 
 TEST_CASE("PyTorch: two ranks init_process_group(gloo) and all_reduce under ddprun") {
   if (!torch_available()) {
-    WARN("skipped: " << torch_python() << " cannot import torch with Gloo");
-    return;
+    return ddp::test::skip(torch_python() + " cannot import torch with Gloo");
   }
   ProcessResult r = run_process(
       {ddprun_path(), "--standalone", "--nproc_per_node=2", python_dir() + "/torch_allreduce.py"},
@@ -134,8 +134,7 @@ TEST_CASE("PyTorch: two ranks init_process_group(gloo) and all_reduce under ddpr
 
 TEST_CASE("PyTorch: @record's error file becomes the report's root cause") {
   if (!torch_available()) {
-    WARN("skipped: " << torch_python() << " cannot import torch");
-    return;
+    return ddp::test::skip(torch_python() + " cannot import torch");
   }
   TempDir dir;
   ProcessResult r = run_process(

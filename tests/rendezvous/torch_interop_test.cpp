@@ -6,6 +6,7 @@
 #include "ddp/store/client.hpp"
 #include "store_fixture.hpp"
 #include "test_support.hpp"
+#include "skip.hpp"
 
 using namespace ddp::store;
 using namespace std::chrono_literals;
@@ -20,7 +21,7 @@ std::string script(const std::string& name) {
 
 bool skip_without_torch() {
   if (ddp::test::torch_available()) return false;
-  WARN("skipped: " + ddp::test::torch_python() + " cannot import torch.distributed with Gloo");
+  ddp::test::skip(ddp::test::torch_python() + " cannot import torch.distributed with Gloo");
   return true;
 }
 

@@ -1,6 +1,8 @@
 #include "ddp/launch_env.hpp"
 
 #include <catch2/catch.hpp>
+
+#include "test_support.hpp"
 #include <cstdlib>
 
 #include "ddp/context.hpp"
@@ -68,6 +70,6 @@ TEST_CASE("a store that never answers fails init within its timeout, naming the 
                  {"MASTER_PORT", "1"},
                  {"DDP_BACKEND", "gloo"}});
   ddp::InitOptions options;
-  options.init_timeout = std::chrono::milliseconds(300);
+  options.init_timeout = ddp::test::build_timeout(std::chrono::milliseconds(300));
   REQUIRE_THROWS_WITH(ddp::init(options), Catch::Contains("127.0.0.1:1"));
 }

@@ -8,6 +8,7 @@
 
 #include "ddp/store/server.hpp"
 #include "test_support.hpp"
+#include "skip.hpp"
 
 namespace {
 
@@ -104,8 +105,7 @@ TEST_CASE("rank 0 hosts the store when the agent does not (TORCHELASTIC_USE_AGEN
 
 TEST_CASE("the sample program works under python3-torch's torchrun (1.x store)") {
   if (!ddp::test::torch_available()) {
-    WARN("skipped: " << ddp::test::torch_python() << " cannot import torch");
-    return;
+    return ddp::test::skip(ddp::test::torch_python() + " cannot import torch");
   }
   const std::string torchrun = ddp::test::torch_python() + " " +
                                ddp::test::source_path("tests/runtime/torchrun.py").string();
@@ -133,8 +133,7 @@ TEST_CASE("a /dev/shm too small for the segment: the all-reduce falls back to TC
   // A private mount namespace with a one-page /dev/shm (as a container's small default):
   // needs root and unshare; other processes keep the real /dev/shm.
   if (run("unshare -m true").status != 0) {
-    WARN("skipped: cannot create a mount namespace here (needs root and unshare)");
-    return;
+    return ddp::test::skip("cannot create a mount namespace here (needs root and unshare)");
   }
   const auto result =
       run("unshare -m sh -c 'mount -t tmpfs -o size=4k tmpfs /dev/shm && " + bin("ddprun") +

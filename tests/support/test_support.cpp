@@ -35,6 +35,10 @@ std::filesystem::path source_path(const std::string& relative) {
 
 std::string torch_python() { return DDP_TORCH_PYTHON; }
 
+std::chrono::milliseconds build_timeout(std::chrono::milliseconds base) {
+  return base * DDP_TEST_TIME_FACTOR;
+}
+
 bool torch_available() {
   static const bool available = [] {
     std::string cmd = torch_python() +

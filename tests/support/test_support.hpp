@@ -1,6 +1,7 @@
 #pragma once
 // Paths and scratch space shared by the tests.
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <string>
@@ -15,6 +16,11 @@ std::filesystem::path source_path(const std::string& relative);
 std::string torch_python();
 // True when torch_python() can import torch with Gloo.
 bool torch_available();
+
+// A short timeout for a test, derived from the build: `base` in a normal build, a multiple
+// of it under sanitizers (slower code, and `ctest -j` shares the cores), so a wait meant to
+// succeed does not time out there by accident.
+std::chrono::milliseconds build_timeout(std::chrono::milliseconds base);
 
 // The exit status (or -1 when killed) and the stdout + stderr of a shell command.
 struct ShellResult {
