@@ -2,6 +2,7 @@
 // hands it to the agent; this file only picks exit codes.
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <string>
 #include <vector>
@@ -20,7 +21,11 @@ int main(int argc, char** argv) {
       std::fputs(cli.text.c_str(), stdout);
       return 0;
     }
-    WorkerCommand command = resolve_worker_command(cli.config, context.getenv);
+    auto getenv = [](const std::string& name) -> std::optional<std::string> {
+      const char* value = std::getenv(name.c_str());
+      return value ? std::optional<std::string>(value) : std::nullopt;
+    };
+    WorkerCommand command = resolve_worker_command(cli.config, getenv);
     AgentOptions options;
     options.base_env = current_environment();
     Agent agent(std::move(cli.config), std::move(command), std::move(options));
