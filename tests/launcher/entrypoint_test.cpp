@@ -77,6 +77,45 @@ TEST_CASE("other programs and no_python entrypoints run directly") {
   CHECK(forced.out == "shell rank 0\n");
 }
 
+TEST_CASE("failures under --run_path and -m write the error file: the report has the traceback") {
+  for (std::vector<std::string> mode : std::vector<std::vector<std::string>>{
+           {"--run_path", python_dir() + "/fail_on_rank1.py"}, {"-m", "fail_on_rank1"}}) {
+    INFO(mode[0]);
+    TempDir dir;
+    std::vector<std::string> argv = {ddprun_path(), "--nproc_per_node=2", "--log_dir",
+                                     dir.path().string()};
+    argv.insert(argv.end(), mode.begin(), mode.end());
+    ProcessResult r = run_process(argv, {{"PYTHONPATH", python_dir()}});
+    INFO(r.err);
+    CHECK(r.status == 1);
+    auto root = r.err.substr(std::min(r.err.find("Root Cause"), r.err.size()));
+    CHECK_THAT(root, Catch::Contains("rank      : 1 (local_rank: 1)"));
+    CHECK_THAT(root, Catch::Contains("error_file: " + dir.path().string()));
+    CHECK_THAT(root, Catch::Contains("traceback : Traceback (most recent call last):"));
+    CHECK_THAT(root, Catch::Contains("in give_up"));
+    CHECK_THAT(root, Catch::Contains("message   : ValueError: rank one gave up"));
+  }
+}
+
+TEST_CASE("the entrypoint rule: a Python shebang or a non-executable text file runs with Python") {
+  TempDir dir;
+  auto shebang = dir.path() / "train";
+  std::ofstream(shebang) << "#!/usr/bin/env python3\nimport sys, os\n"
+                            "print('python', os.environ['RANK'], sys.stdout.write_through, sys.executable)\n";
+  std::filesystem::permissions(shebang, std::filesystem::perms::owner_all);
+  ProcessResult a = run_process({ddprun_path(), shebang.string()},
+                                {{"PYTHON_EXEC", "/usr/bin/python3"}});
+  INFO(a.err);
+  CHECK(a.status == 0);
+  CHECK(a.out == "python 0 True /usr/bin/python3\n");  // under PYTHON_EXEC -u
+  auto plain = dir.path() / "job";
+  std::ofstream(plain) << "print('plain')\n";
+  ProcessResult b = run_process({ddprun_path(), plain.string()});
+  INFO(b.err);
+  CHECK(b.status == 0);
+  CHECK(b.out == "plain\n");
+}
+
 TEST_CASE("bad input exits 2 with one line and starts nothing") {
   TempDir dir;
   for (std::vector<std::string> args : std::vector<std::vector<std::string>>{
@@ -88,6 +127,7 @@ TEST_CASE("bad input exits 2 with one line and starts nothing") {
            {"--nnodes=2", "x"},
            {"--log_dir", dir.path().string(), "/no/such/train.py"},
            {"--log_dir", dir.path().string(), "no-such-program-on-path"},
+           {"--log_dir", dir.path().string(), "/no/such/program"},
        }) {
     args.insert(args.begin(), ddprun_path());
     INFO(Catch::Detail::stringify(args));
