@@ -31,6 +31,7 @@ TEST_CASE("worker_variables sets exactly torchrun's contract") {
       {"TORCHELASTIC_USE_AGENT_STORE", "False"},
       {"TORCHELASTIC_ERROR_FILE", "/l/error.json"},
       {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"},
+      {"NCCL_ASYNC_ERROR_HANDLING", "1"},  // the name PyTorch 2.1 and older read
   };
   CHECK(vars == expected);
 
@@ -39,6 +40,8 @@ TEST_CASE("worker_variables sets exactly torchrun's contract") {
                                      {{"TORCH_NCCL_ASYNC_ERROR_HANDLING", "0"}});
   CHECK(with_store.at("TORCHELASTIC_USE_AGENT_STORE") == "True");
   CHECK(with_store.at("TORCH_NCCL_ASYNC_ERROR_HANDLING") == "0");
+  CHECK(worker_variables(config, master, {0, 0, "e"}, {{"NCCL_ASYNC_ERROR_HANDLING", "0"}})
+            .at("NCCL_ASYNC_ERROR_HANDLING") == "0");
   CHECK(with_store.at("DDP_STORE_DIALECT") == "v2");  // libddp: our store's 2.x dialect
   auto chosen = worker_variables(config, master, {0, 0, "e"}, {{"DDP_STORE_DIALECT", "v1"}});
   CHECK_FALSE(chosen.contains("DDP_STORE_DIALECT"));  // the user's own choice is inherited
