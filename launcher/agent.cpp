@@ -10,6 +10,7 @@
 #include <system_error>
 
 #include "ddp/launcher/failure_report.hpp"
+#include "ddp/launcher/log_dir.hpp"
 #include "ddp/launcher/output_tee.hpp"
 #include "ddp/launcher/signal_names.hpp"
 #include "ddp/launcher/worker_env.hpp"
@@ -110,7 +111,7 @@ class Agent::Impl {
         temp_dir_ = base;
       }
     }
-    log_root_ = fs::absolute(base) / config_.rdzv_id;  // TORCHELASTIC_ERROR_FILE is absolute
+    log_root_ = make_run_log_dir(base, config_.rdzv_id);  // TORCHELASTIC_ERROR_FILE is absolute
   }
 
   void remove_temp_dir() {
@@ -309,7 +310,7 @@ class Agent::Impl {
   boost::asio::steady_timer kill_timer_;
   boost::asio::steady_timer drain_timer_;
   std::string host_;
-  fs::path log_root_;  // <log_dir>/<run_id>
+  fs::path log_root_;  // <log_dir>/<run_id>_<random>/ (make_run_log_dir)
   fs::path temp_dir_;  // a temp dir of ours to remove at exit; empty when none
 
   State state_ = State::kRunning;
