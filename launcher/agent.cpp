@@ -166,7 +166,7 @@ class Agent::Impl {
         };
       }
       OutputTee::start(io_, std::move(tee.read_end), std::move(tee.file), std::move(sink),
-                       prefix, [this] { on_tee_done(); });
+                       prefix, [this] { on_tee_done(); }, TeeLog{tee.file_path.string(), log_errors_});
     }
   }  // the child's ends of pipes and files close here, in the agent
 
@@ -277,6 +277,7 @@ class Agent::Impl {
   // else runs on it, such as a store server); run() then flushes the console.
   void stop() {
     drain_timer_.cancel();
+    if (auto incomplete = log_errors_->take_incomplete_files_notice(); !incomplete.empty()) notice(incomplete);
     if (!report_.empty()) console_.write_notice(options_.console_err, std::move(report_));
     report_.clear();
     io_.stop();
@@ -322,6 +323,8 @@ class Agent::Impl {
   std::vector<WorkerFailure> other_failures_;
   int shutdown_signal_ = 0;
   int pending_tees_ = 0;
+  std::shared_ptr<LogFileErrors> log_errors_ =
+      std::make_shared<LogFileErrors>([this](std::string line) { notice(line); });
   std::string report_;
   std::optional<int> exit_code_;
 };

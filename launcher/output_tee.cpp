@@ -15,33 +15,47 @@ constexpr std::size_t kReadChunk = 64 * 1024;
 constexpr std::chrono::milliseconds kConsoleWriteTimeout{10000};
 }  // namespace
 
-bool write_all(int fd, const char* data, std::size_t size) {
-  while (size > 0) {
-    ssize_t n = ::write(fd, data, size);
+std::size_t write_all_counted(int fd, const char* data, std::size_t size, int* error) {
+  std::size_t written = 0;
+  *error = 0;
+  while (written < size) {
+    ssize_t n = ::write(fd, data + written, size - written);
     if (n < 0 && errno == EINTR) continue;
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {  // a non-blocking console
       pollfd writable{fd, POLLOUT, 0};
       if (::poll(&writable, 1, static_cast<int>(kConsoleWriteTimeout.count())) == 1) continue;
-      return false;
+      *error = ETIMEDOUT;
+      return written;
     }
-    if (n <= 0) return false;
-    data += n;
-    size -= static_cast<std::size_t>(n);
+    if (n <= 0) {
+      *error = n < 0 ? errno : ENOSPC;  // write() returning 0 for a file: no room
+      return written;
+    }
+    written += static_cast<std::size_t>(n);
   }
-  return true;
+  return written;
+}
+
+bool write_all(int fd, const char* data, std::size_t size) {
+  int error = 0;
+  write_all_counted(fd, data, size, &error);
+  return error == 0;
 }
 
 void OutputTee::start(boost::asio::io_context& io, UniqueFd source, UniqueFd file,
-                      ConsoleSink console, std::string prefix, std::function<void()> on_done) {
+                      ConsoleSink console, std::string prefix, std::function<void()> on_done,
+                      TeeLog log) {
   auto tee = std::make_shared<OutputTee>(io, std::move(source), std::move(file), std::move(console),
-                                         std::move(prefix), std::move(on_done));
+                                         std::move(prefix), std::move(on_done), std::move(log));
   tee->read_more();
 }
 
 OutputTee::OutputTee(boost::asio::io_context& io, UniqueFd source, UniqueFd file,
-                     ConsoleSink console, std::string prefix, std::function<void()> on_done)
+                     ConsoleSink console, std::string prefix, std::function<void()> on_done,
+                     TeeLog log)
     : source_(io, source.release()),
       file_(std::move(file)),
+      log_(std::move(log)),
       console_(std::move(console)),
       prefix_(std::move(prefix)),
       on_done_(std::move(on_done)),
@@ -60,8 +74,17 @@ void OutputTee::read_more() {
                           });
 }
 
+// A failed write loses these bytes from the file, not the file: later output is written
+// again (a disk that had filled up may have room by then).
+void OutputTee::write_file(const char* data, std::size_t size) {
+  if (!file_.valid()) return;
+  int error = 0;
+  const std::size_t written = write_all_counted(file_.get(), data, size, &error);
+  if (error != 0 && log_.errors) log_.errors->write_failed(log_.path, error, size - written);
+}
+
 void OutputTee::consume(const char* data, std::size_t size) {
-  if (file_.valid() && !write_all(file_.get(), data, size)) file_.reset();
+  write_file(data, size);
   if (!console_) return;
   const char* end = data + size;
   while (data < end) {
