@@ -199,10 +199,26 @@ class Agent::Impl {
       if (worker->running()) worker->signal_group(signal);
     }
     kill_timer_.expires_after(config_.shutdown_timeout);
-    kill_timer_.async_wait([this, attempt = attempt_](boost::system::error_code ec) {
+    kill_timer_.async_wait([this, attempt = attempt_, signal](boost::system::error_code ec) {
       // A completion queued just before a cancel still arrives: only this attempt's workers.
-      if (!ec && attempt == attempt_ && state_ != State::kRunning) kill_running(SIGKILL);
+      if (!ec && attempt == attempt_ && state_ != State::kRunning) {
+        if (auto left = still_running(); !left.empty()) {
+          notice(kill_notice(config_.shutdown_timeout, signal, left));
+        }
+        kill_running(SIGKILL);
+      }
     });
+  }
+
+  std::vector<StillRunning> still_running() const {
+    std::vector<StillRunning> running;
+    for (const auto& w : workers_) {
+      if (w->running()) {
+        running.push_back({config_.node_rank * config_.nproc_per_node + w->local_rank(),
+                           w->local_rank(), w->pid()});
+      }
+    }
+    return running;
   }
 
   void kill_running(int signal) {

@@ -146,4 +146,20 @@ std::string format_failure_report(const std::string& what, const WorkerFailure& 
          "\nRoot Cause (first observed failure):\n" + root_text + rule + "\n";
 }
 
+std::string kill_notice(std::chrono::milliseconds shutdown_timeout, int signal,
+                        const std::vector<StillRunning>& workers) {
+  std::ostringstream seconds;
+  seconds << static_cast<double>(shutdown_timeout.count()) / 1000.0;
+  std::string names;
+  for (const StillRunning& w : workers) {
+    names += (names.empty() ? "" : ", ") + std::string("rank ") + std::to_string(w.rank) +
+             " (local_rank " + std::to_string(w.local_rank) + ", pid " + std::to_string(w.pid) +
+             ")";
+  }
+  const std::string count = std::to_string(workers.size()) +
+                            (workers.size() == 1 ? " worker" : " workers");
+  return "ddprun: " + count + " did not stop within --shutdown_timeout=" + seconds.str() +
+         "s after " + signal_name(signal) + ": sending SIGKILL to " + names;
+}
+
 }  // namespace ddp::launcher

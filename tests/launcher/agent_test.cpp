@@ -244,6 +244,12 @@ TEST_CASE("workers that ignore the signal are killed after --shutdown_timeout") 
   std::vector<pid_t> groups;
   for (const auto& line : ready) groups.push_back(static_cast<pid_t>(field_of(line, "pid")));
   check_no_process_left(groups);
+  // The SIGKILL is announced, naming each worker that outlived the timeout.
+  INFO(r.err);
+  CHECK_THAT(r.err, Catch::Contains("2 workers did not stop within --shutdown_timeout=0.2s after "
+                                    "SIGTERM: sending SIGKILL to rank 0 (local_rank 0, pid "));
+  CHECK_THAT(r.err, Catch::Contains("pid " + std::to_string(groups[0])));
+  CHECK_THAT(r.err, Catch::Contains("pid " + std::to_string(groups[1])));
 }
 
 TEST_CASE("a second Ctrl-C kills at once") {

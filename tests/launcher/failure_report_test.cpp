@@ -183,3 +183,11 @@ TEST_CASE("error files that are garbled or empty or huge or unreadable never bre
   REQUIRE_NOTHROW(from_dir = read_error_file(as_dir.string()));
   CHECK_FALSE(from_dir.has_value());
 }
+
+TEST_CASE("the SIGKILL after --shutdown_timeout names the workers that did not stop") {
+  CHECK(kill_notice(std::chrono::milliseconds(1500), SIGTERM, {{1, 1, 4242}, {3, 3, 4244}}) ==
+        "ddprun: 2 workers did not stop within --shutdown_timeout=1.5s after SIGTERM: sending "
+        "SIGKILL to rank 1 (local_rank 1, pid 4242), rank 3 (local_rank 3, pid 4244)");
+  CHECK_THAT(kill_notice(std::chrono::seconds(30), SIGINT, {{0, 0, 7}}),
+             Catch::StartsWith("ddprun: 1 worker did not stop within --shutdown_timeout=30s after SIGINT"));
+}

@@ -50,4 +50,16 @@ struct WorkerFailure {
 std::string format_failure_report(const std::string& what, const WorkerFailure& root_cause,
                                   const std::vector<WorkerFailure>& others);
 
+// A worker still running when --shutdown_timeout ran out.
+struct StillRunning {
+  int rank = 0;
+  int local_rank = 0;
+  pid_t pid = 0;
+};
+
+// The notice ddprun prints before it SIGKILLs the workers that did not stop within
+// --shutdown_timeout after `signal` (SIGTERM, or the signal it forwarded): names each one.
+std::string kill_notice(std::chrono::milliseconds shutdown_timeout, int signal,
+                        const std::vector<StillRunning>& workers);
+
 }  // namespace ddp::launcher
