@@ -150,6 +150,50 @@ TEST_CASE("a program the kernel cannot execute: exit 1 naming it and the reason"
   CHECK_THAT(r.err, Catch::Contains("cannot execute " + program.string() + ": Exec format error"));
 }
 
+TEST_CASE("ddprun started with its standard streams closed gives workers /dev/null, not its own") {
+  TempDir dir;
+  // The worker says what its fd 0 is; its stdout goes to a log file (ddprun's is closed).
+  ShellResult r = run_shell("exec " + ddprun_path() + " -r1 --log_dir " + dir.path().string() +
+                                " /bin/sh -c 'readlink /proc/self/fd/0' 0<&- 1>&- 2>&-",
+                            60);
+  CHECK(r.status == 0);
+  std::string out;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(dir.path())) {
+    if (entry.path().filename() == "stdout.log") {
+      std::ifstream in(entry.path());
+      out.assign(std::istreambuf_iterator<char>(in), {});
+    }
+  }
+  CHECK(out == "/dev/null\n");
+}
+
+TEST_CASE("the soft open-file limit is raised to the hard limit") {
+  ShellResult hard = run_shell("ulimit -Hn", 10);
+  if (hard.output.starts_with("unlimited") || std::stol(hard.output) < 2048) {
+    return ddp::test::skip("the hard open-file limit here is " + hard.output +
+                           " (the test needs one of 2048 or more it can raise to)");
+  }
+  // 200 teed workers need more than 256 descriptors: only with the raised limit does it run.
+  ShellResult r = run_shell("ulimit -Sn 256 && " + ddprun_path() +
+                                " --nproc_per_node=200 --tee=3 --local_ranks_filter=0 " +
+                                bin_path("ddp-sample-worker").string() + " --hello",
+                            120);
+  INFO(r.output);
+  CHECK(r.status == 0);
+  CHECK_THAT(r.output, Catch::Contains("hello from rank 0 of 200"));
+}
+
+TEST_CASE("out of descriptors: the error says how many workers and descriptors were needed") {
+  ShellResult r = run_shell("ulimit -n 64 && " + ddprun_path() +
+                                " --nproc_per_node=100 --tee=3 --local_ranks_filter=0 " +
+                                bin_path("ddp-sample-worker").string() + " --hello",
+                            120);
+  INFO(r.output);
+  CHECK(r.status == 1);
+  CHECK_THAT(r.output, Catch::Contains("out of file descriptors starting 100 workers"));
+  CHECK_THAT(r.output, Catch::Contains("the job needs about 832 descriptors and the limit is 64"));
+}
+
 TEST_CASE("help and version exit 0") {
   ProcessResult help = run_process({ddprun_path(), "--help"});
   CHECK(help.status == 0);
