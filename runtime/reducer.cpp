@@ -15,7 +15,12 @@ std::size_t cap_bytes(double megabytes) {
 
 std::string name_of(const Parameter& parameter, std::size_t i) {
   std::string name = "'";
-  name += parameter.name.empty() ? "#" + std::to_string(i) : parameter.name;
+  if (parameter.name.empty()) {
+    name += '#';
+    name += std::to_string(i);
+  } else {
+    name += parameter.name;
+  }
   name += "' (index ";
   name += std::to_string(i);
   name += ')';
