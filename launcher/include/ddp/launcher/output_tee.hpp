@@ -14,6 +14,7 @@
 
 #include "ddp/launcher/log_file_errors.hpp"
 #include "ddp/launcher/unique_fd.hpp"
+#include "ddp/launcher/write_all.hpp"
 
 namespace ddp::launcher {
 
@@ -61,13 +62,5 @@ class OutputTee : public std::enable_shared_from_this<OutputTee> {
   std::vector<char> buffer_;
   std::string partial_line_;  // console bytes after the last newline
 };
-
-// Writes all of data to fd, retrying short writes and EINTR, and waiting (10 s at most) when
-// a non-blocking fd is full. Returns false on error or timeout.
-bool write_all(int fd, const char* data, std::size_t size);
-
-// write_all that says how far it got: the bytes written, and in *error the errno of the
-// failure (ETIMEDOUT for the timeout) or 0 when all were written.
-std::size_t write_all_counted(int fd, const char* data, std::size_t size, int* error);
 
 }  // namespace ddp::launcher
