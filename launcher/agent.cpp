@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <system_error>
 
+#include "ddp/common/host_name.hpp"
 #include "ddp/launcher/failure_report.hpp"
 #include "ddp/launcher/log_dir.hpp"
 #include "ddp/launcher/output_tee.hpp"
@@ -28,10 +29,8 @@ namespace {
 // descendant that left its process group can hold a pipe open) before ddprun exits anyway.
 constexpr auto kOutputDrainTimeout = std::chrono::seconds(5);
 
-std::string this_host() {
-  char name[256] = {};
-  return ::gethostname(name, sizeof name - 1) == 0 ? name : "localhost";
-}
+// As torchrun's failure report: socket.getfqdn().
+std::string this_host() { return fully_qualified_host_name(); }
 
 bool writes_logs(const StdSpec& spec) {
   if (spec.all) return *spec.all != Std::kNone;

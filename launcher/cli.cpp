@@ -10,6 +10,7 @@
 #include <thread>
 
 #include "cli_options.hpp"
+#include "ddp/common/host_name.hpp"
 #include "ddp/launcher/device_count.hpp"
 #include "ddp/launcher/signal_names.hpp"
 
@@ -122,8 +123,7 @@ bool is_this_host(const std::string& host) {
       host.starts_with("127.")) {
     return true;
   }
-  char name[256] = {};
-  return ::gethostname(name, sizeof name - 1) == 0 && host == name;
+  return host == host_name();
 }
 
 // "host:port", "[v6]:port", "host" -> host.

@@ -2,6 +2,9 @@
 #include "ddp/launcher/worker_env.hpp"
 
 #include <catch2/catch.hpp>
+#include <set>
+
+#include "ddp/common/worker_contract.hpp"
 
 using namespace ddp::launcher;
 
@@ -59,4 +62,17 @@ TEST_CASE("OMP_NUM_THREADS defaults to 1 only when unset with several workers") 
 TEST_CASE("merge_environment overlays the contract on the agent's environment") {
   auto env = merge_environment({{"PATH", "/bin"}, {"RANK", "9"}}, {{"RANK", "0"}});
   CHECK(env == std::vector<std::string>{"PATH=/bin", "RANK=0"});
+}
+
+TEST_CASE("every variable given to workers is in the worker contract the runtime reads") {
+  LaunchConfig config;
+  config.nproc_per_node = 2;
+  MasterEndpoint master{"127.0.0.1", 29500, true};
+  auto vars = worker_variables(config, master, {1, 0, "e"}, {});
+  const std::set<std::string> contract(std::begin(ddp::contract::kWorkerVariables),
+                                       std::end(ddp::contract::kWorkerVariables));
+  for (const auto& [name, value] : vars) {
+    INFO(name);
+    CHECK(contract.contains(name));
+  }
 }
