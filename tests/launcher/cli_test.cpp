@@ -1,8 +1,6 @@
 // The command line, in-process: every option in both spellings, PET_ defaults, bad input.
 #include "ddp/launcher/cli.hpp"
 
-#include <unistd.h>
-
 #include <catch2/catch.hpp>
 #include <csignal>
 #include <cstdlib>
@@ -11,33 +9,17 @@
 #include <map>
 #include <sstream>
 
+#include "test_support.hpp"
+
 using namespace ddp::launcher;
 
 namespace {
 
-// Sets exactly `env` as the process's PET_* variables (CLI11 reads them with getenv) for
-// its lifetime, then puts back the ones it found.
-class ScopedPetEnvironment {
+// Exactly `env` as the process's PET_* variables (CLI11 reads them with getenv).
+class ScopedPetEnvironment : public ddp::test::ScopedEnvironment {
  public:
-  explicit ScopedPetEnvironment(const std::map<std::string, std::string>& env) {
-    for (char** e = environ; *e; ++e) {
-      std::string entry(*e);
-      if (entry.starts_with("PET_")) saved_[entry.substr(0, entry.find('='))] = entry.substr(entry.find('=') + 1);
-    }
-    for (const auto& [name, value] : saved_) ::unsetenv(name.c_str());
-    for (const auto& [name, value] : env) ::setenv(name.c_str(), value.c_str(), 1);
-    set_ = env;
-  }
-  ~ScopedPetEnvironment() {
-    for (const auto& [name, value] : set_) ::unsetenv(name.c_str());
-    for (const auto& [name, value] : saved_) ::setenv(name.c_str(), value.c_str(), 1);
-  }
-  ScopedPetEnvironment(const ScopedPetEnvironment&) = delete;
-  ScopedPetEnvironment& operator=(const ScopedPetEnvironment&) = delete;
-
- private:
-  std::map<std::string, std::string> saved_;
-  std::map<std::string, std::string> set_;
+  explicit ScopedPetEnvironment(const std::map<std::string, std::string>& env)
+      : ScopedEnvironment(env, "PET_") {}
 };
 
 struct Fake {

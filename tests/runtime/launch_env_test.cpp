@@ -9,19 +9,10 @@
 
 namespace {
 
-// Sets the torchrun variables for the duration of a test case, and clears them after.
-class ScopedEnv {
+// The torchrun variables for the duration of a test case.
+class ScopedEnv : public ddp::test::ScopedEnvironment {
  public:
-  explicit ScopedEnv(std::vector<std::pair<std::string, std::string>> vars)
-      : vars_(std::move(vars)) {
-    for (const auto& [k, v] : vars_) ::setenv(k.c_str(), v.c_str(), 1);
-  }
-  ~ScopedEnv() {
-    for (const auto& [k, v] : vars_) ::unsetenv(k.c_str());
-  }
-
- private:
-  std::vector<std::pair<std::string, std::string>> vars_;
+  explicit ScopedEnv(const std::map<std::string, std::string>& vars) : ScopedEnvironment(vars) {}
 };
 
 }  // namespace

@@ -4,6 +4,8 @@
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <map>
+#include <optional>
 #include <string>
 
 namespace ddp::test {
@@ -46,6 +48,22 @@ class SilentListener {
  private:
   int fd_ = -1;
   std::uint16_t port_ = 0;
+};
+
+// Sets environment variables of this process for its lifetime, then puts back what was there
+// (the value, or nothing). With clear_prefix, every variable whose name starts with it is
+// removed first (and put back after), so that the test sees only `vars` of that kind.
+class ScopedEnvironment {
+ public:
+  explicit ScopedEnvironment(const std::map<std::string, std::string>& vars,
+                             const std::string& clear_prefix = "");
+  ~ScopedEnvironment();
+  ScopedEnvironment(const ScopedEnvironment&) = delete;
+  ScopedEnvironment& operator=(const ScopedEnvironment&) = delete;
+
+ private:
+  void save(const std::string& name);
+  std::map<std::string, std::optional<std::string>> saved_;  // by name: the value before
 };
 
 // A fresh directory under the system temp dir, removed with everything in it on destruction.
