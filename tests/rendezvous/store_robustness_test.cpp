@@ -4,9 +4,12 @@
 
 #include <malloc.h>
 
+#include <cstddef>
+
 #if defined(__SANITIZE_ADDRESS__)
 #define DDP_TEST_UNDER_ASAN 1
-#include <sanitizer/allocator_interface.h>
+// From ASan's runtime (sanitizer/allocator_interface.h, which GCC does not install).
+extern "C" std::size_t __sanitizer_get_current_allocated_bytes();
 #else
 #define DDP_TEST_UNDER_ASAN 0
 #endif
