@@ -131,7 +131,10 @@ std::string open_fds() {
   ::closedir(dir);
   std::sort(fds.begin(), fds.end());
   std::string text;
-  for (int fd : fds) text += (text.empty() ? "" : " ") + std::to_string(fd);
+  for (int fd : fds) {
+    if (!text.empty()) text += ' ';
+    text += std::to_string(fd);
+  }
   return text;
 }
 

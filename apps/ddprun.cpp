@@ -2,17 +2,23 @@
 // hands it to the agent; this file only picks exit codes.
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <string>
 #include <vector>
 
 #include "ddp/launcher/agent.hpp"
 #include "ddp/launcher/cli.hpp"
+#include "ddp/launcher/process_setup.hpp"
 #include "ddp/launcher/worker_env.hpp"
 
 int main(int argc, char** argv) {
   using namespace ddp::launcher;
+  // Before anything opens a descriptor: closed standard streams become /dev/null.
+  if (!open_missing_standard_descriptors()) return 1;
   std::signal(SIGPIPE, SIG_IGN);  // a closed console must not kill the agent; workers reset it
+  raise_open_file_limit();
+  LaunchConfig job;  // for the message when descriptors run out
   try {
     const CliContext context = process_cli_context();
     CliResult cli = parse_command_line(std::vector<std::string>(argv + 1, argv + argc), context);
@@ -20,7 +26,12 @@ int main(int argc, char** argv) {
       std::fputs(cli.text.c_str(), stdout);
       return 0;
     }
-    WorkerCommand command = resolve_worker_command(cli.config, context.getenv);
+    auto getenv = [](const std::string& name) -> std::optional<std::string> {
+      const char* value = std::getenv(name.c_str());
+      return value ? std::optional<std::string>(value) : std::nullopt;
+    };
+    WorkerCommand command = resolve_worker_command(cli.config, getenv);
+    job = cli.config;
     AgentOptions options;
     options.base_env = current_environment();
     Agent agent(std::move(cli.config), std::move(command), std::move(options));
@@ -29,7 +40,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "ddprun: error: %s\n", e.what());
     return 2;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "ddprun: %s\n", e.what());
+    if (is_out_of_descriptors(e)) {
+      std::fprintf(stderr, "ddprun: %s\n", out_of_descriptors_message(job, e).c_str());
+    } else {
+      std::fprintf(stderr, "ddprun: %s\n", e.what());
+    }
     return 1;
   }
 }

@@ -14,6 +14,9 @@
 #include "agent/process_worker_group.hpp"
 #include "agent/rendezvous_host.hpp"
 #include "console_writer.hpp"
+#include "ddp/common/host_name.hpp"
+#include "ddp/launcher/log_dir.hpp"
+#include "ddp/launcher/log_file_errors.hpp"
 #include "ddp/launcher/worker_env.hpp"
 #include "group_reaper.hpp"
 
@@ -22,10 +25,8 @@ namespace fs = std::filesystem;
 
 namespace {
 
-std::string this_host() {
-  char name[256] = {};
-  return ::gethostname(name, sizeof name - 1) == 0 ? name : "localhost";
-}
+// As torchrun's failure report: socket.getfqdn().
+std::string this_host() { return fully_qualified_host_name(); }
 
 // Unique per agent process: "<host>_<pid>_<random>".
 std::string make_node_id(const std::string& host) {
@@ -111,7 +112,7 @@ class Agent::Impl {
         temp_dir_ = base;
       }
     }
-    log_root_ = fs::absolute(base) / config_.rdzv_id;  // TORCHELASTIC_ERROR_FILE is absolute
+    log_root_ = make_run_log_dir(base, config_.rdzv_id);  // TORCHELASTIC_ERROR_FILE is absolute
   }
 
   void remove_temp_dir() {
@@ -132,6 +133,7 @@ class Agent::Impl {
     group.console_out = options_.console_out;
     group.console_err = options_.console_err;
     group.on_output_drained = [this] { machine_->handle(event::OutputDrained{}); };
+    group.log_errors = log_errors_;
     workers_ = std::make_unique<ProcessWorkerGroup>(io_, std::move(group), console_, *reaper_);
 
     AgentMachineConfig machine;
@@ -168,6 +170,9 @@ class Agent::Impl {
   // else runs on it, such as a store server); run() then flushes the console.
   void stop(AgentOutcome outcome) {
     exit_code_ = outcome.exit_code;
+    if (auto incomplete = log_errors_->take_incomplete_files_notice(); !incomplete.empty()) {
+      notice(incomplete);
+    }
     if (outcome.keep_logs) temp_dir_.clear();  // keep the error files the report points to
     if (!outcome.report.empty()) {
       console_.write_notice(options_.console_err, std::move(outcome.report));
@@ -190,12 +195,14 @@ class Agent::Impl {
   boost::asio::signal_set signals_;
   AsioTimers timers_;
   std::string host_;
-  fs::path log_root_;  // <log_dir>/<run_id>
+  fs::path log_root_;  // <log_dir>/<run_id>_<random>/ (make_run_log_dir)
   fs::path temp_dir_;  // a temp dir of ours to remove at exit; empty when none
   std::unique_ptr<RendezvousHost> rendezvous_;
   std::unique_ptr<ProcessWorkerGroup> workers_;
   std::unique_ptr<AgentMachine> machine_;
   std::optional<int> exit_code_;
+  std::shared_ptr<LogFileErrors> log_errors_ =
+      std::make_shared<LogFileErrors>([this](std::string line) { notice(line); });
   bool lingering_ = false;  // the job is over; the rendezvous store waits for the others
 };
 

@@ -2,7 +2,6 @@
 
 #include <unistd.h>
 
-#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cstdlib>
 #include <map>
@@ -11,56 +10,15 @@
 #include <thread>
 
 #include "cli_options.hpp"
+#include "ddp/common/host_name.hpp"
 #include "ddp/launcher/device_count.hpp"
 #include "ddp/launcher/signal_names.hpp"
 
 namespace ddp::launcher {
 namespace {
 
-using detail::OptionSpec;
-using detail::option_table;
 
-// Option values as text, after defaults, PET_ variables and the command line, in that order.
-struct RawOptions {
-  std::map<std::string, std::string> values;  // by dest
-  std::map<std::string, bool> flags;          // by dest
-  std::map<std::string, std::string> origin;  // by dest: "--x" or "PET_X" when set by the user
-  bool help = false;
-  bool version = false;
-};
-
-const OptionSpec* find_option(std::string_view name) {
-  for (const OptionSpec& spec : option_table()) {
-    if (name == detail::long_name(spec) || name == detail::dashed_name(spec) ||
-        (!spec.short_name.empty() && name == spec.short_name)) {
-      return &spec;
-    }
-  }
-  return nullptr;
-}
-
-// Splits the arguments into the launcher's options and the worker command (entrypoint and
-// its arguments, untouched). The entrypoint is the first argument that is neither an option
-// nor an option's value, or the one after "--".
-std::pair<std::vector<std::string>, std::vector<std::string>> split_arguments(
-    const std::vector<std::string>& args) {
-  std::vector<std::string> options;
-  std::size_t i = 0;
-  for (; i < args.size(); ++i) {
-    const std::string& arg = args[i];
-    if (arg == "--") {
-      ++i;
-      break;
-    }
-    if (arg.size() < 2 || arg[0] != '-') break;
-    options.push_back(arg);
-    bool is_long = arg[1] == '-';
-    bool attached = is_long ? arg.find('=') != std::string::npos : arg.size() > 2;
-    const OptionSpec* spec = find_option(is_long ? arg.substr(0, arg.find('=')) : arg.substr(0, 2));
-    if (spec && !spec->is_flag && !attached && i + 1 < args.size()) options.push_back(args[++i]);
-  }
-  return {options, std::vector<std::string>(args.begin() + static_cast<std::ptrdiff_t>(i), args.end())};
-}
+using detail::RawOptions;
 
 std::optional<long> to_long(const std::string& text) {
   if (text.empty()) return std::nullopt;
@@ -69,67 +27,6 @@ std::optional<long> to_long(const std::string& text) {
   long value = std::strtol(text.c_str(), &end, 10);
   if (*end != '\0' || errno == ERANGE) return std::nullopt;
   return value;
-}
-
-RawOptions defaults_and_environment(const CliContext& context) {
-  RawOptions raw;
-  for (const OptionSpec& spec : option_table()) {
-    std::string dest(spec.dest);
-    std::optional<std::string> env = context.getenv ? context.getenv(detail::env_name(spec)) : std::nullopt;
-    if (spec.is_flag) {
-      raw.flags[dest] = false;
-      if (env) {  // torchrun: bool(int(value))
-        auto number = to_long(*env);
-        if (!number) throw UsageError(detail::env_name(spec) + "=" + *env + ": expected 0 or 1");
-        raw.flags[dest] = *number != 0;
-      }
-    } else {
-      raw.values[dest] = std::string(spec.default_value);
-      if (env) {
-        raw.values[dest] = *env;
-        raw.origin[dest] = detail::env_name(spec);
-      }
-    }
-  }
-  return raw;
-}
-
-// Runs CLI11 over the launcher's own options, filling raw.
-void parse_options(std::vector<std::string> options, RawOptions& raw) {
-  CLI::App app("ddprun", "ddprun");
-  app.set_help_flag();
-  app.add_flag("-h,--help", raw.help);
-  app.add_flag("--version", raw.version);
-  std::map<std::string, CLI::Option*> added;
-  for (const OptionSpec& spec : option_table()) {
-    std::string names = detail::long_name(spec);
-    if (spec.dashed_spelling) names += "," + detail::dashed_name(spec);
-    if (!spec.short_name.empty()) names = std::string(spec.short_name) + "," + names;
-    std::string dest(spec.dest);
-    if (spec.is_flag) {
-      added[dest] = app.add_flag(names, raw.flags[dest]);
-    } else {
-      added[dest] = app.add_option(names, raw.values[dest])
-                        ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast)
-                        ->allow_extra_args(false);
-    }
-  }
-  std::reverse(options.begin(), options.end());  // CLI11 takes them from the back
-  try {
-    app.parse(options);
-  } catch (const CLI::ExtrasError& e) {
-    std::string what = e.what();
-    throw UsageError("unknown option " + what.substr(what.find(": ") + 2) +
-                     " (see ddprun --help)");
-  } catch (const CLI::ArgumentMismatch& e) {
-    std::string what = e.what();
-    throw UsageError(what.substr(0, what.find(':')) + ": needs a value");
-  } catch (const CLI::ParseError& e) {
-    throw UsageError(e.what());
-  }
-  for (const auto& [dest, option] : added) {
-    if (option->count() > 0) raw.origin[dest] = "--" + dest;
-  }
 }
 
 // "--max_restarts=abc" or "PET_MAX_RESTARTS=abc", for error messages.
@@ -157,6 +54,21 @@ double seconds_option(const RawOptions& raw, const std::string& dest) {
     throw UsageError(where(raw, dest) + ": expected a number of seconds >= 0");
   }
   return value;
+}
+
+// A name that ends up in a directory name or a console prefix: --rdzv_id, --role.
+void check_name(const RawOptions& raw, const std::string& dest, bool path_component) {
+  const std::string& name = raw.values.at(dest);
+  for (char c : name) {
+    if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
+      throw UsageError(where(raw, dest) + ": control characters (such as a newline) are not "
+                       "allowed in this name");
+    }
+  }
+  if (path_component && (name.find('/') != std::string::npos || name == "." || name == "..")) {
+    throw UsageError(where(raw, dest) + ": names the run's log directory, so it may not "
+                     "contain '/' or be '.' or '..'");
+  }
 }
 
 std::vector<std::string> split(const std::string& text, char sep) {
@@ -227,6 +139,8 @@ void parse_rendezvous(const RawOptions& raw, LaunchConfig& config) {
     config.rdzv_backend = "c10d";
     config.rdzv_endpoint = "localhost:0";
     config.rdzv_id = random_uuid();
+  } else {
+    check_name(raw, "rdzv_id", true);
   }
   const std::string& conf = raw.values.at("rdzv_conf");
   if (!conf.empty()) {
@@ -279,7 +193,7 @@ void parse_lifecycle(const RawOptions& raw, LaunchConfig& config) {
     throw UsageError(where(raw, "start_method") + ": expected spawn, fork or forkserver");
   }
   config.role = raw.values.at("role");
-  if (config.role.empty()) throw UsageError("--role: the role name must not be empty");
+  check_name(raw, "role", false);
   for (const std::string& name : split(raw.values.at("signals_to_handle"), ',')) {
     auto number = signal_number(name);
     if (!number || name == "SIGKILL" || name == "SIGSTOP" || name == "SIGCHLD") {
@@ -304,6 +218,12 @@ void parse_logs(const RawOptions& raw, LaunchConfig& config) {
       if (!rank || *rank < 0 || *rank > 100000) {
         throw UsageError(where(raw, "local_ranks_filter") + ": expected local ranks like 0,1,2");
       }
+      if (*rank >= config.nproc_per_node) {
+        throw UsageError(where(raw, "local_ranks_filter") + ": there is no local rank " +
+                         part + " with " + std::to_string(config.nproc_per_node) +
+                         " workers per node (local ranks 0-" +
+                         std::to_string(config.nproc_per_node - 1) + ")");
+      }
       ranks.insert(static_cast<int>(*rank));
     }
     config.local_ranks_filter = ranks;
@@ -315,8 +235,8 @@ void parse_logs(const RawOptions& raw, LaunchConfig& config) {
   }
 }
 
-void parse_entrypoint(const RawOptions& raw, const std::vector<std::string>& command,
-                      LaunchConfig& config) {
+void parse_entrypoint(const RawOptions& raw, LaunchConfig& config) {
+  const std::vector<std::string>& command = raw.command;
   bool module = raw.flags.at("module");
   bool no_python = raw.flags.at("no_python");
   config.run_path = raw.flags.at("run_path");
@@ -360,19 +280,13 @@ StdSpec parse_std_spec(const std::string& option, const std::string& value) {
 
 CliContext process_cli_context() {
   CliContext context;
-  context.getenv = [](const std::string& name) -> std::optional<std::string> {
-    const char* value = std::getenv(name.c_str());
-    return value ? std::optional<std::string>(value) : std::nullopt;
-  };
   context.gpu_count = [] { return gpu_device_count(); };
   context.cpu_count = [] { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); };
   return context;
 }
 
 CliResult parse_command_line(const std::vector<std::string>& args, const CliContext& context) {
-  auto [options, command] = split_arguments(args);
-  RawOptions raw = defaults_and_environment(context);
-  parse_options(options, raw);
+  RawOptions raw = detail::parse_raw_options(args);
   CliResult result;
   if (raw.help) return {CliResult::Action::kHelp, {}, help_text()};
   if (raw.version) return {CliResult::Action::kVersion, {}, version_text()};
@@ -383,7 +297,7 @@ CliResult parse_command_line(const std::vector<std::string>& args, const CliCont
   parse_nproc(raw, context, config);
   parse_lifecycle(raw, config);
   parse_logs(raw, config);
-  parse_entrypoint(raw, command, config);
+  parse_entrypoint(raw, config);
   return result;
 }
 

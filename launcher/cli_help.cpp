@@ -41,9 +41,15 @@ void wrap(std::ostringstream& out, std::size_t column, const std::string& text,
 
 std::string option_label(const detail::OptionSpec& spec) {
   std::string label = "  ";
-  if (!spec.short_name.empty()) label += std::string(spec.short_name) + ", ";
+  if (!spec.short_name.empty()) {
+    label += spec.short_name;
+    label += ", ";
+  }
   label += detail::long_name(spec);
-  if (!spec.is_flag) label += " " + std::string(spec.metavar);
+  if (!spec.is_flag) {
+    label += ' ';
+    label += spec.metavar;
+  }
   return label;
 }
 
@@ -55,8 +61,9 @@ std::string help_text() {
   wrap(out, 0,
        "Starts --nproc_per_node workers on this node exactly as torchrun would: each gets "
        "RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT and the rest of torchrun's environment. "
-       "ENTRYPOINT is a .py script (run with $PYTHON_EXEC or python3 -u), a module (-m) or "
-       "a program; everything after it goes to the workers untouched.",
+       "ENTRYPOINT is a Python script (a .py file, an executable whose #! names Python, or a "
+       "non-executable text file: run with $PYTHON_EXEC or python3 -u), a module (-m) or a "
+       "program (run directly); everything after it goes to the workers untouched.",
        0);
   out << '\n';
   wrap(out, 0,

@@ -13,7 +13,7 @@ constexpr std::string_view kLife = "Failures, restarts and signals";
 constexpr std::string_view kLogs = "Logs";
 constexpr std::string_view kEntry = "What each worker runs";
 
-// dest, short, dashed, flag, metavar, default, group, help
+// dest, short, dashed, flag, metavar, default, group, help[, may_be_empty]
 constexpr std::array kOptions = {
     OptionSpec{"nnodes", "", false, false, "N|MIN:MAX", "1:1", kNodes,
                "Number of nodes, or a range of nodes. Only 1 for now."},
@@ -28,18 +28,18 @@ constexpr std::array kOptions = {
     OptionSpec{"rdzv_backend", "", true, false, "NAME", "static", kRdzv,
                "static or c10d. etcd and etcd-v2 are not implemented yet."},
     OptionSpec{"rdzv_endpoint", "", true, false, "HOST[:PORT]", "", kRdzv,
-               "Rendezvous store (c10d: default port 29400; its host's agent serves it)."},
+               "Rendezvous store (c10d: default port 29400; its host's agent serves it).", true},
     OptionSpec{"rdzv_id", "", true, false, "ID", "none", kRdzv,
                "Job id, given to workers as TORCHELASTIC_RUN_ID."},
     OptionSpec{"rdzv_conf", "", true, false, "K=V,...", "", kRdzv,
                "Rendezvous settings: join_timeout, last_call_timeout, close_timeout, "
-               "keep_alive_interval, keep_alive_max_attempt, read_timeout, timeout, is_host."},
+               "keep_alive_interval, keep_alive_max_attempt, read_timeout, timeout, is_host.", true},
     OptionSpec{"master_addr", "", true, false, "ADDR", "127.0.0.1", kRdzv,
                "MASTER_ADDR given to workers."},
     OptionSpec{"master_port", "", true, false, "PORT", "29500", kRdzv,
                "MASTER_PORT given to workers. When not given, a free port is picked."},
     OptionSpec{"local_addr", "", true, false, "ADDR", "", kRdzv,
-               "Address of this node; becomes MASTER_ADDR when given."},
+               "Address of this node; becomes MASTER_ADDR when given.", true},
     OptionSpec{"max_restarts", "", true, false, "N", "0", kLife,
                "Restarts of the whole worker group after a failure before giving up."},
     OptionSpec{"monitor_interval", "", true, false, "SECONDS", "5", kLife,
@@ -54,16 +54,16 @@ constexpr std::array kOptions = {
                "Worker role: ROLE_NAME and the [<role><local_rank>]: prefix of teed lines."},
     OptionSpec{"log_dir", "", true, false, "DIR", "", kLogs,
                "Base directory of <run_id>/attempt_<n>/<local_rank>/ logs and error files. "
-               "A fresh temp directory when not given."},
+               "A fresh temp directory when not given.", true},
     OptionSpec{"redirects", "-r", false, false, "0-3|R:S,...", "0", kLogs,
                "Send workers' streams to log files instead of the console: 1 stdout, 2 "
                "stderr, 3 both, or per local rank as 0:1,1:2."},
     OptionSpec{"tee", "-t", false, false, "0-3|R:S,...", "0", kLogs,
                "Like --redirects, but also show the lines on the console with a prefix."},
     OptionSpec{"local_ranks_filter", "", true, false, "R,...", "", kLogs,
-               "Show only these local ranks on the console (log files keep everything)."},
+               "Show only these local ranks on the console (log files keep everything).", true},
     OptionSpec{"logs_specs", "", true, false, "NAME", "", kLogs,
-               "torchrun's Python LogsSpecs plug-in: not supported."},
+               "torchrun's Python LogsSpecs plug-in: not supported.", true},
     OptionSpec{"module", "-m", false, true, "", "", kEntry,
                "Run the entrypoint as a Python module: python3 -u -m NAME."},
     OptionSpec{"no_python", "", true, true, "", "", kEntry,

@@ -1,5 +1,7 @@
 #include "console_writer.hpp"
 
+#include "ddp/launcher/write_all.hpp"
+
 #include <unistd.h>
 
 #include <cerrno>
@@ -7,20 +9,6 @@
 namespace ddp::launcher {
 
 namespace {
-
-// Writes all of text to a blocking fd; false on an error other than EINTR.
-bool write_fully(int fd, const std::string& text) {
-  const char* data = text.data();
-  std::size_t size = text.size();
-  while (size > 0) {
-    ssize_t n = ::write(fd, data, size);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return false;
-    data += n;
-    size -= static_cast<std::size_t>(n);
-  }
-  return true;
-}
 
 std::string dropped_notice(std::size_t lines) {
   return "ddprun: dropped " + std::to_string(lines) +
@@ -106,7 +94,7 @@ bool ConsoleWriter::is_drained() const {
 
 void ConsoleWriter::write_out(const Entry& entry) {
   if (broken_fds_.contains(entry.fd)) return;
-  if (!write_fully(entry.fd, entry.text)) broken_fds_.insert(entry.fd);
+  if (!write_all(entry.fd, entry.text.data(), entry.text.size())) broken_fds_.insert(entry.fd);
 }
 
 }  // namespace ddp::launcher

@@ -1,5 +1,6 @@
 #include "ddp/launcher/failure_report.hpp"
 
+#include <algorithm>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -27,29 +28,58 @@ std::string text_of(const nlohmann::json& value) {
   return value.is_string() ? value.get<std::string>() : value.dump();
 }
 
-// Indents every line of text by `indent`.
-std::string indented(const std::string& text, const std::string& indent) {
-  std::istringstream lines(text);
-  std::string line;
+// What torchrun shows as `traceback` when there is no error file.
+constexpr const char* kNoTraceback =
+    "To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html";
+
+// The widest the ==== and ---- rules get, as in torchrun.
+constexpr std::size_t kMaxRuleWidth = 60;
+
+// torchrun's value of `traceback`: the error file's traceback (else its message), or for a
+// worker without one a pointer to @record, or the signal that killed it. Continuation lines
+// are indented by two spaces, as torchrun does.
+std::string traceback_of(const WorkerFailure& f) {
+  std::string text;
+  if (f.error) {
+    text = f.error->traceback.empty() ? f.error->message : f.error->traceback;
+    while (!text.empty() && text.back() == '\n') text.pop_back();
+    if (text.empty()) text = "<N/A>";
+  } else if (f.signal != 0) {
+    text = "Signal " + std::to_string(f.signal) + " (" + signal_name(f.signal) +
+           ") received by PID " + std::to_string(f.pid);
+  } else {
+    text = kNoTraceback;
+  }
   std::string out;
-  while (std::getline(lines, line)) out += indent + line + "\n";
+  for (char c : text) {
+    out += c;
+    if (c == '\n') out += "  ";
+  }
   return out;
 }
 
-void describe(std::ostringstream& out, int index, const WorkerFailure& f) {
+// One failure in torchrun 2.x's layout, field for field; ours (exit, message) after them.
+std::string describe(std::size_t index, const WorkerFailure& f) {
+  std::ostringstream out;
   out << "[" << index << "]:\n"
       << "  time      : " << iso_time(f.time) << "\n"
       << "  host      : " << f.host << "\n"
       << "  rank      : " << f.rank << " (local_rank: " << f.local_rank << ")\n"
-      << "  exit      : " << f.describe_exit() << "\n"
-      << "  pid       : " << f.pid << "\n";
-  if (!f.error) {
-    out << "  error_file: <N/A> (the worker wrote none; see its output above or in the logs)\n";
-    return;
-  }
-  out << "  error_file: " << f.error_file << "\n"
-      << "  message   : " << f.error->message << "\n";
-  if (!f.error->traceback.empty()) out << "  traceback :\n" << indented(f.error->traceback, "    ");
+      << "  exitcode  : " << (f.signal != 0 ? -f.signal : f.exit_code) << " (pid: " << f.pid
+      << ")\n"
+      << "  error_file: " << (f.error ? f.error_file : "<N/A>") << "\n"
+      << "  traceback : " << traceback_of(f) << "\n"
+      << "  exit      : " << f.describe_exit() << "\n";
+  if (f.error) out << "  message   : " << f.error->message << "\n";
+  return out.str();
+}
+
+std::size_t widest_line(const std::string& text) {
+  std::size_t widest = 0;
+  std::istringstream lines(text);
+  std::string line;
+  while (std::getline(lines, line)) widest = std::max(widest, line.size());
+  return widest;
 }
 
 }  // namespace
@@ -94,17 +124,42 @@ std::string WorkerFailure::describe_exit() const {
 
 std::string format_failure_report(const std::string& what, const WorkerFailure& root_cause,
                                   const std::vector<WorkerFailure>& others) {
-  const std::string rule(72, '=');
-  const std::string thin(72, '-');
-  std::ostringstream out;
-  out << rule << "\n" << what << " FAILED\n" << thin << "\n";
-  out << "Root Cause (first observed failure):\n";
-  describe(out, 0, root_cause);
-  out << thin << "\nOther Failures:\n";
-  if (others.empty()) out << "  <NO_OTHER_FAILURES>\n";
-  for (std::size_t i = 0; i < others.size(); ++i) describe(out, static_cast<int>(i + 1), others[i]);
-  out << rule << "\n";
-  return out.str();
+  // As torchrun: every failure numbered in rank order, the root cause among them.
+  std::vector<const WorkerFailure*> all = {&root_cause};
+  for (const WorkerFailure& other : others) all.push_back(&other);
+  std::stable_sort(all.begin(), all.end(),
+                   [](const WorkerFailure* a, const WorkerFailure* b) { return a->rank < b->rank; });
+  const std::string title = what + " FAILED";
+  std::string root_text;
+  std::string others_text;
+  std::size_t width = title.size();
+  for (std::size_t i = 0; i < all.size(); ++i) {
+    std::string text = describe(i, *all[i]);
+    width = std::max(width, widest_line(text));
+    (all[i] == &root_cause ? root_text : others_text) += text;
+  }
+  if (others_text.empty()) others_text = "  <NO_OTHER_FAILURES>\n";
+  width = std::min(width, kMaxRuleWidth);
+  const std::string rule(width, '=');
+  const std::string section(width, '-');
+  return rule + "\n" + title + "\n" + section + "\nFailures:\n" + others_text + section +
+         "\nRoot Cause (first observed failure):\n" + root_text + rule + "\n";
+}
+
+std::string kill_notice(std::chrono::milliseconds shutdown_timeout, int signal,
+                        const std::vector<StillRunning>& workers) {
+  std::ostringstream seconds;
+  seconds << static_cast<double>(shutdown_timeout.count()) / 1000.0;
+  std::string names;
+  for (const StillRunning& w : workers) {
+    names += (names.empty() ? "" : ", ") + std::string("rank ") + std::to_string(w.rank) +
+             " (local_rank " + std::to_string(w.local_rank) + ", pid " + std::to_string(w.pid) +
+             ")";
+  }
+  const std::string count = std::to_string(workers.size()) +
+                            (workers.size() == 1 ? " worker" : " workers");
+  return "ddprun: " + count + " did not stop within --shutdown_timeout=" + seconds.str() +
+         "s after " + signal_name(signal) + ": sending SIGKILL to " + names;
 }
 
 }  // namespace ddp::launcher

@@ -1,7 +1,5 @@
 #include "ddp/launcher/output_tee.hpp"
 
-#include <poll.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
@@ -11,37 +9,22 @@ namespace ddp::launcher {
 
 namespace {
 constexpr std::size_t kReadChunk = 64 * 1024;
-// How long a write waits for a full, non-blocking console (or file) to take more.
-constexpr std::chrono::milliseconds kConsoleWriteTimeout{10000};
 }  // namespace
 
-bool write_all(int fd, const char* data, std::size_t size) {
-  while (size > 0) {
-    ssize_t n = ::write(fd, data, size);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {  // a non-blocking console
-      pollfd writable{fd, POLLOUT, 0};
-      if (::poll(&writable, 1, static_cast<int>(kConsoleWriteTimeout.count())) == 1) continue;
-      return false;
-    }
-    if (n <= 0) return false;
-    data += n;
-    size -= static_cast<std::size_t>(n);
-  }
-  return true;
-}
-
 void OutputTee::start(boost::asio::io_context& io, UniqueFd source, UniqueFd file,
-                      ConsoleSink console, std::string prefix, std::function<void()> on_done) {
+                      ConsoleSink console, std::string prefix, std::function<void()> on_done,
+                      TeeLog log) {
   auto tee = std::make_shared<OutputTee>(io, std::move(source), std::move(file), std::move(console),
-                                         std::move(prefix), std::move(on_done));
+                                         std::move(prefix), std::move(on_done), std::move(log));
   tee->read_more();
 }
 
 OutputTee::OutputTee(boost::asio::io_context& io, UniqueFd source, UniqueFd file,
-                     ConsoleSink console, std::string prefix, std::function<void()> on_done)
+                     ConsoleSink console, std::string prefix, std::function<void()> on_done,
+                     TeeLog log)
     : source_(io, source.release()),
       file_(std::move(file)),
+      log_(std::move(log)),
       console_(std::move(console)),
       prefix_(std::move(prefix)),
       on_done_(std::move(on_done)),
@@ -60,8 +43,17 @@ void OutputTee::read_more() {
                           });
 }
 
+// A failed write loses these bytes from the file, not the file: later output is written
+// again (a disk that had filled up may have room by then).
+void OutputTee::write_file(const char* data, std::size_t size) {
+  if (!file_.valid()) return;
+  int error = 0;
+  const std::size_t written = write_all_counted(file_.get(), data, size, &error);
+  if (error != 0 && log_.errors) log_.errors->write_failed(log_.path, error, size - written);
+}
+
 void OutputTee::consume(const char* data, std::size_t size) {
-  if (file_.valid() && !write_all(file_.get(), data, size)) file_.reset();
+  write_file(data, size);
   if (!console_) return;
   const char* end = data + size;
   while (data < end) {

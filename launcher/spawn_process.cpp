@@ -98,7 +98,8 @@ SpawnedProcess spawn_process(const SpawnOptions& options) {
   std::vector<char*> envp = c_strings(options.env);
   int error_pipe[2];
   if (::pipe2(error_pipe, O_CLOEXEC) != 0) {
-    throw SpawnError("cannot start " + options.program + ": pipe: " + std::strerror(errno));
+    const int error = errno;
+    throw SpawnError("cannot start " + options.program + ": pipe: " + std::strerror(error), error);
   }
   const pid_t agent = ::getpid();
   pid_t pid;
@@ -112,7 +113,8 @@ SpawnedProcess spawn_process(const SpawnOptions& options) {
   ::close(error_pipe[1]);
   SpawnedProcess process{pid, options.program, UniqueFd(error_pipe[0])};
   if (pid < 0) {
-    throw SpawnError("cannot start " + options.program + ": fork: " + std::strerror(fork_errno));
+    throw SpawnError("cannot start " + options.program + ": fork: " + std::strerror(fork_errno),
+                     fork_errno);
   }
   // No setpgid from here: it would make the child a group leader, and then its setsid fails.
   // Until the child's setsid the group does not exist: Worker::signal_group falls back to
@@ -129,7 +131,8 @@ void confirm_exec(SpawnedProcess& process) {
   } while (n < 0 && errno == EINTR);
   process.exec_report.reset();
   if (n > 0) {
-    throw SpawnError("cannot execute " + process.program + ": " + std::strerror(child_errno));
+    throw SpawnError("cannot execute " + process.program + ": " + std::strerror(child_errno),
+                     child_errno);
   }
 }
 

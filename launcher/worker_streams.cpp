@@ -21,7 +21,8 @@ UniqueFd route(bool teed, bool to_file, bool on_console, const std::filesystem::
   if (teed) {
     int fds[2];
     if (::pipe2(fds, O_CLOEXEC) != 0) throw std::system_error(errno, std::generic_category(), "pipe");
-    tees.push_back({UniqueFd(fds[0]), open_or_throw(file, file_flags), on_console ? console_fd : -1});
+    tees.push_back({UniqueFd(fds[0]), open_or_throw(file, file_flags), file,
+                    on_console ? console_fd : -1});
     return UniqueFd(fds[1]);
   }
   if (to_file) return open_or_throw(file, file_flags);

@@ -18,6 +18,7 @@ struct WorkerStreams {
   struct Tee {
     UniqueFd read_end;    // the agent reads the worker's output here
     UniqueFd file;        // and copies it here
+    std::filesystem::path file_path;  // (that file's path, for messages)
     int console_fd = -1;  // and, prefixed line by line, here (-1: filtered out)
   };
   std::vector<Tee> tees;

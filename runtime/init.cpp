@@ -2,6 +2,7 @@
 
 #include <array>
 
+#include "ddp/common/host_name.hpp"
 #include "backends.hpp"
 #include "ddp/context.hpp"
 #include "ddp/store/prefix_store.hpp"
@@ -40,10 +41,7 @@ std::unique_ptr<Communicator> make_gloo_communicator(store::Store& store, const 
   if (gloo.hostname.empty() && env.local_world_size == env.world_size) {
     gloo.hostname = "127.0.0.1";  // the whole job is on this node
   }
-  if (gloo.hostname.empty()) {
-    std::array<char, 256> name{};
-    if (::gethostname(name.data(), name.size() - 1) == 0) gloo.hostname = name.data();
-  }
+  if (gloo.hostname.empty()) gloo.hostname = host_name();
   gloo.connect_timeout = options.init_timeout;
   gloo.timeout = options.timeout;
   gloo.mismatch_check = check;

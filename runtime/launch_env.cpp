@@ -3,6 +3,7 @@
 #include <charconv>
 #include <cstdlib>
 
+#include "ddp/common/worker_contract.hpp"
 #include "ddp/types.hpp"
 
 namespace ddp {
@@ -44,21 +45,21 @@ std::optional<std::string> get_env(const char* name) {
 
 LaunchEnv LaunchEnv::from_environment() {
   LaunchEnv env;
-  env.rank = parse_int("RANK", require("RANK"), 0);
-  env.world_size = parse_int("WORLD_SIZE", require("WORLD_SIZE"), 1);
+  env.rank = parse_int(contract::kRank, require(contract::kRank), 0);
+  env.world_size = parse_int(contract::kWorldSize, require(contract::kWorldSize), 1);
   if (env.rank >= env.world_size) {
     throw EnvError("RANK=" + std::to_string(env.rank) +
                    " is not below WORLD_SIZE=" + std::to_string(env.world_size));
   }
-  env.master_addr = require("MASTER_ADDR");
-  env.master_port = parse_int("MASTER_PORT", require("MASTER_PORT"), 1);
-  env.local_rank = int_or("LOCAL_RANK", env.rank, 0);
-  env.local_world_size = int_or("LOCAL_WORLD_SIZE", env.world_size, 1);
-  env.restart_count = int_or("TORCHELASTIC_RESTART_COUNT", 0, 0);
-  auto agent_store = get_env("TORCHELASTIC_USE_AGENT_STORE");
+  env.master_addr = require(contract::kMasterAddr);
+  env.master_port = parse_int(contract::kMasterPort, require(contract::kMasterPort), 1);
+  env.local_rank = int_or(contract::kLocalRank, env.rank, 0);
+  env.local_world_size = int_or(contract::kLocalWorldSize, env.world_size, 1);
+  env.restart_count = int_or(contract::kRestartCount, 0, 0);
+  auto agent_store = get_env(contract::kUseAgentStore);
   env.use_agent_store =
       agent_store && (*agent_store == "True" || *agent_store == "true" || *agent_store == "1");
-  env.run_id = get_env("TORCHELASTIC_RUN_ID").value_or("");
+  env.run_id = get_env(contract::kRunId).value_or("");
   return env;
 }
 

@@ -14,8 +14,17 @@ std::size_t cap_bytes(double megabytes) {
 }
 
 std::string name_of(const Parameter& parameter, std::size_t i) {
-  return "'" + (parameter.name.empty() ? "#" + std::to_string(i) : parameter.name) + "' (index " +
-         std::to_string(i) + ")";
+  std::string name = "'";
+  if (parameter.name.empty()) {
+    name += '#';
+    name += std::to_string(i);
+  } else {
+    name += parameter.name;
+  }
+  name += "' (index ";
+  name += std::to_string(i);
+  name += ')';
+  return name;
 }
 
 }  // namespace
@@ -85,11 +94,13 @@ Reducer::~Reducer() {
 std::string Reducer::describe_layout() const {
   std::string text = std::to_string(size()) + " gradients [";
   for (std::size_t i = 0; i < size(); ++i) {
-    text += (i ? "," : "") + std::to_string(parameters_[i].value.size());
+    if (i) text += ',';
+    text += std::to_string(parameters_[i].value.size());
   }
   text += "] in " + std::to_string(buckets_.size()) + " buckets [";
   for (std::size_t b = 0; b < buckets_.size(); ++b) {
-    text += (b ? "," : "") + std::to_string(buckets_[b].elements);
+    if (b) text += ',';
+    text += std::to_string(buckets_[b].elements);
   }
   // The wire type is part of the layout: ranks that disagree on it would reduce different
   // byte counts (a hang) or mix f32 and 16-bit bytes (garbage).

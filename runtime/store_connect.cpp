@@ -4,6 +4,7 @@
 #include <boost/asio/post.hpp>
 #include <thread>
 
+#include "ddp/common/worker_contract.hpp"
 #include "backends.hpp"
 #include "ddp/store/client.hpp"
 #include "ddp/store/server.hpp"
@@ -43,7 +44,7 @@ class HostedStore {
 };
 
 std::optional<store::Dialect> choose_dialect(const LaunchEnv& env) {
-  auto name = get_env("DDP_STORE_DIALECT");
+  auto name = get_env(contract::kStoreDialect);
   if (name && (*name == "v1" || *name == "1")) return store::Dialect::V1;
   if (name && (*name == "v2" || *name == "2")) return store::Dialect::V2;
   if (name && *name == "auto") return std::nullopt;

@@ -130,6 +130,7 @@ void AgentMachine::on_local_failure(int local_rank) {
 
 // Signals every running worker's group, and SIGKILLs what is left after the timeout.
 void AgentMachine::stop_workers(int signal) {
+  stop_signal_ = signal;
   ctx_.workers->signal(signal);
   auto post = ctx_.post;
   const int round = round_;
@@ -140,6 +141,9 @@ void AgentMachine::stop_workers(int signal) {
 void AgentMachine::on(const event::KillTimer& e) {
   if (!current(e.round) || group_exited_) return;
   if (state_ == State::kStopping || state_ == State::kShuttingDown) {
+    if (auto left = ctx_.workers->still_running(); !left.empty()) {
+      ctx_.notice(kill_notice(config_.shutdown_timeout, stop_signal_, left));
+    }
     ctx_.workers->signal(SIGKILL);
   }
 }

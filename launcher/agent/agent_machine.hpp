@@ -15,6 +15,7 @@
 // are turned into events and handed to `post`, which must queue them for handle() on the loop.
 
 #include <chrono>
+#include <csignal>
 #include <functional>
 #include <optional>
 #include <string>
@@ -125,6 +126,7 @@ class AgentMachine {
   std::optional<WorkerFailure> root_cause_;         // a local failure that ended the round
   std::vector<WorkerFailure> other_failures_;       // local workers that had failed too
   int signal_ = 0;                                  // the handled signal that shuts the agent down
+  int stop_signal_ = SIGTERM;  // the signal the workers were last asked to stop with
   std::optional<AgentTimers::Clock::time_point> last_wait_notice_;
   AgentOutcome outcome_;
 };

@@ -65,7 +65,7 @@ void ProcessWorkerGroup::tee_output(int local_rank, WorkerStreams& streams) {
       };
     }
     OutputTee::start(io_, std::move(tee.read_end), std::move(tee.file), std::move(sink), prefix,
-                     [this] { on_tee_done(); });
+                     [this] { on_tee_done(); }, TeeLog{tee.file_path.string(), options_.log_errors});
   }
 }
 
@@ -84,6 +84,16 @@ void ProcessWorkerGroup::release() {
     worker->signal_group(SIGKILL);  // stragglers in the groups
     reaper_.forget(worker->pid());
   }
+}
+
+std::vector<StillRunning> ProcessWorkerGroup::still_running() const {
+  std::vector<StillRunning> running;
+  for (const auto& worker : workers_) {
+    if (!worker->running()) continue;
+    running.push_back({elastic::worker_ranks(round_, worker->local_rank()).rank,
+                       worker->local_rank(), worker->pid()});
+  }
+  return running;
 }
 
 WorkerFailure ProcessWorkerGroup::failure_of(int local_rank) {

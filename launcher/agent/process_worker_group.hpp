@@ -18,6 +18,7 @@
 #include "ddp/launcher/launch_config.hpp"
 #include "ddp/launcher/master_endpoint.hpp"
 #include "ddp/launcher/worker_command.hpp"
+#include "ddp/launcher/log_file_errors.hpp"
 #include "worker_group.hpp"
 
 namespace ddp::launcher {
@@ -33,6 +34,7 @@ struct ProcessWorkerGroupOptions {
   int console_out = -1;                     // teed stdout lines go here (and workers inherit it)
   int console_err = -1;                     // teed stderr lines go here (and workers inherit it)
   std::function<void()> on_output_drained;  // teed output of every round reached EOF
+  std::shared_ptr<LogFileErrors> log_errors;  // failed log writes, said once per file
 };
 
 class ProcessWorkerGroup : public WorkerGroup {
@@ -47,6 +49,7 @@ class ProcessWorkerGroup : public WorkerGroup {
   void release() override;
   WorkerFailure failure_of(int local_rank) override;
   std::vector<WorkerFailure> other_failures(int except) override;
+  std::vector<StillRunning> still_running() const override;
   bool output_pending() const override { return pending_tees_ > 0; }
 
  private:

@@ -40,6 +40,9 @@ class WorkerGroup {
   // exit events may still be queued): the "other failures" of a report.
   virtual std::vector<WorkerFailure> other_failures(int except) = 0;
 
+  // Workers still running (for the notice before a SIGKILL).
+  virtual std::vector<StillRunning> still_running() const = 0;
+
   // True while teed output of any round has not reached end-of-file.
   virtual bool output_pending() const = 0;
 };

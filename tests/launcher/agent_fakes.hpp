@@ -90,6 +90,7 @@ class FakeWorkers : public WorkerGroup {
     }
     return out;
   }
+  std::vector<StillRunning> still_running() const override { return {}; }
   bool output_pending() const override { return pending_output; }
 
   // Worker local_rank of the latest start exits.

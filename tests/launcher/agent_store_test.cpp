@@ -4,6 +4,7 @@
 
 #include "process_harness.hpp"
 #include "test_support.hpp"
+#include "skip.hpp"
 
 using namespace ddp::test;
 
@@ -21,8 +22,7 @@ TEST_CASE("a --master_port in use stops ddprun before any worker starts, naming 
 
 TEST_CASE("PyTorch: a restarted gloo group meets again through the agent's store") {
   if (!torch_available()) {
-    WARN("skipped: " << torch_python() << " cannot import torch with Gloo");
-    return;
+    return ddp::test::skip(torch_python() + " cannot import torch with Gloo");
   }
   ProcessResult r = run_process(
       {bin_path("ddprun").string(), "--standalone", "--nproc_per_node=2", "--max_restarts=1",

@@ -21,6 +21,17 @@ using nlohmann::json;
 
 namespace {
 
+// The run's directory under --log_dir: <log_dir>/<run_id>_<random> (as torchrun). Fails the
+// test unless there is exactly one.
+std::filesystem::path run_dir(const std::filesystem::path& log_dir, const std::string& run_id = "none") {
+  std::vector<std::filesystem::path> found;
+  for (const auto& entry : std::filesystem::directory_iterator(log_dir)) {
+    if (entry.path().filename().string().starts_with(run_id + "_")) found.push_back(entry.path());
+  }
+  REQUIRE(found.size() == 1);
+  return found.front();
+}
+
 std::vector<std::string> ddprun(std::vector<std::string> options,
                                 std::vector<std::string> worker_args) {
   std::vector<std::string> argv = {bin_path("ddprun").string()};
@@ -85,7 +96,8 @@ TEST_CASE("every worker gets torchrun's environment") {
     CHECK(env["TORCHELASTIC_MAX_RESTARTS"] == "2");
     CHECK(env["TORCHELASTIC_RUN_ID"] == "none");
     CHECK(env["TORCHELASTIC_USE_AGENT_STORE"] == "True");
-    CHECK(env["TORCHELASTIC_ERROR_FILE"] == logs + "/none/attempt_0/" + r_text + "/error.json");
+    CHECK(env["TORCHELASTIC_ERROR_FILE"] ==
+          (run_dir(logs) / "attempt_0" / r_text / "error.json").string());
     CHECK(env["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == "1");
     CHECK(env["OMP_NUM_THREADS"] == "1");
     CHECK(env["DDP_TEST_MARKER"] == "kept");
@@ -123,10 +135,11 @@ TEST_CASE("a failing rank gives its exit code and a report naming it") {
   CHECK_THAT(r.err, Catch::Contains("ddp-sample-worker FAILED"));
   auto root = r.err.substr(r.err.find("Root Cause"));
   CHECK_THAT(root, Catch::Contains("rank      : 1 (local_rank: 1)"));
+  CHECK_THAT(root, Catch::Contains("exitcode  : 3 (pid: "));
   CHECK_THAT(root, Catch::Contains("exit      : exit code 3"));
   CHECK_THAT(root, Catch::Contains("host      : "));
-  CHECK_THAT(root, Catch::Contains("pid       : "));
-  CHECK_THAT(root, Catch::Contains("<NO_OTHER_FAILURES>"));  // the others were stopped by us
+  // The others were stopped by us.
+  CHECK_THAT(r.err, Catch::Contains("Failures:\n  <NO_OTHER_FAILURES>"));
 }
 
 TEST_CASE("workers that failed together: the first is the root cause and the other is listed") {
@@ -144,8 +157,9 @@ TEST_CASE("workers that failed together: the first is the root cause and the oth
   ProcessResult r = run.wait();
   INFO(r.err);
   CHECK((r.status == 128 + SIGKILL || r.status == 128 + SIGUSR1));
-  auto others = r.err.substr(r.err.find("Other Failures"));
-  auto root = r.err.substr(r.err.find("Root Cause"), r.err.find("Other Failures") - r.err.find("Root Cause"));
+  // torchrun's order: the other failures, then the root cause.
+  auto others = r.err.substr(r.err.find("\nFailures:\n"), r.err.find("Root Cause") - r.err.find("\nFailures:\n"));
+  auto root = r.err.substr(r.err.find("Root Cause"));
   const bool rank1_first = r.status == 128 + SIGKILL;
   CHECK_THAT(root, Catch::Contains(rank1_first ? "rank      : 1" : "rank      : 2"));
   CHECK_THAT(others, Catch::Contains(rank1_first ? "rank      : 2" : "rank      : 1"));
@@ -170,8 +184,8 @@ TEST_CASE("a worker's torchelastic error file is the report's message and traceb
   CHECK(r.status == 5);
   INFO(r.err);
   CHECK_THAT(r.err, Catch::Contains("message   : RuntimeError: disk full"));
-  CHECK_THAT(r.err, Catch::Contains("    Traceback (most recent call last):"));
-  const auto error_file = dir.path() / "none" / "attempt_0" / "1" / "error.json";
+  CHECK_THAT(r.err, Catch::Contains("traceback : Traceback (most recent call last):"));
+  const auto error_file = run_dir(dir.path()) / "attempt_0" / "1" / "error.json";
   CHECK_THAT(r.err, Catch::Contains("error_file: " + error_file.string()));
   CHECK(std::filesystem::exists(error_file));
 }
@@ -230,6 +244,12 @@ TEST_CASE("workers that ignore the signal are killed after --shutdown_timeout") 
   std::vector<pid_t> groups;
   for (const auto& line : ready) groups.push_back(static_cast<pid_t>(field_of(line, "pid")));
   check_no_process_left(groups);
+  // The SIGKILL is announced, naming each worker that outlived the timeout.
+  INFO(r.err);
+  CHECK_THAT(r.err, Catch::Contains("2 workers did not stop within --shutdown_timeout=0.2s after "
+                                    "SIGTERM: sending SIGKILL to rank 0 (local_rank 0, pid "));
+  CHECK_THAT(r.err, Catch::Contains("pid " + std::to_string(groups[0])));
+  CHECK_THAT(r.err, Catch::Contains("pid " + std::to_string(groups[1])));
 }
 
 TEST_CASE("a second Ctrl-C kills at once") {
@@ -315,7 +335,7 @@ TEST_CASE("tee gives prefixed whole lines on the console and plain files in the 
   CHECK(count(r.err, "[w0]:to stderr\n") == 1);
   CHECK(count(r.err, "[w1]:to stderr\n") == 1);
   for (int rank = 0; rank < 2; ++rank) {
-    auto base = dir.path() / "job1" / "attempt_0" / std::to_string(rank);
+    auto base = run_dir(dir.path(), "job1") / "attempt_0" / std::to_string(rank);
     std::ifstream out(base / "stdout.log");
     std::string text((std::istreambuf_iterator<char>(out)), std::istreambuf_iterator<char>());
     CHECK(text.starts_with("rank " + std::to_string(rank) + " line 0\n"));
@@ -327,11 +347,11 @@ TEST_CASE("tee gives prefixed whole lines on the console and plain files in the 
 
 TEST_CASE("redirects and per-rank maps and the local ranks filter") {
   TempDir dir;
-  const auto base = dir.path() / "none" / "attempt_0";
   ProcessResult r = run_process(ddprun(
       {"--nproc_per_node=2", "-r", "0:1", "-t", "1:3", "--log_dir", dir.path().string()},
       {"--print", "out", "--eprint", "err"}));
   REQUIRE(r.status == 0);
+  const auto base = run_dir(dir.path()) / "attempt_0";
   // rank 0: stdout to its file only, stderr to the console as is; rank 1: both teed.
   CHECK(std::string(std::istreambuf_iterator<char>(std::ifstream(base / "0" / "stdout.log").rdbuf()), {}) == "out\n");
   CHECK_FALSE(std::filesystem::exists(base / "0" / "stderr.log"));
@@ -346,9 +366,27 @@ TEST_CASE("redirects and per-rank maps and the local ranks filter") {
   REQUIRE(f.status == 0);
   CHECK(lines_of(f.out) == std::vector<std::string>{"[default1]:hello"});
   for (int rank = 0; rank < 3; ++rank) {  // the files keep every rank
-    auto path = dir2.path() / "none" / "attempt_0" / std::to_string(rank) / "stdout.log";
+    auto path = run_dir(dir2.path()) / "attempt_0" / std::to_string(rank) / "stdout.log";
     CHECK(std::string(std::istreambuf_iterator<char>(std::ifstream(path).rdbuf()), {}) == "hello\n");
   }
+}
+
+TEST_CASE("two runs with the same log_dir and run id write to two fresh directories") {
+  TempDir dir;
+  for (int run = 0; run < 2; ++run) {
+    ProcessResult r = run_process(
+        ddprun({"--nproc_per_node=1", "-r3", "--rdzv_id=job", "--log_dir", dir.path().string()},
+               {"--print", "run " + std::to_string(run)}));
+    REQUIRE(r.status == 0);
+  }
+  std::vector<std::string> outputs;
+  for (const auto& entry : std::filesystem::directory_iterator(dir.path())) {
+    CHECK(entry.path().filename().string().starts_with("job_"));
+    std::ifstream out(entry.path() / "attempt_0" / "0" / "stdout.log");
+    outputs.emplace_back(std::istreambuf_iterator<char>(out), std::istreambuf_iterator<char>());
+  }
+  std::sort(outputs.begin(), outputs.end());
+  CHECK(outputs == std::vector<std::string>{"run 0\n", "run 1\n"});
 }
 
 TEST_CASE("restarts write each attempt's logs in its own directory") {
@@ -358,7 +396,7 @@ TEST_CASE("restarts write each attempt's logs in its own directory") {
       {"--hello", "--if-restart-below", "1", "--exit", "2"}));
   CHECK(r.status == 0);
   for (const char* attempt : {"attempt_0", "attempt_1"}) {
-    auto path = dir.path() / "none" / attempt / "0" / "stdout.log";
+    auto path = run_dir(dir.path()) / attempt / "0" / "stdout.log";
     std::string text(std::istreambuf_iterator<char>(std::ifstream(path).rdbuf()), {});
     CHECK_THAT(text, Catch::Contains("hello from rank 0"));
   }

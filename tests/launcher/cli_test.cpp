@@ -3,26 +3,32 @@
 
 #include <catch2/catch.hpp>
 #include <csignal>
+#include <cstdlib>
 #include <functional>
 #include <set>
 #include <map>
 #include <sstream>
 
+#include "test_support.hpp"
+
 using namespace ddp::launcher;
 
 namespace {
 
+// Exactly `env` as the process's PET_* variables (CLI11 reads them with getenv).
+class ScopedPetEnvironment : public ddp::test::ScopedEnvironment {
+ public:
+  explicit ScopedPetEnvironment(const std::map<std::string, std::string>& env)
+      : ScopedEnvironment(env, "PET_") {}
+};
+
 struct Fake {
-  std::map<std::string, std::string> env;
+  std::map<std::string, std::string> env;  // PET_* variables
   int gpus = 0;
   int cpus = 8;
 
   CliContext context() const {
     CliContext c;
-    c.getenv = [this](const std::string& name) -> std::optional<std::string> {
-      auto it = env.find(name);
-      return it == env.end() ? std::nullopt : std::optional(it->second);
-    };
     c.gpu_count = [this] { return gpus; };
     c.cpu_count = [this] { return cpus; };
     return c;
@@ -30,12 +36,14 @@ struct Fake {
 };
 
 LaunchConfig parse(std::vector<std::string> args, const Fake& fake = {}) {
+  ScopedPetEnvironment env(fake.env);
   CliResult result = parse_command_line(args, fake.context());
   REQUIRE(result.action == CliResult::Action::kRun);
   return result.config;
 }
 
 std::string usage_error(std::vector<std::string> args, const Fake& fake = {}) {
+  ScopedPetEnvironment env(fake.env);
   try {
     parse_command_line(args, fake.context());
   } catch (const NotImplementedError& e) {
@@ -48,6 +56,7 @@ std::string usage_error(std::vector<std::string> args, const Fake& fake = {}) {
 }
 
 std::string not_implemented(std::vector<std::string> args, const Fake& fake = {}) {
+  ScopedPetEnvironment env(fake.env);
   try {
     parse_command_line(args, fake.context());
   } catch (const NotImplementedError& e) {
@@ -155,9 +164,9 @@ TEST_CASE("every valued option in every spelling") {
       {{"-t1"}, [](auto& c) { return c.tee.for_rank(0) == Std::kOut; }},
       {{"--tee=1:3"},
        [](auto& c) { return c.tee.for_rank(1) == Std::kAll && c.tee.for_rank(0) == Std::kNone; }},
-      {{"--local_ranks_filter=0,2"},
+      {{"--nproc_per_node=3", "--local_ranks_filter=0,2"},
        [](auto& c) { return c.local_ranks_filter == std::set<int>{0, 2}; }},
-      {{"--local-ranks-filter", "1"},
+      {{"--nproc_per_node=2", "--local-ranks-filter", "1"},
        [](auto& c) { return c.local_ranks_filter == std::set<int>{1}; }},
       {{"-m"}, [](auto& c) { return c.entrypoint_kind == EntrypointKind::kModule; }},
       {{"--module"}, [](auto& c) { return c.entrypoint_kind == EntrypointKind::kModule; }},
@@ -310,6 +319,7 @@ TEST_CASE("multi-node options are parsed and backends ddprun lacks are refused a
 
 TEST_CASE("help and version texts") {
   Fake fake;
+  ScopedPetEnvironment env(fake.env);
   CliResult help = parse_command_line({"--help"}, fake.context());
   CHECK(help.action == CliResult::Action::kHelp);
   CHECK(parse_command_line({"-h", "x"}, fake.context()).action == CliResult::Action::kHelp);
@@ -331,4 +341,68 @@ TEST_CASE("help and version texts") {
                              "Nodes and workers:", "Logs:"}) {
     CHECK_THAT(help.text, Catch::Contains(option));
   }
+}
+
+TEST_CASE("an empty value after = is an empty value, never the next argument") {
+  // argparse: "--opt=" is the empty string; options that cannot be empty say so.
+  CHECK(parse({"--log_dir=", "--nproc_per_node=2", "x"}).nproc_per_node == 2);
+  CHECK(parse({"--local_addr=", "x"}).local_addr.empty());
+  CHECK(parse({"--rdzv_conf=", "x"}).rdzv_conf.empty());
+  CHECK_THAT(usage_error({"--role=", "--nproc_per_node=2", "x"}),
+             Catch::Contains("--role") && Catch::Contains("cannot be empty"));
+  CHECK_THAT(usage_error({"--rdzv_id=", "x"}), Catch::Contains("--rdzv_id") && Catch::Contains("cannot be empty"));
+  CHECK_THAT(usage_error({"--master_addr=", "x"}), Catch::Contains("cannot be empty"));
+  CHECK_THAT(usage_error({"-r=", "x"}), Catch::Contains("-r"));
+  // A value that looks like an option is a missing value, as in argparse.
+  CHECK_THAT(usage_error({"--role", "--nproc_per_node=2", "x"}),
+             Catch::Contains("--role") && Catch::Contains("expected a value"));
+  CHECK_THAT(usage_error({"--nproc_per_node"}), Catch::Contains("--nproc_per_node: expected a value"));
+  CHECK(parse({"--role", "-", "x"}).role == "-");
+  CHECK_THAT(usage_error({"--max_restarts", "-1", "x"}), Catch::Contains("--max_restarts=-1"));
+  CHECK(parse({"-r=3", "x"}).redirects.for_rank(0) == Std::kAll);
+}
+
+TEST_CASE("unambiguous prefixes of long options are accepted, as argparse does") {
+  CHECK(parse({"--nproc=3", "x"}).nproc_per_node == 3);
+  CHECK(parse({"--nproc-per", "3", "x"}).nproc_per_node == 3);
+  CHECK(parse({"--nnode=1", "x"}).max_nodes == 1);
+  CHECK(parse({"--max_r=2", "x"}).max_restarts == 2);
+  CHECK(parse({"--stand", "x"}).standalone);
+  CHECK(parse({"--no_p", "x"}).entrypoint_kind == EntrypointKind::kDirect);
+  CHECK(parse_command_line({"--vers"}, Fake{}.context()).action == CliResult::Action::kVersion);
+  // Exact names win over longer names they prefix; prefixes stop at the entrypoint.
+  CHECK(parse({"--role=a", "x", "--nproc=9"}).entrypoint_args == std::vector<std::string>{"--nproc=9"});
+  std::string ambiguous = usage_error({"--n=1", "x"});
+  CHECK_THAT(ambiguous, Catch::Contains("ambiguous option: --n could match"));
+  CHECK_THAT(ambiguous, Catch::Contains("--nnodes") && Catch::Contains("--nproc_per_node") &&
+                            Catch::Contains("--node_rank") && Catch::Contains("--no_python"));
+  CHECK_THAT(usage_error({"--rdzv=x", "y"}), Catch::Contains("--rdzv_backend") && Catch::Contains("--rdzv_id"));
+  CHECK_THAT(usage_error({"--nprocx=2", "x"}), Catch::Contains("unknown option --nprocx=2"));
+}
+
+TEST_CASE("unknown options before the entrypoint are errors, after it the worker's") {
+  CHECK_THAT(usage_error({"--nproc_per_node=2", "--bogus", "x"}), Catch::Contains("unknown option --bogus"));
+  CHECK_THAT(usage_error({"--bogus", "--", "x"}), Catch::Contains("unknown option --bogus"));
+  CHECK(parse({"x", "--bogus"}).entrypoint_args == std::vector<std::string>{"--bogus"});
+  CHECK(parse({"--", "--bogus"}).entrypoint == "--bogus");
+  CHECK(parse({"x", "--", "y"}).entrypoint_args == std::vector<std::string>{"--", "y"});
+}
+
+TEST_CASE("names that become directories and prefixes are checked") {
+  CHECK_THAT(usage_error({"--rdzv_id=../../x", "y"}), Catch::Contains("--rdzv_id=../../x") && Catch::Contains("'/'"));
+  CHECK_THAT(usage_error({"--rdzv_id=..", "y"}), Catch::Contains("'..'"));
+  CHECK_THAT(usage_error({"--rdzv_id=a\nb", "y"}), Catch::Contains("control characters"));
+  CHECK_THAT(usage_error({"--role=a\nb", "y"}), Catch::Contains("--role") && Catch::Contains("control characters"));
+  CHECK(parse({"--rdzv_id=job-7.a_b", "y"}).rdzv_id == "job-7.a_b");
+  Fake fake;
+  fake.env = {{"PET_RDZV_ID", "a/b"}};
+  CHECK_THAT(usage_error({"y"}, fake), Catch::Contains("PET_RDZV_ID=a/b"));
+}
+
+TEST_CASE("local_ranks_filter names local ranks that exist") {
+  CHECK_THAT(usage_error({"--nproc_per_node=2", "--local_ranks_filter=99", "x"}),
+             Catch::Contains("--local_ranks_filter=99") && Catch::Contains("no local rank 99") &&
+                 Catch::Contains("0-1"));
+  CHECK(parse({"--nproc_per_node=2", "--local_ranks_filter=1", "x"}).local_ranks_filter ==
+        std::set<int>{1});
 }

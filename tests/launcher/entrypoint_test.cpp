@@ -7,6 +7,7 @@
 
 #include "process_harness.hpp"
 #include "test_support.hpp"
+#include "skip.hpp"
 
 using namespace ddp::test;
 using nlohmann::json;
@@ -76,6 +77,45 @@ TEST_CASE("other programs and no_python entrypoints run directly") {
   CHECK(forced.out == "shell rank 0\n");
 }
 
+TEST_CASE("failures under --run_path and -m write the error file: the report has the traceback") {
+  for (std::vector<std::string> mode : std::vector<std::vector<std::string>>{
+           {"--run_path", python_dir() + "/fail_on_rank1.py"}, {"-m", "fail_on_rank1"}}) {
+    INFO(mode[0]);
+    TempDir dir;
+    std::vector<std::string> argv = {ddprun_path(), "--nproc_per_node=2", "--log_dir",
+                                     dir.path().string()};
+    argv.insert(argv.end(), mode.begin(), mode.end());
+    ProcessResult r = run_process(argv, {{"PYTHONPATH", python_dir()}});
+    INFO(r.err);
+    CHECK(r.status == 1);
+    auto root = r.err.substr(std::min(r.err.find("Root Cause"), r.err.size()));
+    CHECK_THAT(root, Catch::Contains("rank      : 1 (local_rank: 1)"));
+    CHECK_THAT(root, Catch::Contains("error_file: " + dir.path().string()));
+    CHECK_THAT(root, Catch::Contains("traceback : Traceback (most recent call last):"));
+    CHECK_THAT(root, Catch::Contains("in give_up"));
+    CHECK_THAT(root, Catch::Contains("message   : ValueError: rank one gave up"));
+  }
+}
+
+TEST_CASE("the entrypoint rule: a Python shebang or a non-executable text file runs with Python") {
+  TempDir dir;
+  auto shebang = dir.path() / "train";
+  std::ofstream(shebang) << "#!/usr/bin/env python3\nimport sys, os\n"
+                            "print('python', os.environ['RANK'], sys.stdout.write_through, sys.executable)\n";
+  std::filesystem::permissions(shebang, std::filesystem::perms::owner_all);
+  ProcessResult a = run_process({ddprun_path(), shebang.string()},
+                                {{"PYTHON_EXEC", "/usr/bin/python3"}});
+  INFO(a.err);
+  CHECK(a.status == 0);
+  CHECK(a.out == "python 0 True /usr/bin/python3\n");  // under PYTHON_EXEC -u
+  auto plain = dir.path() / "job";
+  std::ofstream(plain) << "print('plain')\n";
+  ProcessResult b = run_process({ddprun_path(), plain.string()});
+  INFO(b.err);
+  CHECK(b.status == 0);
+  CHECK(b.out == "plain\n");
+}
+
 TEST_CASE("bad input exits 2 with one line and starts nothing") {
   TempDir dir;
   for (std::vector<std::string> args : std::vector<std::vector<std::string>>{
@@ -87,6 +127,7 @@ TEST_CASE("bad input exits 2 with one line and starts nothing") {
            {"--nnodes=2", "x"},
            {"--log_dir", dir.path().string(), "/no/such/train.py"},
            {"--log_dir", dir.path().string(), "no-such-program-on-path"},
+           {"--log_dir", dir.path().string(), "/no/such/program"},
        }) {
     args.insert(args.begin(), ddprun_path());
     INFO(Catch::Detail::stringify(args));
@@ -109,6 +150,50 @@ TEST_CASE("a program the kernel cannot execute: exit 1 naming it and the reason"
   CHECK_THAT(r.err, Catch::Contains("cannot execute " + program.string() + ": Exec format error"));
 }
 
+TEST_CASE("ddprun started with its standard streams closed gives workers /dev/null, not its own") {
+  TempDir dir;
+  // The worker says what its fd 0 is; its stdout goes to a log file (ddprun's is closed).
+  ShellResult r = run_shell("exec " + ddprun_path() + " -r1 --log_dir " + dir.path().string() +
+                                " /bin/sh -c 'readlink /proc/self/fd/0' 0<&- 1>&- 2>&-",
+                            60);
+  CHECK(r.status == 0);
+  std::string out;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(dir.path())) {
+    if (entry.path().filename() == "stdout.log") {
+      std::ifstream in(entry.path());
+      out.assign(std::istreambuf_iterator<char>(in), {});
+    }
+  }
+  CHECK(out == "/dev/null\n");
+}
+
+TEST_CASE("the soft open-file limit is raised to the hard limit") {
+  ShellResult hard = run_shell("ulimit -Hn", 10);
+  if (hard.output.starts_with("unlimited") || std::stol(hard.output) < 2048) {
+    return ddp::test::skip("the hard open-file limit here is " + hard.output +
+                           " (the test needs one of 2048 or more it can raise to)");
+  }
+  // 200 teed workers need more than 256 descriptors: only with the raised limit does it run.
+  ShellResult r = run_shell("ulimit -Sn 256 && " + ddprun_path() +
+                                " --nproc_per_node=200 --tee=3 --local_ranks_filter=0 " +
+                                bin_path("ddp-sample-worker").string() + " --hello",
+                            120);
+  INFO(r.output);
+  CHECK(r.status == 0);
+  CHECK_THAT(r.output, Catch::Contains("hello from rank 0 of 200"));
+}
+
+TEST_CASE("out of descriptors: the error says how many workers and descriptors were needed") {
+  ShellResult r = run_shell("ulimit -n 64 && " + ddprun_path() +
+                                " --nproc_per_node=100 --tee=3 --local_ranks_filter=0 " +
+                                bin_path("ddp-sample-worker").string() + " --hello",
+                            120);
+  INFO(r.output);
+  CHECK(r.status == 1);
+  CHECK_THAT(r.output, Catch::Contains("out of file descriptors starting 100 workers"));
+  CHECK_THAT(r.output, Catch::Contains("the job needs about 832 descriptors and the limit is 64"));
+}
+
 TEST_CASE("help and version exit 0") {
   ProcessResult help = run_process({ddprun_path(), "--help"});
   CHECK(help.status == 0);
@@ -120,8 +205,7 @@ TEST_CASE("help and version exit 0") {
 
 TEST_CASE("PyTorch: two ranks init_process_group(gloo) and all_reduce under ddprun") {
   if (!torch_available()) {
-    WARN("skipped: " << torch_python() << " cannot import torch with Gloo");
-    return;
+    return ddp::test::skip(torch_python() + " cannot import torch with Gloo");
   }
   ProcessResult r = run_process(
       {ddprun_path(), "--standalone", "--nproc_per_node=2", python_dir() + "/torch_allreduce.py"},
@@ -134,8 +218,7 @@ TEST_CASE("PyTorch: two ranks init_process_group(gloo) and all_reduce under ddpr
 
 TEST_CASE("PyTorch: @record's error file becomes the report's root cause") {
   if (!torch_available()) {
-    WARN("skipped: " << torch_python() << " cannot import torch");
-    return;
+    return ddp::test::skip(torch_python() + " cannot import torch");
   }
   TempDir dir;
   ProcessResult r = run_process(

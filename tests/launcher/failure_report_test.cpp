@@ -4,6 +4,8 @@
 #include <catch2/catch.hpp>
 #include <csignal>
 #include <fstream>
+#include <regex>
+#include <sstream>
 
 #include "test_support.hpp"
 
@@ -32,7 +34,7 @@ TEST_CASE("read_error_file reads @record's format") {
   CHECK(read_error_file(path)->message == "not json at all");
 }
 
-TEST_CASE("the report shows the root cause first and then the others") {
+TEST_CASE("the report shows the other failures and then the root cause") {
   WorkerFailure root;
   root.time = std::chrono::system_clock::now();
   root.host = "node1";
@@ -55,22 +57,82 @@ TEST_CASE("the report shows the root cause first and then the others") {
 
   std::string report = format_failure_report("train.py", root, {other});
   CHECK_THAT(report, Catch::Contains("train.py FAILED"));
-  auto root_at = report.find("Root Cause");
-  auto other_at = report.find("Other Failures");
+  auto others_at = report.find("\nFailures:\n");
+  auto root_at = report.find("Root Cause (first observed failure):\n");
+  REQUIRE(others_at != std::string::npos);
   REQUIRE(root_at != std::string::npos);
-  REQUIRE(other_at != std::string::npos);
-  CHECK(root_at < other_at);
-  std::string root_part = report.substr(root_at, other_at - root_at);
+  CHECK(others_at < root_at);  // torchrun's order: the others first, the root cause last
+  std::string root_part = report.substr(root_at);
   CHECK_THAT(root_part, Catch::Contains("host      : node1"));
   CHECK_THAT(root_part, Catch::Contains("rank      : 3 (local_rank: 1)"));
+  CHECK_THAT(root_part, Catch::Contains("exitcode  : 7 (pid: 4242)"));
+  CHECK_THAT(root_part, Catch::Contains("error_file: /logs/error.json"));
+  CHECK_THAT(root_part, Catch::Contains("traceback : Traceback:\n    line 1\n"));
   CHECK_THAT(root_part, Catch::Contains("exit      : exit code 7"));
-  CHECK_THAT(root_part, Catch::Contains("pid       : 4242"));
   CHECK_THAT(root_part, Catch::Contains("message   : ValueError: bad"));
-  CHECK_THAT(root_part, Catch::Contains("    Traceback:\n      line 1\n"));
-  std::string other_part = report.substr(other_at);
+  std::string other_part = report.substr(others_at, root_at - others_at);
   CHECK_THAT(other_part, Catch::Contains("rank      : 2 (local_rank: 0)"));
+  CHECK_THAT(other_part, Catch::Contains("exitcode  : -11 (pid: 4242)"));
+  CHECK_THAT(other_part, Catch::Contains("error_file: <N/A>"));
+  CHECK_THAT(other_part, Catch::Contains("traceback : Signal 11 (SIGSEGV) received by PID 4242"));
   CHECK_THAT(other_part, Catch::Contains("signal SIGSEGV (11)"));
-  CHECK_THAT(format_failure_report("x", root, {}), Catch::Contains("<NO_OTHER_FAILURES>"));
+  CHECK_THAT(format_failure_report("x", root, {}), Catch::Contains("Failures:\n  <NO_OTHER_FAILURES>\n"));
+}
+
+TEST_CASE("the report is torchrun 2.x's layout, line for line, with ddprun's fields last") {
+  WorkerFailure root;
+  root.time = std::chrono::system_clock::from_time_t(1700000000);
+  root.host = "node1";
+  root.rank = 1;
+  root.local_rank = 1;
+  root.pid = 77;
+  root.exit_code = 1;
+  WorkerFailure other = root;
+  other.rank = 0;
+  other.local_rank = 0;
+  other.pid = 76;
+  other.exit_code = 0;
+  other.signal = SIGKILL;
+  std::string report = format_failure_report("train.py", root, {other});
+  std::vector<std::string> lines;
+  std::istringstream in(report);
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  // The time is local: only its form is checked.
+  REQUIRE(lines.size() == 23);
+  const std::string rule(60, '=');  // as wide as the widest line, at most 60 (torchrun)
+  const std::vector<std::string> expected = {
+      rule,
+      "train.py FAILED",
+      std::string(60, '-'),
+      "Failures:",
+      "[0]:",
+      "",  // time
+      "  host      : node1",
+      "  rank      : 0 (local_rank: 0)",
+      "  exitcode  : -9 (pid: 76)",
+      "  error_file: <N/A>",
+      "  traceback : Signal 9 (SIGKILL) received by PID 76",
+      "  exit      : signal SIGKILL (9)",
+      std::string(60, '-'),
+      "Root Cause (first observed failure):",
+      "[1]:",
+      "",  // time
+      "  host      : node1",
+      "  rank      : 1 (local_rank: 1)",
+      "  exitcode  : 1 (pid: 77)",
+      "  error_file: <N/A>",
+      "  traceback : To enable traceback see: https://pytorch.org/docs/stable/elastic/errors.html",
+      "  exit      : exit code 1",
+      rule,
+  };
+  for (std::size_t i = 0; i < expected.size() && i < lines.size(); ++i) {
+    INFO("line " << i);
+    if (expected[i].empty()) {
+      CHECK(std::regex_match(lines[i], std::regex("  time      : \\d{4}-\\d\\d-\\d\\d_\\d\\d:\\d\\d:\\d\\d")));
+    } else {
+      CHECK(lines[i] == expected[i]);
+    }
+  }
 }
 
 TEST_CASE("error files that are garbled or empty or huge or unreadable never break the report") {
@@ -120,4 +182,12 @@ TEST_CASE("error files that are garbled or empty or huge or unreadable never bre
   std::optional<ErrorFileContent> from_dir;
   REQUIRE_NOTHROW(from_dir = read_error_file(as_dir.string()));
   CHECK_FALSE(from_dir.has_value());
+}
+
+TEST_CASE("the SIGKILL after --shutdown_timeout names the workers that did not stop") {
+  CHECK(kill_notice(std::chrono::milliseconds(1500), SIGTERM, {{1, 1, 4242}, {3, 3, 4244}}) ==
+        "ddprun: 2 workers did not stop within --shutdown_timeout=1.5s after SIGTERM: sending "
+        "SIGKILL to rank 1 (local_rank 1, pid 4242), rank 3 (local_rank 3, pid 4244)");
+  CHECK_THAT(kill_notice(std::chrono::seconds(30), SIGINT, {{0, 0, 7}}),
+             Catch::StartsWith("ddprun: 1 worker did not stop within --shutdown_timeout=30s after SIGINT"));
 }

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 
 #include <catch2/catch.hpp>
+#include <cstring>
 #include <fstream>
 #include <sstream>
 
@@ -92,4 +93,35 @@ TEST_CASE("a tee bounds a line without newline: it goes out in pieces of at most
   writer.reset();
   io.run();
   CHECK(read_all(console_path) == piece + piece + piece + "[p]:" + std::string(100, 'x') + "\n");
+}
+
+TEST_CASE("a full disk: said once, the console goes on, later output is tried again, and listed") {
+  ddp::test::TempDir dir;
+  auto console_path = dir.path() / "console";
+  UniqueFd console(::open(console_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644));
+  UniqueFd full(::open("/dev/full", O_WRONLY));  // every write fails with ENOSPC
+  REQUIRE(full.valid());
+  std::vector<std::string> notices;
+  auto errors = std::make_shared<LogFileErrors>([&](std::string line) { notices.push_back(line); });
+  int fds[2];
+  REQUIRE(::pipe(fds) == 0);
+  UniqueFd writer(fds[1]);
+  boost::asio::io_context io;
+  OutputTee::start(io, UniqueFd(fds[0]), std::move(full), to_fd(console.get()), "[w0]:", [] {},
+                   TeeLog{"/dev/full", errors});
+  for (const char* chunk : {"a\n", "bb\n", "ccc\n"}) {
+    REQUIRE(write_all(writer.get(), chunk, std::strlen(chunk)));
+    io.run_one();
+  }
+  writer.reset();
+  io.run();
+  CHECK(read_all(console_path) == "[w0]:a\n[w0]:bb\n[w0]:ccc\n");
+  REQUIRE(notices.size() == 1);  // once, with the file, the error and the bytes lost
+  CHECK_THAT(notices[0], Catch::Contains("/dev/full") && Catch::Contains("No space left on device") &&
+                             Catch::Contains("2 bytes not written"));
+  // Every later chunk was tried again (and failed again): 2 + 3 + 4 bytes are missing.
+  CHECK(errors->take_incomplete_files_notice() ==
+        "ddprun: incomplete log files (writes failed): /dev/full (9 bytes missing)");
+  CHECK(errors->take_incomplete_files_notice().empty());  // said once
+  CHECK(LogFileErrors(nullptr).take_incomplete_files_notice().empty());
 }

@@ -2,6 +2,9 @@
 #include "ddp/launcher/worker_env.hpp"
 
 #include <catch2/catch.hpp>
+#include <set>
+
+#include "ddp/common/worker_contract.hpp"
 
 using namespace ddp::launcher;
 
@@ -49,6 +52,7 @@ TEST_CASE("worker_variables sets exactly torchrun's contract") {
       {"TORCHELASTIC_USE_AGENT_STORE", "False"},
       {"TORCHELASTIC_ERROR_FILE", "/l/error.json"},
       {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"},
+      {"NCCL_ASYNC_ERROR_HANDLING", "1"},  // the name PyTorch 2.1 and older read
   };
   CHECK(vars == expected);
 
@@ -57,6 +61,8 @@ TEST_CASE("worker_variables sets exactly torchrun's contract") {
                                      {{"TORCH_NCCL_ASYNC_ERROR_HANDLING", "0"}});
   CHECK(with_store.at("TORCHELASTIC_USE_AGENT_STORE") == "True");
   CHECK(with_store.at("TORCH_NCCL_ASYNC_ERROR_HANDLING") == "0");
+  CHECK(worker_variables(config, master, {0, 0, "e"}, {{"NCCL_ASYNC_ERROR_HANDLING", "0"}})
+            .at("NCCL_ASYNC_ERROR_HANDLING") == "0");
   CHECK(with_store.at("DDP_STORE_DIALECT") == "v2");  // libddp: our store's 2.x dialect
   auto chosen = worker_variables(config, master, identity(round, 0, 0, "e"), {{"DDP_STORE_DIALECT", "v1"}});
   CHECK_FALSE(chosen.contains("DDP_STORE_DIALECT"));  // the user's own choice is inherited
@@ -94,4 +100,17 @@ TEST_CASE("OMP_NUM_THREADS defaults to 1 only when unset with several workers") 
 TEST_CASE("merge_environment overlays the contract on the agent's environment") {
   auto env = merge_environment({{"PATH", "/bin"}, {"RANK", "9"}}, {{"RANK", "0"}});
   CHECK(env == std::vector<std::string>{"PATH=/bin", "RANK=0"});
+}
+
+TEST_CASE("every variable given to workers is in the worker contract the runtime reads") {
+  LaunchConfig config;
+  config.nproc_per_node = 2;
+  MasterEndpoint master{"127.0.0.1", 29500, true};
+  auto vars = worker_variables(config, master, {1, 0, "e"}, {});
+  const std::set<std::string> contract(std::begin(ddp::contract::kWorkerVariables),
+                                       std::end(ddp::contract::kWorkerVariables));
+  for (const auto& [name, value] : vars) {
+    INFO(name);
+    CHECK(contract.contains(name));
+  }
 }

@@ -6,6 +6,7 @@
 
 #include "ddp/store/client.hpp"
 #include "store_fixture.hpp"
+#include "process_harness.hpp"
 #include "test_support.hpp"
 
 using namespace ddp::store;
@@ -22,36 +23,34 @@ std::uint16_t port_of(const std::string& line) {
 
 TEST_CASE("ddpstore serves on the port it prints and exits 0 on SIGTERM and SIGINT") {
   for (int signal : {SIGTERM, SIGINT}) {
-    ChildProcess store(ddp::test::bin_path("ddpstore").string(),
-                       {"--host", "127.0.0.1", "--port", "0"});
-    std::uint16_t port = port_of(store.next_line());
+    ChildProcess store({ddp::test::bin_path("ddpstore").string(), "--host", "127.0.0.1", "--port", "0"});
+    std::uint16_t port = port_of(store.next_stdout_line());
     ClientOptions options;
     options.port = port;
     Client client(options);
     client.set("k", "v");
     CHECK(client.get("k") == "v");
     REQUIRE(::kill(store.pid(), signal) == 0);
-    CHECK(store.wait() == 0);
+    CHECK(store.wait().status == 0);
   }
 }
 
 TEST_CASE("ddpstore on a port in use says so and exits non-zero") {
-  ChildProcess first(ddp::test::bin_path("ddpstore").string(), {"--host", "127.0.0.1", "--port", "0"});
-  std::uint16_t port = port_of(first.next_line());
-  ChildProcess second(ddp::test::bin_path("ddpstore").string(),
-                      {"--host", "127.0.0.1", "--port", std::to_string(port)});
-  CHECK(second.next_line().empty());
-  CHECK(second.wait() == 1);
+  ChildProcess first({ddp::test::bin_path("ddpstore").string(), "--host", "127.0.0.1", "--port", "0"});
+  std::uint16_t port = port_of(first.next_stdout_line());
+  ChildProcess second(
+      {ddp::test::bin_path("ddpstore").string(), "--host", "127.0.0.1", "--port", std::to_string(port)});
+  CHECK(second.next_stdout_line().empty());
+  CHECK(second.wait().status == 1);
 }
 
 TEST_CASE("ddpstore exits 0 on a SIGTERM sent as soon as it printed where it listens") {
   // The signal handler must be in place before the line that tells the port.
   for (int i = 0; i < 10; ++i) {
-    ChildProcess store(ddp::test::bin_path("ddpstore").string(),
-                       {"--host", "127.0.0.1", "--port", "0"});
-    port_of(store.next_line());
+    ChildProcess store({ddp::test::bin_path("ddpstore").string(), "--host", "127.0.0.1", "--port", "0"});
+    port_of(store.next_stdout_line());
     REQUIRE(::kill(store.pid(), SIGTERM) == 0);
-    CHECK(store.wait() == 0);
+    CHECK(store.wait().status == 0);
   }
 }
 

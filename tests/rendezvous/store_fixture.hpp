@@ -1,6 +1,7 @@
 #pragma once
-// Shared by the store tests: a server on its own event-loop thread, a condition helper and
-// a child process with a line-oriented stdout.
+// Shared by the store tests (and runtime_process_test): the one "server on its own
+// event-loop thread" of the tests, and a condition helper. Child processes: ChildProcess in
+// support/process_harness.hpp.
 
 #include <chrono>
 #include <functional>
@@ -12,7 +13,6 @@
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
-#include <boost/process.hpp>
 
 #include "ddp/store/client.hpp"
 #include "ddp/store/server.hpp"
@@ -82,32 +82,5 @@ inline bool eventually(const std::function<bool()>& condition,
   }
   return true;
 }
-
-// A child process whose stdout is read line by line; killed on destruction.
-class ChildProcess {
- public:
-  ChildProcess(const std::string& program, const std::vector<std::string>& args)
-      : child_(program, boost::process::args(args), boost::process::std_out > out_) {}
-  ~ChildProcess() {
-    if (child_.running()) child_.terminate();
-    if (child_.joinable()) child_.wait();
-  }
-  // The next line of output; empty at end of output.
-  std::string next_line() {
-    std::string line;
-    std::getline(out_, line);
-    return line;
-  }
-  // Waits for exit and returns the exit code.
-  int wait() {
-    child_.wait();
-    return child_.exit_code();
-  }
-  pid_t pid() const { return child_.id(); }
-
- private:
-  boost::process::ipstream out_;
-  boost::process::child child_;
-};
 
 }  // namespace ddp::test

@@ -6,7 +6,9 @@
 #include "ddp/store/client.hpp"
 #include "add_forms.hpp"
 #include "store_fixture.hpp"
+#include "process_harness.hpp"
 #include "test_support.hpp"
+#include "skip.hpp"
 
 using namespace ddp::store;
 using namespace std::chrono_literals;
@@ -21,7 +23,7 @@ std::string script(const std::string& name) {
 
 bool skip_without_torch() {
   if (ddp::test::torch_available()) return false;
-  WARN("skipped: " + ddp::test::torch_python() + " cannot import torch.distributed with Gloo");
+  ddp::test::skip(ddp::test::torch_python() + " cannot import torch.distributed with Gloo");
   return true;
 }
 
@@ -30,10 +32,9 @@ bool skip_without_torch() {
 TEST_CASE("PyTorch 1.13 TCPStore client against our server: every operation it has") {
   if (skip_without_torch()) return;
   TestServer server;
-  ChildProcess python(ddp::test::torch_python(),
-                      {script("store_client.py"), std::to_string(server.port())});
-  CHECK(python.next_line() == "OK");
-  CHECK(python.wait() == 0);
+  ChildProcess python({ddp::test::torch_python(), script("store_client.py"), std::to_string(server.port())});
+  CHECK(python.next_stdout_line() == "OK");
+  CHECK(python.wait().status == 0);
   CHECK(server.stats().rejected == 0);
   // The Python client puts "/" before user keys, not before its init/ counter.
   Client client(server.client_options());
@@ -47,13 +48,12 @@ TEST_CASE("a two-rank PyTorch Gloo job meets through our server") {
   std::vector<std::unique_ptr<ChildProcess>> ranks;
   for (int rank = 0; rank < 2; ++rank) {
     ranks.push_back(std::make_unique<ChildProcess>(
-        ddp::test::torch_python(),
-        std::vector<std::string>{script("gloo_rank.py"), std::to_string(server.port()),
-                                 std::to_string(rank), "2"}));
+        std::vector<std::string>{ddp::test::torch_python(), script("gloo_rank.py"),
+                                 std::to_string(server.port()), std::to_string(rank), "2"}));
   }
   for (auto& rank : ranks) {
-    CHECK(rank->next_line() == "sum 3");
-    CHECK(rank->wait() == 0);
+    CHECK(rank->next_stdout_line() == "sum 3");
+    CHECK(rank->wait().status == 0);
   }
   CHECK(server.stats().rejected == 0);
   Client client(server.client_options());
@@ -62,8 +62,8 @@ TEST_CASE("a two-rank PyTorch Gloo job meets through our server") {
 
 TEST_CASE("our 1.x client against PyTorch 1.13's TCPStore server") {
   if (skip_without_torch()) return;
-  ChildProcess python(ddp::test::torch_python(), {script("store_server.py")});
-  const std::string port_line = python.next_line();
+  ChildProcess python({ddp::test::torch_python(), script("store_server.py")});
+  const std::string port_line = python.next_stdout_line();
   REQUIRE_FALSE(port_line.empty());
   ClientOptions options;
   options.port = static_cast<std::uint16_t>(std::stoi(port_line));

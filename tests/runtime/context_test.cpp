@@ -2,6 +2,7 @@
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <numeric>
+#include <mutex>
 #include <thread>
 #include <filesystem>
 #include <unistd.h>
@@ -34,10 +35,10 @@ void check_allreduce(Context& ctx, std::size_t count) {
   const int ranks_sum = kWorld * (kWorld + 1) / 2;  // 1 + 2 + 3
   for (std::size_t i = 0; i < count; ++i) {
     const int base = static_cast<int>(i % 7) + 1;
-    REQUIRE(sum[i] == static_cast<T>(base * ranks_sum));
-    REQUIRE(avg[i] == static_cast<T>(static_cast<T>(base * ranks_sum) / static_cast<T>(kWorld)));
-    REQUIRE(mn[i] == static_cast<T>(base));
-    REQUIRE(mx[i] == static_cast<T>(base * kWorld));
+    RANK_REQUIRE(sum[i] == static_cast<T>(base * ranks_sum));
+    RANK_REQUIRE(avg[i] == static_cast<T>(static_cast<T>(base * ranks_sum) / static_cast<T>(kWorld)));
+    RANK_REQUIRE(mn[i] == static_cast<T>(base));
+    RANK_REQUIRE(mx[i] == static_cast<T>(base * kWorld));
   }
 }
 
@@ -69,7 +70,7 @@ TEST_CASE("allreduce through shared memory: several chunks, uneven shares") {
     std::vector<float> v(n);
     for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<float>((i % 1000) * (ctx.rank() + 1));
     ctx.allreduce(std::span<float>(v), ReduceOp::Sum);
-    for (std::size_t i = 0; i < n; ++i) REQUIRE(v[i] == static_cast<float>((i % 1000) * 6));
+    for (std::size_t i = 0; i < n; ++i) RANK_REQUIRE(v[i] == static_cast<float>((i % 1000) * 6));
   });
 }
 
@@ -81,10 +82,10 @@ TEST_CASE("allreduce: 16M floats once, over TCP") {
       [](Context& ctx) {
         std::vector<float> v(16u << 20, static_cast<float>(ctx.rank() + 1));
         ctx.allreduce(std::span<float>(v), ReduceOp::Sum);
-        REQUIRE(v.front() == 6.0f);
-        REQUIRE(v[v.size() / 2] == 6.0f);
-        REQUIRE(v.back() == 6.0f);
-        REQUIRE(std::count(v.begin(), v.end(), 6.0f) == static_cast<std::ptrdiff_t>(v.size()));
+        RANK_REQUIRE(v.front() == 6.0f);
+        RANK_REQUIRE(v[v.size() / 2] == 6.0f);
+        RANK_REQUIRE(v.back() == 6.0f);
+        RANK_REQUIRE(std::count(v.begin(), v.end(), 6.0f) == static_cast<std::ptrdiff_t>(v.size()));
       },
       options);
 }
@@ -95,8 +96,8 @@ TEST_CASE("allreduce: 16-bit floats sum in float and round once per step") {
     std::vector<ddp::float16> h(33, ddp::to_float16(0.25f * (ctx.rank() + 1)));
     ctx.allreduce(std::span<ddp::bfloat16>(b), ReduceOp::Sum);
     ctx.allreduce(std::span<ddp::float16>(h), ReduceOp::Max);
-    for (auto v : b) REQUIRE(ddp::to_float(v) == 3.0f);
-    for (auto v : h) REQUIRE(ddp::to_float(v) == 0.75f);
+    for (auto v : b) RANK_REQUIRE(ddp::to_float(v) == 3.0f);
+    for (auto v : h) RANK_REQUIRE(ddp::to_float(v) == 0.75f);
   });
 }
 
@@ -105,7 +106,7 @@ TEST_CASE("broadcast from every root, including size 0") {
     for (int root = 0; root < kWorld; ++root) {
       std::vector<std::int64_t> v(1001, ctx.rank() == root ? 100 + root : -1);
       ctx.broadcast(std::span<std::int64_t>(v), root);
-      REQUIRE(std::count(v.begin(), v.end(), 100 + root) == 1001);
+      RANK_REQUIRE(std::count(v.begin(), v.end(), 100 + root) == 1001);
       std::vector<double> empty;
       ctx.broadcast(std::span<double>(empty), root);
     }
@@ -119,7 +120,7 @@ TEST_CASE("allgather places rank r's input at r * count") {
       std::vector<std::int32_t> out(count * kWorld, -1);
       ctx.allgather(std::span<const std::int32_t>(in), std::span<std::int32_t>(out));
       for (int r = 0; r < kWorld; ++r) {
-        for (std::size_t i = 0; i < count; ++i) REQUIRE(out[r * count + i] == r * 10);
+        for (std::size_t i = 0; i < count; ++i) RANK_REQUIRE(out[r * count + i] == r * 10);
       }
     }
   });
@@ -133,7 +134,7 @@ TEST_CASE("reduce_scatter gives each rank its reduced slice") {
       std::vector<float> out(count, -1.0f);
       ctx.reduce_scatter(std::span<float>(in), std::span<float>(out), ReduceOp::Sum);
       for (std::size_t i = 0; i < count; ++i) {
-        REQUIRE(out[i] == 3.0f * static_cast<float>(ctx.rank() * count + i));
+        RANK_REQUIRE(out[i] == 3.0f * static_cast<float>(ctx.rank() * count + i));
       }
     }
   });
@@ -144,7 +145,7 @@ TEST_CASE("barrier: nobody leaves before everybody arrived") {
   ddp::test::run_world(kWorld, [&](Context& ctx) {
     arrived.fetch_add(1);
     ctx.barrier();
-    REQUIRE(arrived.load() == kWorld);
+    RANK_REQUIRE(arrived.load() == kWorld);
   });
 }
 
@@ -154,8 +155,8 @@ TEST_CASE("async collectives complete in issue order and overlap the caller") {
     std::vector<ddp::Work> works;
     for (auto& b : buffers) works.push_back(ctx.allreduce_async(std::span<float>(b)));
     for (auto& w : works) w.wait();
-    for (auto& b : buffers) REQUIRE(b[9999] == 3.0f);
-    REQUIRE(works.back().completed());
+    for (auto& b : buffers) RANK_REQUIRE(b[9999] == 3.0f);
+    RANK_REQUIRE(works.back().completed());
   });
 }
 
@@ -167,8 +168,8 @@ TEST_CASE("a mismatched first call is reported with every rank's view") {
       ctx.allreduce(std::span<float>(v));
     } catch (const ddp::CollectiveMismatch& e) {
       const std::string what = e.what();
-      CHECK(what.find("rank 0: allreduce(sum, f32 x 12)") != std::string::npos);
-      CHECK(what.find("rank 1: allreduce(sum, f32 x 10)") != std::string::npos);
+      RANK_REQUIRE(what.find("rank 0: allreduce(sum, f32 x 12)") != std::string::npos);
+      RANK_REQUIRE(what.find("rank 1: allreduce(sum, f32 x 10)") != std::string::npos);
       mismatches.fetch_add(1);
     }
   });
@@ -191,7 +192,7 @@ TEST_CASE("with the check on every call, a later dtype mismatch is caught too") 
           else
             ctx.allreduce(std::span<double>(d));
         } catch (const ddp::CollectiveMismatch& e) {
-          CHECK(std::string(e.what()).find("rank 2: allreduce(sum, f32 x 4)") != std::string::npos);
+          RANK_REQUIRE(std::string(e.what()).find("rank 2: allreduce(sum, f32 x 4)") != std::string::npos);
           mismatches.fetch_add(1);
         }
       },
@@ -202,7 +203,7 @@ TEST_CASE("with the check on every call, a later dtype mismatch is caught too") 
 TEST_CASE("allgather with a wrong output size is refused before any communication") {
   ddp::test::run_world(1, [](Context& ctx) {
     std::vector<float> in(3), out(4);
-    REQUIRE_THROWS_AS(ctx.allgather(std::span<float>(in), std::span<float>(out)), ddp::CommError);
+    RANK_REQUIRE_THROWS_AS(ctx.allgather(std::span<float>(in), std::span<float>(out)), ddp::CommError);
   });
 }
 
@@ -303,6 +304,8 @@ TEST_CASE("a second Context in the same job builds its own mesh, not the first o
   for (const bool shared_memory : {true, false}) {
     options.shared_memory = shared_memory;
     std::atomic<int> correct{0};
+    std::mutex mutex;
+    std::string errors;  // rank threads report here; the test's thread asserts
     std::vector<std::thread> ranks;
     for (int rank = 0; rank < 2; ++rank) {
       ranks.emplace_back([&, rank] {
@@ -312,12 +315,14 @@ TEST_CASE("a second Context in the same job builds its own mesh, not the first o
           ctx.allreduce(std::span<float>(v));
           if (v[9] == 3.0f) correct.fetch_add(1);
         } catch (const ddp::Error& e) {
-          WARN("rank " << rank << ": " << e.what());
+          std::lock_guard lock(mutex);
+          errors += "rank " + std::to_string(rank) + ": " + e.what() + "\n";
         }
       });
     }
     for (auto& t : ranks) t.join();
     INFO("shared memory: " << shared_memory);
+    INFO(errors);
     REQUIRE(correct.load() == 2);
   }
 }

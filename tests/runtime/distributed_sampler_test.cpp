@@ -9,6 +9,7 @@
 #include "ddp/logger.hpp"
 #include "ddp/rank_zero_first.hpp"
 #include "test_support.hpp"
+#include "skip.hpp"
 
 using ddp::DistributedSampler;
 using ddp::DistributedSamplerOptions;
@@ -79,8 +80,7 @@ TEST_CASE("sampler: a rank outside the world is refused") {
 
 TEST_CASE("sampler: shuffle off gives exactly PyTorch's indices") {
   if (!ddp::test::torch_available()) {
-    WARN("skipped: " << ddp::test::torch_python() << " cannot import torch");
-    return;
+    return ddp::test::skip(ddp::test::torch_python() + " cannot import torch");
   }
   struct Case {
     std::size_t n;

@@ -1,25 +1,18 @@
 #include "ddp/launch_env.hpp"
 
 #include <catch2/catch.hpp>
+
+#include "test_support.hpp"
 #include <cstdlib>
 
 #include "ddp/context.hpp"
 
 namespace {
 
-// Sets the torchrun variables for the duration of a test case, and clears them after.
-class ScopedEnv {
+// The torchrun variables for the duration of a test case.
+class ScopedEnv : public ddp::test::ScopedEnvironment {
  public:
-  explicit ScopedEnv(std::vector<std::pair<std::string, std::string>> vars)
-      : vars_(std::move(vars)) {
-    for (const auto& [k, v] : vars_) ::setenv(k.c_str(), v.c_str(), 1);
-  }
-  ~ScopedEnv() {
-    for (const auto& [k, v] : vars_) ::unsetenv(k.c_str());
-  }
-
- private:
-  std::vector<std::pair<std::string, std::string>> vars_;
+  explicit ScopedEnv(const std::map<std::string, std::string>& vars) : ScopedEnvironment(vars) {}
 };
 
 }  // namespace
@@ -68,6 +61,6 @@ TEST_CASE("a store that never answers fails init within its timeout, naming the 
                  {"MASTER_PORT", "1"},
                  {"DDP_BACKEND", "gloo"}});
   ddp::InitOptions options;
-  options.init_timeout = std::chrono::milliseconds(300);
+  options.init_timeout = ddp::test::build_timeout(std::chrono::milliseconds(300));
   REQUIRE_THROWS_WITH(ddp::init(options), Catch::Contains("127.0.0.1:1"));
 }

@@ -8,6 +8,7 @@
 #include "ddp/runtime.hpp"
 #include "ddp/store/memory_store.hpp"
 #include "thread_world.hpp"
+#include "skip.hpp"
 
 namespace {
 
@@ -49,8 +50,7 @@ std::vector<T> round_trip(ddp::Context& ctx, const std::vector<T>& host, ddp::Re
   do {                                          \
     const std::string reason = no_gpu_reason(); \
     if (!reason.empty()) {                      \
-      WARN("skipped: " << reason);              \
-      return;                                   \
+      return ddp::test::skip(reason);           \
     }                                           \
   } while (false)
 

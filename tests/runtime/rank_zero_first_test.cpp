@@ -6,6 +6,7 @@
 #include <thread>
 #include <catch2/catch.hpp>
 
+#include "test_support.hpp"
 #include "thread_world.hpp"
 
 TEST_CASE("rank_zero_first: rank 0 finishes the block before any other rank starts it") {
@@ -16,7 +17,7 @@ TEST_CASE("rank_zero_first: rank 0 finishes the block before any other rank star
       if (ctx.rank() == 0)
         rank0_done = true;
       else
-        REQUIRE(rank0_done.load());
+        RANK_REQUIRE(rank0_done.load());
       ran.fetch_add(1);
     });
   });
@@ -33,11 +34,11 @@ TEST_CASE("rank_zero_first: a failure on rank 0 stops the others instead of hang
         others_ran.fetch_add(1);
       });
     } catch (const ddp::CommError& e) {
-      CHECK(std::string(e.what()).find("failed on rank 0") != std::string::npos);
+      RANK_REQUIRE(std::string(e.what()).find("failed on rank 0") != std::string::npos);
       others_failed.fetch_add(1);
     } catch (const std::runtime_error& e) {
-      CHECK(ctx.rank() == 0);
-      CHECK(std::string(e.what()) == "download failed");
+      RANK_REQUIRE(ctx.rank() == 0);
+      RANK_REQUIRE(std::string(e.what()) == "download failed");
     }
   });
   REQUIRE(others_failed.load() == 2);
@@ -48,7 +49,7 @@ TEST_CASE("rank_zero_first: a block longer than the timeout fails the others wit
   ddp::InitOptions options;
   options.backend = ddp::Backend::Gloo;
   options.init_timeout = std::chrono::seconds(30);
-  options.timeout = std::chrono::milliseconds(300);
+  options.timeout = ddp::test::build_timeout(std::chrono::milliseconds(300));
   auto store = std::make_shared<ddp::store::MemoryStore>();
   std::mutex mutex;
   std::condition_variable cv;

@@ -92,7 +92,7 @@ TEST_CASE("the Reducer matches one all-reduce of everything bit for bit, any rea
             ctx.allreduce(std::span<float>(everything), ddp::ReduceOp::Avg);
             std::size_t k = 0;
             for (std::size_t i = 0; i < sizes.size(); ++i) {
-              for (float g : reducer.grad(i)) REQUIRE(g == everything[k++]);
+              for (float g : reducer.grad(i)) RANK_REQUIRE(g == everything[k++]);
             }
           }
         },
@@ -108,21 +108,21 @@ TEST_CASE("an early bucket's all-reduce completes before the last gradient is ma
   ddp::test::run_world(kWorld, [&](Context& ctx) {
     Model model = make_model({n, n, n, n}, 0.0f);
     Reducer reducer(ctx, model.parameters(), options);
-    REQUIRE(reducer.buckets().size() == 2);
+    RANK_REQUIRE(reducer.buckets().size() == 2);
     for (std::size_t i = 0; i < 4; ++i) std::fill_n(reducer.grad(i).begin(), n, 3.0f * ctx.rank());
     reducer.mark_ready(3);
     reducer.mark_ready(2);   // bucket 0 complete: its all-reduce starts now
     reducer.wait_bucket(0);  // ... and finishes while gradients 0 and 1 are still pending
     const auto before_last = std::chrono::steady_clock::now();
-    REQUIRE(reducer.grad(2)[0] == 3.0f);  // (0 + 3 + 6) / 3, already averaged
+    RANK_REQUIRE(reducer.grad(2)[0] == 3.0f);  // (0 + 3 + 6) / 3, already averaged
     reducer.mark_ready(1);
     reducer.mark_ready(0);
     reducer.finalize();
     const auto& timings = reducer.timings();
-    CHECK(timings[0].launched < before_last);
-    CHECK(timings[0].completed <= before_last);
-    CHECK(timings[1].launched > before_last);
-    CHECK(reducer.grad(0)[n - 1] == 3.0f);
+    RANK_REQUIRE(timings[0].launched < before_last);
+    RANK_REQUIRE(timings[0].completed <= before_last);
+    RANK_REQUIRE(timings[1].launched > before_last);
+    RANK_REQUIRE(reducer.grad(0)[n - 1] == 3.0f);
   });
 }
 
@@ -131,10 +131,10 @@ TEST_CASE("parameters are broadcast from rank 0 at construction") {
     Model model = make_model({10, 1, 0, 7}, 1.0f + ctx.rank());
     Reducer reducer(ctx, model.parameters());
     for (const auto& p : model.storage) {
-      for (float v : p) REQUIRE(v == 1.0f);
+      for (float v : p) RANK_REQUIRE(v == 1.0f);
     }
     for (std::size_t i = 0; i < reducer.size(); ++i) {
-      for (float g : reducer.grad(i)) REQUIRE(g == 0.0f);  // gradients start zeroed
+      for (float g : reducer.grad(i)) RANK_REQUIRE(g == 0.0f);  // gradients start zeroed
     }
   });
 }
@@ -154,15 +154,15 @@ TEST_CASE("no_sync accumulates locally, the next synced step averages the sum") 
       reducer.mark_ready(1);
       reducer.mark_ready(0);
       reducer.finalize();
-      REQUIRE(reducer.grad(0)[0] == static_cast<float>(ctx.rank()));
+      RANK_REQUIRE(reducer.grad(0)[0] == static_cast<float>(ctx.rank()));
     }
     add(static_cast<float>(ctx.rank()));  // micro-batch 2: synced
     reducer.mark_ready(0);
     reducer.mark_ready(1);
     reducer.finalize();
-    REQUIRE(reducer.grad(1)[299] == 2.0f);  // mean of 2 * {0, 1, 2}
+    RANK_REQUIRE(reducer.grad(1)[299] == 2.0f);  // mean of 2 * {0, 1, 2}
     reducer.zero_grad();
-    REQUIRE(reducer.grad(1)[299] == 0.0f);
+    RANK_REQUIRE(reducer.grad(1)[299] == 0.0f);
   });
 }
 
@@ -178,8 +178,8 @@ TEST_CASE("bf16 compression reduces representable values exactly") {
     reducer.mark_ready(0);
     reducer.mark_ready(1);
     reducer.finalize();
-    REQUIRE(reducer.grad(0)[999] == 3.0f);
-    REQUIRE(reducer.grad(1)[16] == 3.0f);
+    RANK_REQUIRE(reducer.grad(0)[999] == 3.0f);
+    RANK_REQUIRE(reducer.grad(1)[16] == 3.0f);
   });
 }
 
@@ -188,9 +188,8 @@ TEST_CASE("misuse: a gradient marked twice is named") {
     Model model = make_model({4, 4}, 0.0f);
     Reducer reducer(ctx, model.parameters());
     reducer.mark_ready(1);
-    REQUIRE_THROWS_WITH(reducer.mark_ready(1),
-                        Catch::Contains("'layer1' (index 1) was marked ready twice"));
-    REQUIRE_THROWS_AS(reducer.mark_ready(2), ddp::ReducerError);
+    RANK_REQUIRE_THROWS_CONTAINING(reducer.mark_ready(1), "'layer1' (index 1) was marked ready twice");
+    RANK_REQUIRE_THROWS_AS(reducer.mark_ready(2), ddp::ReducerError);
   });
 }
 
@@ -204,10 +203,10 @@ TEST_CASE("misuse: finalize lists the gradients never marked") {
       FAIL("finalize accepted unmarked gradients");
     } catch (const ddp::ReducerError& e) {
       const std::string what = e.what();
-      CHECK(what.find("2 gradients never marked") != std::string::npos);
-      CHECK(what.find("'layer0'") != std::string::npos);
-      CHECK(what.find("'layer2'") != std::string::npos);
-      CHECK(what.find("'layer1'") == std::string::npos);
+      RANK_REQUIRE(what.find("2 gradients never marked") != std::string::npos);
+      RANK_REQUIRE(what.find("'layer0'") != std::string::npos);
+      RANK_REQUIRE(what.find("'layer2'") != std::string::npos);
+      RANK_REQUIRE(what.find("'layer1'") == std::string::npos);
     }
     // The step was reset: a complete step works afterwards.
     for (std::size_t i = 0; i < 3; ++i) reducer.mark_ready(i);
@@ -224,8 +223,8 @@ TEST_CASE("misuse: a different layout on one rank fails on every rank with both 
       Reducer reducer(ctx, model.parameters());
     } catch (const ddp::ReducerError& e) {
       const std::string what = e.what();
-      CHECK(what.find("2 gradients [4,5]") != std::string::npos);
-      CHECK(what.find("2 gradients [4,4]") != std::string::npos);
+      RANK_REQUIRE(what.find("2 gradients [4,5]") != std::string::npos);
+      RANK_REQUIRE(what.find("2 gradients [4,4]") != std::string::npos);
       failures.fetch_add(1);
     }
   });
@@ -335,7 +334,7 @@ TEST_CASE("misuse: wait_bucket of a bucket that does not exist is a ReducerError
   ddp::test::run_world(1, [](Context& ctx) {
     Model model = make_model({4, 4}, 0.0f);
     Reducer reducer(ctx, model.parameters());
-    REQUIRE_THROWS_AS(reducer.wait_bucket(7), ddp::ReducerError);
+    RANK_REQUIRE_THROWS_AS(reducer.wait_bucket(7), ddp::ReducerError);
   });
 }
 
@@ -359,8 +358,8 @@ TEST_CASE("misuse: compression on some ranks only fails at construction on every
       Reducer reducer(ctx, model.parameters(), options);
     } catch (const ddp::ReducerError& e) {
       const std::string what = e.what();
-      CHECK(what.find("bf16") != std::string::npos);
-      CHECK(what.find("f32") != std::string::npos);
+      RANK_REQUIRE(what.find("bf16") != std::string::npos);
+      RANK_REQUIRE(what.find("f32") != std::string::npos);
       failures.fetch_add(1);
     }
   });
@@ -372,7 +371,7 @@ TEST_CASE("misuse: zero_grad while this step's all-reduces are in flight is refu
     Model model = make_model({4, 4}, 0.0f);
     Reducer reducer(ctx, model.parameters(), one_gradient_per_bucket());
     reducer.mark_ready(1);  // bucket 0 starts: its buffer belongs to the communicator
-    REQUIRE_THROWS_WITH(reducer.zero_grad(), Catch::Contains("finalize()"));
+    RANK_REQUIRE_THROWS_CONTAINING(reducer.zero_grad(), "finalize()");
     reducer.mark_ready(0);
     reducer.finalize();
     reducer.zero_grad();  // between steps: fine

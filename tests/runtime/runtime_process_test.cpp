@@ -7,7 +7,9 @@
 #include <thread>
 
 #include "ddp/store/server.hpp"
+#include "store_fixture.hpp"  // TestServer
 #include "test_support.hpp"
+#include "skip.hpp"
 
 namespace {
 
@@ -71,25 +73,15 @@ TEST_CASE("the Reducer equals one all-reduce over 3 processes under ddprun") {
 }
 
 TEST_CASE("ranks use the agent's store when TORCHELASTIC_USE_AGENT_STORE=True") {
-  boost::asio::io_context io;
-  ddp::store::ServerOptions options;
-  options.host = "127.0.0.1";
-  ddp::store::Server server(io, options);
-  std::thread thread([&] { io.run(); });
+  ddp::test::TestServer server;
   const auto port = server.port();
   const std::string program = bin("ddp-example-sum");
   const auto result = run("sh -c '" + agent_store_worker(0, port, program) + " & " +
                           agent_store_worker(1, port, program) + " & " +
                           agent_store_worker(2, port, program) + " & wait'");
-  const auto keys = server.stats().keys;
-  boost::asio::post(io, [&] {
-    server.close();
-    io.stop();
-  });
-  thread.join();
   INFO(result.output);
   REQUIRE(count_matches(result.output, "sum=3\\b") == 3);
-  REQUIRE(keys > 0);  // the ranks met through this store, not one of their own
+  REQUIRE(server.stats().keys > 0);  // the ranks met through this store, not one of their own
 }
 
 TEST_CASE("rank 0 hosts the store when the agent does not (TORCHELASTIC_USE_AGENT_STORE=False)") {
@@ -104,8 +96,7 @@ TEST_CASE("rank 0 hosts the store when the agent does not (TORCHELASTIC_USE_AGEN
 
 TEST_CASE("the sample program works under python3-torch's torchrun (1.x store)") {
   if (!ddp::test::torch_available()) {
-    WARN("skipped: " << ddp::test::torch_python() << " cannot import torch");
-    return;
+    return ddp::test::skip(ddp::test::torch_python() + " cannot import torch");
   }
   const std::string torchrun = ddp::test::torch_python() + " " +
                                ddp::test::source_path("tests/runtime/torchrun.py").string();
@@ -133,8 +124,7 @@ TEST_CASE("a /dev/shm too small for the segment: the all-reduce falls back to TC
   // A private mount namespace with a one-page /dev/shm (as a container's small default):
   // needs root and unshare; other processes keep the real /dev/shm.
   if (run("unshare -m true").status != 0) {
-    WARN("skipped: cannot create a mount namespace here (needs root and unshare)");
-    return;
+    return ddp::test::skip("cannot create a mount namespace here (needs root and unshare)");
   }
   const auto result =
       run("unshare -m sh -c 'mount -t tmpfs -o size=4k tmpfs /dev/shm && " + bin("ddprun") +

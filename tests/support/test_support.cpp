@@ -12,6 +12,9 @@
 #include <random>
 #include <stdexcept>
 #include <system_error>
+#include <vector>
+
+extern char** environ;
 
 namespace ddp::test {
 namespace {
@@ -34,6 +37,45 @@ std::filesystem::path source_path(const std::string& relative) {
 }
 
 std::string torch_python() { return DDP_TORCH_PYTHON; }
+
+ScopedEnvironment::ScopedEnvironment(const std::map<std::string, std::string>& vars,
+                                     const std::string& clear_prefix) {
+  if (!clear_prefix.empty()) {
+    std::vector<std::string> names;
+    for (char** e = environ; *e; ++e) {
+      std::string entry(*e);
+      if (entry.starts_with(clear_prefix)) names.push_back(entry.substr(0, entry.find('=')));
+    }
+    for (const std::string& name : names) {
+      save(name);
+      ::unsetenv(name.c_str());
+    }
+  }
+  for (const auto& [name, value] : vars) {
+    save(name);
+    ::setenv(name.c_str(), value.c_str(), 1);
+  }
+}
+
+ScopedEnvironment::~ScopedEnvironment() {
+  for (const auto& [name, value] : saved_) {
+    if (value) {
+      ::setenv(name.c_str(), value->c_str(), 1);
+    } else {
+      ::unsetenv(name.c_str());
+    }
+  }
+}
+
+void ScopedEnvironment::save(const std::string& name) {
+  if (saved_.contains(name)) return;
+  const char* value = std::getenv(name.c_str());
+  saved_[name] = value ? std::optional<std::string>(value) : std::nullopt;
+}
+
+std::chrono::milliseconds build_timeout(std::chrono::milliseconds base) {
+  return base * DDP_TEST_TIME_FACTOR;
+}
 
 bool torch_available() {
   static const bool available = [] {

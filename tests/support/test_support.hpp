@@ -1,8 +1,11 @@
 #pragma once
 // Paths and scratch space shared by the tests.
 
+#include <chrono>
 #include <cstdint>
 #include <filesystem>
+#include <map>
+#include <optional>
 #include <string>
 
 namespace ddp::test {
@@ -15,6 +18,11 @@ std::filesystem::path source_path(const std::string& relative);
 std::string torch_python();
 // True when torch_python() can import torch with Gloo.
 bool torch_available();
+
+// A short timeout for a test, derived from the build: `base` in a normal build, a multiple
+// of it under sanitizers (slower code, and `ctest -j` shares the cores), so a wait meant to
+// succeed does not time out there by accident.
+std::chrono::milliseconds build_timeout(std::chrono::milliseconds base);
 
 // The exit status (or -1 when killed) and the stdout + stderr of a shell command.
 struct ShellResult {
@@ -40,6 +48,22 @@ class SilentListener {
  private:
   int fd_ = -1;
   std::uint16_t port_ = 0;
+};
+
+// Sets environment variables of this process for its lifetime, then puts back what was there
+// (the value, or nothing). With clear_prefix, every variable whose name starts with it is
+// removed first (and put back after), so that the test sees only `vars` of that kind.
+class ScopedEnvironment {
+ public:
+  explicit ScopedEnvironment(const std::map<std::string, std::string>& vars,
+                             const std::string& clear_prefix = "");
+  ~ScopedEnvironment();
+  ScopedEnvironment(const ScopedEnvironment&) = delete;
+  ScopedEnvironment& operator=(const ScopedEnvironment&) = delete;
+
+ private:
+  void save(const std::string& name);
+  std::map<std::string, std::optional<std::string>> saved_;  // by name: the value before
 };
 
 // A fresh directory under the system temp dir, removed with everything in it on destruction.

@@ -1,7 +1,8 @@
 #pragma once
-// The command line: torchrun's options (both spellings, PET_<OPTION> defaults) parsed with
-// CLI11 into a validated LaunchConfig. Pure: the environment and the machine's device counts
-// come in through CliContext, so tests run it in-process.
+// The command line: torchrun's options (both spellings, argparse's unambiguous prefixes,
+// PET_<OPTION> defaults from the process environment) parsed with CLI11 into a validated
+// LaunchConfig. The machine's device counts come in through CliContext, so tests run it
+// in-process.
 
 #include <functional>
 #include <optional>
@@ -29,12 +30,11 @@ class NotImplementedError : public UsageError {
 
 // What parsing needs from the outside world.
 struct CliContext {
-  std::function<std::optional<std::string>(const std::string&)> getenv;  // PET_* lookup
   std::function<int()> gpu_count;  // devices visible for --nproc_per_node=gpu|auto
   std::function<int()> cpu_count;  // cores for --nproc_per_node=cpu|auto
 };
 
-// The real process environment, GPU probe (device_count.hpp) and core count.
+// The real GPU probe (device_count.hpp) and core count.
 CliContext process_cli_context();
 
 struct CliResult {

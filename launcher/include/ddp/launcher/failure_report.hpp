@@ -41,9 +41,25 @@ struct WorkerFailure {
   std::string describe_exit() const;
 };
 
-// The report on a failed job: the root cause (the first failure) in full, then the others.
-// `what` names the job (the entrypoint).
+// The report on a failed job, in torchrun 2.x's layout field for field (so that log scrapers
+// written for torchrun keep working): a ==== rule, "<what> FAILED", "Failures:" (the other
+// failures, or <NO_OTHER_FAILURES>), "Root Cause (first observed failure):", each failure as
+// "[i]:" with time, host, rank, exitcode (-N for signal N) with the pid, error_file and
+// traceback; then fields of ddprun's own (exit, message). `what` names the job (the
+// entrypoint).
 std::string format_failure_report(const std::string& what, const WorkerFailure& root_cause,
                                   const std::vector<WorkerFailure>& others);
+
+// A worker still running when --shutdown_timeout ran out.
+struct StillRunning {
+  int rank = 0;
+  int local_rank = 0;
+  pid_t pid = 0;
+};
+
+// The notice ddprun prints before it SIGKILLs the workers that did not stop within
+// --shutdown_timeout after `signal` (SIGTERM, or the signal it forwarded): names each one.
+std::string kill_notice(std::chrono::milliseconds shutdown_timeout, int signal,
+                        const std::vector<StillRunning>& workers);
 
 }  // namespace ddp::launcher

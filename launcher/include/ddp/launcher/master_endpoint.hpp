@@ -1,8 +1,8 @@
 #pragma once
 // MASTER_ADDR / MASTER_PORT of a job, and who hosts the store there. One small, replaceable
-// step of the agent: today it reserves a free port that rank 0 of a PyTorch job binds its
-// own TCPStore to; an agent-hosted store (ddp::store::Server on the agent's io_context)
-// plugs in as another MasterHost and sets agent_store.
+// step of the agent: the agent-hosted store (host_agent_store in agent_store.hpp, a
+// ddp::store::Server on the agent's io_context) is the MasterHost ddprun uses;
+// AgentOptions::master_host can name another.
 
 #include <boost/asio/io_context.hpp>
 #include <functional>
@@ -30,11 +30,5 @@ class MasterHost {
 // worker starts; it may put asynchronous work (a server) on io_context.
 using MasterHostFactory =
     std::function<std::unique_ptr<MasterHost>(boost::asio::io_context&, const LaunchConfig&)>;
-
-// The default: MASTER_ADDR = --local_addr or --master_addr; MASTER_PORT = --master_port when
-// given, else a port the kernel reports free (bound and released, as torchrun does);
-// agent_store = false. Throws std::system_error when no port can be bound.
-std::unique_ptr<MasterHost> reserve_master_port(boost::asio::io_context& io,
-                                                const LaunchConfig& config);
 
 }  // namespace ddp::launcher

@@ -12,13 +12,21 @@
 #include <string>
 #include <vector>
 
+#include "ddp/launcher/log_file_errors.hpp"
 #include "ddp/launcher/unique_fd.hpp"
+#include "ddp/launcher/write_all.hpp"
 
 namespace ddp::launcher {
 
 // Receives one whole, prefixed console line (ending in '\n') per call; called on the io
 // thread and must not block.
 using ConsoleSink = std::function<void(std::string lines)>;
+
+// The log file a tee writes: its path, for messages, and where its failed writes are told.
+struct TeeLog {
+  std::string path;
+  std::shared_ptr<LogFileErrors> errors;  // null: failures are not reported
+};
 
 class OutputTee : public std::enable_shared_from_this<OutputTee> {
  public:
@@ -29,30 +37,30 @@ class OutputTee : public std::enable_shared_from_this<OutputTee> {
 
   // Starts reading `source` on io. `file` (may be invalid) receives every byte; console
   // (empty for none) receives prefixed lines; a last line without newline gets one at EOF.
-  // on_done runs once, after EOF or a read error, when everything has been written. The tee
-  // keeps itself alive until then.
+  // A failed file write (a full disk) goes to log.errors; the console goes on, and later
+  // output is written to the file again. on_done runs once, after EOF or a read error, when
+  // everything has been written. The tee keeps itself alive until then.
   static void start(boost::asio::io_context& io, UniqueFd source, UniqueFd file,
-                    ConsoleSink console, std::string prefix, std::function<void()> on_done);
+                    ConsoleSink console, std::string prefix, std::function<void()> on_done,
+                    TeeLog log = {});
 
   OutputTee(boost::asio::io_context& io, UniqueFd source, UniqueFd file, ConsoleSink console,
-            std::string prefix, std::function<void()> on_done);
+            std::string prefix, std::function<void()> on_done, TeeLog log);
 
  private:
   void read_more();
   void consume(const char* data, std::size_t size);
+  void write_file(const char* data, std::size_t size);
   void finish();
 
   boost::asio::posix::stream_descriptor source_;
   UniqueFd file_;
+  TeeLog log_;
   ConsoleSink console_;
   std::string prefix_;
   std::function<void()> on_done_;
   std::vector<char> buffer_;
   std::string partial_line_;  // console bytes after the last newline
 };
-
-// Writes all of data to fd, retrying short writes and EINTR, and waiting (10 s at most) when
-// a non-blocking fd is full. Returns false on error or timeout.
-bool write_all(int fd, const char* data, std::size_t size);
 
 }  // namespace ddp::launcher

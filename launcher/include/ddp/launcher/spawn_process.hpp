@@ -25,7 +25,13 @@ struct SpawnOptions {
 // The program could not be started (fork failed, or execve failed in the child).
 class SpawnError : public std::runtime_error {
  public:
-  using std::runtime_error::runtime_error;
+  explicit SpawnError(const std::string& what, int error = 0)
+      : std::runtime_error(what), error_(error) {}
+  // The errno of the failure (EMFILE: out of descriptors), 0 when not known.
+  int error() const { return error_; }
+
+ private:
+  int error_;
 };
 
 // A forked child on its way to exec.

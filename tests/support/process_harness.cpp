@@ -128,6 +128,23 @@ std::vector<std::string> ChildProcess::wait_for_stdout_lines(const std::string& 
   }
 }
 
+std::string ChildProcess::next_stdout_line(milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  for (;;) {
+    std::size_t newline = out_.find('\n', out_taken_);
+    if (newline != std::string::npos || out_fd_ < 0) {
+      std::size_t end = newline == std::string::npos ? out_.size() : newline;
+      std::string line = out_.substr(out_taken_, end - out_taken_);
+      out_taken_ = newline == std::string::npos ? out_.size() : newline + 1;
+      return line;
+    }
+    if (!pump(deadline)) {
+      throw std::runtime_error("waited for a stdout line of process " + std::to_string(pid_) +
+                               "; got stdout:\n" + out_ + "\nstderr:\n" + err_);
+    }
+  }
+}
+
 void ChildProcess::wait_for_stderr(const std::string& needle, milliseconds timeout) {
   auto deadline = std::chrono::steady_clock::now() + timeout;
   while (err_.find(needle) == std::string::npos) {

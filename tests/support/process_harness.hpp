@@ -1,7 +1,7 @@
 #pragma once
-// Running real processes from launcher tests: start ddprun with pipes, wait for lines and
-// exits as events with deadlines (poll on pipes and pidfds; no fixed sleeps), and inspect
-// process groups through /proc.
+// Running real processes from tests (ddprun, ddpstore, Python peers): start them with pipes,
+// wait for lines and exits as events with deadlines (poll on pipes and pidfds; no fixed
+// sleeps), and inspect process groups through /proc. The one ChildProcess of the tests.
 
 #include <sys/types.h>
 
@@ -41,6 +41,9 @@ class ChildProcess {
   // Throws std::runtime_error naming what it waited for on timeout or early exit.
   std::vector<std::string> wait_for_stdout_lines(const std::string& needle, std::size_t count,
                                                  milliseconds timeout = kProcessTimeout);
+  // The next stdout line (without its newline) not returned by this call before; at the end
+  // of the output, what is left (empty when nothing). Throws std::runtime_error on timeout.
+  std::string next_stdout_line(milliseconds timeout = kProcessTimeout);
   // Reads until some stderr line contains needle; throws on timeout.
   void wait_for_stderr(const std::string& needle, milliseconds timeout = kProcessTimeout);
 
@@ -58,6 +61,7 @@ class ChildProcess {
   std::optional<int> status_;
   std::string out_;
   std::string err_;
+  std::size_t out_taken_ = 0;  // bytes of out_ next_stdout_line has returned
 };
 
 // Runs argv to completion.

@@ -1,0 +1,13 @@
+#pragma once
+// The Python a --run_path or -m worker runs first: it runs the script or module as Python
+// would, and on an uncaught exception writes TORCHELASTIC_ERROR_FILE as torchelastic's
+// @record does, so that the failure report shows the traceback. Internal to the launcher.
+
+#include <string_view>
+
+namespace ddp::launcher::detail {
+
+// Source for `python -c`. Its arguments: "--run_path SCRIPT ARGS..." or "-m MODULE ARGS...".
+std::string_view record_wrapper_source();
+
+}  // namespace ddp::launcher::detail
