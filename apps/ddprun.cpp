@@ -26,11 +26,8 @@ int main(int argc, char** argv) {
       std::fputs(cli.text.c_str(), stdout);
       return 0;
     }
-    auto getenv = [](const std::string& name) -> std::optional<std::string> {
-      const char* value = std::getenv(name.c_str());
-      return value ? std::optional<std::string>(value) : std::nullopt;
-    };
-    WorkerCommand command = resolve_worker_command(cli.config, getenv);
+    for (const std::string& line : cli.notices) std::fprintf(stderr, "%s\n", line.c_str());
+    WorkerCommand command = resolve_worker_command(cli.config, context.getenv);
     job = cli.config;
     AgentOptions options;
     options.base_env = current_environment();

@@ -11,6 +11,7 @@
 
 #include "cli_options.hpp"
 #include "ddp/common/host_name.hpp"
+#include "ddp/launcher/slurm_env.hpp"
 #include "ddp/launcher/device_count.hpp"
 #include "ddp/launcher/signal_names.hpp"
 
@@ -282,14 +283,41 @@ CliContext process_cli_context() {
   CliContext context;
   context.gpu_count = [] { return gpu_device_count(); };
   context.cpu_count = [] { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); };
+  context.getenv = [](const std::string& name) -> std::optional<std::string> {
+    const char* value = std::getenv(name.c_str());
+    return value ? std::optional<std::string>(value) : std::nullopt;
+  };
   return context;
+}
+
+// Inside a Slurm job, the options the user did not give (on the command line or as PET_*)
+// come from SLURM_* (slurm_env.hpp). Returns the line that says what was taken, or "".
+static std::string apply_slurm_defaults(const CliContext& context, RawOptions& raw) {
+  if (!context.getenv || raw.flags["standalone"]) return "";  // --standalone: this host only
+  try {
+    std::optional<SlurmDefaults> slurm = slurm_defaults(context.getenv);
+    if (!slurm) return "";
+    SlurmDefaults taken = slurm->without(
+        [&](std::string_view dest) { return raw.origin.contains(std::string(dest)); });
+    taken.check_started_by_srun();
+    for (const SlurmOption& option : taken.options()) {
+      raw.values[option.dest] = option.value;
+      raw.origin[option.dest] = option.source;  // errors then name "SLURM_NNODES=..."
+    }
+    return taken.options().empty() ? "" : taken.summary();
+  } catch (const SlurmEnvError& e) {
+    throw UsageError(e.what());
+  }
 }
 
 CliResult parse_command_line(const std::vector<std::string>& args, const CliContext& context) {
   RawOptions raw = detail::parse_raw_options(args);
   CliResult result;
-  if (raw.help) return {CliResult::Action::kHelp, {}, help_text()};
-  if (raw.version) return {CliResult::Action::kVersion, {}, version_text()};
+  if (raw.help) return {CliResult::Action::kHelp, {}, help_text(), {}};
+  if (raw.version) return {CliResult::Action::kVersion, {}, version_text(), {}};
+  if (std::string line = apply_slurm_defaults(context, raw); !line.empty()) {
+    result.notices.push_back(line);
+  }
   LaunchConfig& config = result.config;
   parse_nnodes(raw, config);
   parse_rendezvous(raw, config);

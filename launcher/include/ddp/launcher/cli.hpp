@@ -32,6 +32,8 @@ class NotImplementedError : public UsageError {
 struct CliContext {
   std::function<int()> gpu_count;  // devices visible for --nproc_per_node=gpu|auto
   std::function<int()> cpu_count;  // cores for --nproc_per_node=cpu|auto
+  // The environment for Slurm's defaults (SLURM_JOB_ID, SLURM_NNODES, ...); unset: none.
+  std::function<std::optional<std::string>(const std::string&)> getenv;
 };
 
 // The real GPU probe (device_count.hpp) and core count.
@@ -42,6 +44,7 @@ struct CliResult {
   Action action = Action::kRun;
   LaunchConfig config;  // valid when action == kRun
   std::string text;     // the help or version text otherwise
+  std::vector<std::string> notices;  // lines for stderr before the job starts (from Slurm)
 };
 
 // Parses the arguments after argv[0]. Throws UsageError (or NotImplementedError) on bad
