@@ -181,13 +181,9 @@ def train_epoch(ddp_model, opt, train, args, epoch, rank, world, step):
     return mean.item() / world, total * world, step
 
 
-def main():
-    args = parse_args()
-    torch.set_num_threads(args.threads)
-    train = load_split(args.data, "train", args.train_limit)
-    test = load_split(args.data, "t10k", args.test_limit)
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
+def train(args, rank, world):
+    train_split = load_split(args.data, "train", args.train_limit)
+    test_split = load_split(args.data, "t10k", args.test_limit)
     model = Mlp()
     initialise(model, args.seed, args.init)
     ddp_model = DistributedDataParallel(model)  # broadcasts rank 0's weights
@@ -195,14 +191,25 @@ def main():
     step = 0
     for epoch in range(args.epochs):
         start = time.perf_counter()
-        train_loss, samples, step = train_epoch(ddp_model, opt, train, args, epoch, rank, world, step)
+        train_loss, samples, step = train_epoch(ddp_model, opt, train_split, args, epoch, rank,
+                                                world, step)
         train_seconds = time.perf_counter() - start
-        test_loss, correct, count = evaluate(model, *test, rank, world)
+        test_loss, correct, count = evaluate(model, *test_split, rank, world)
         if rank == 0:
             print(f"epoch {epoch + 1}/{args.epochs}: train loss {train_loss:.4f}, "
                   f"test loss {test_loss:.4f}, test accuracy {100 * correct / count:.2f}% "
                   f"({correct}/{count}), {time.perf_counter() - start:.1f} s, "
                   f"{samples / train_seconds:.0f} samples/s", flush=True)
+
+
+def main():
+    args = parse_args()
+    torch.set_num_threads(args.threads)
+    dist.init_process_group("gloo")
+    train(args, dist.get_rank(), dist.get_world_size())
+    # The DDP model is gone with train()'s frame. Left to interpreter shutdown, its process
+    # group's destructor joins a Gloo thread that waits for the GIL: PyTorch 1.13 on
+    # Python 3.11 then hangs at exit now and then.
     dist.destroy_process_group()
 
 
