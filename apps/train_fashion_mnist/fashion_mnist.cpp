@@ -152,6 +152,10 @@ Dataset load_dataset(const std::filesystem::path& dir) {
   return data;
 }
 
+void normalize(Split& split) {
+  for (float& x : split.images) x = (x - kPixelMean) / kPixelStd;
+}
+
 Split head(const Split& split, std::size_t n) {
   if (n == 0 || n >= split.size()) return split;
   Split out;

@@ -46,6 +46,14 @@ Split read_split(const std::filesystem::path& images, const std::filesystem::pat
 // The four standard files in dir, each as NAME or NAME.gz (train-images-idx3-ubyte, ...).
 Dataset load_dataset(const std::filesystem::path& dir);
 
+// Fashion-MNIST's training-set pixel mean and standard deviation (of pixel / 255).
+inline constexpr float kPixelMean = 0.2860f;
+inline constexpr float kPixelStd = 0.3530f;
+
+// Standardises every pixel: (x - kPixelMean) / kPixelStd. SGD trains faster on inputs
+// centred at 0 than on [0, 1].
+void normalize(Split& split);
+
 // The first n images of a split (all of them when n is 0 or above its size).
 Split head(const Split& split, std::size_t n);
 

@@ -245,6 +245,8 @@ Dataset load(const TrainConfig& config) {
   Dataset data = load_dataset(config.data_dir);
   data.train = head(data.train, config.train_limit);
   data.test = head(data.test, config.test_limit);
+  normalize(data.train);
+  normalize(data.test);
   return data;
 }
 

@@ -16,7 +16,7 @@ enum class Device { Auto, Cpu, Cuda };
 
 struct TrainConfig {
   std::filesystem::path data_dir = kDefaultDataDir;  // the four IDX files (plain or .gz)
-  int batch_size = 64;            // images per rank per step
+  int batch_size = 128;           // images per rank per step
   double lr = 0.05;               // SGD learning rate
   double momentum = 0.9;          // SGD momentum
   int epochs = 3;                 // passes over the training set, counting resumed ones
