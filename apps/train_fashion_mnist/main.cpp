@@ -23,13 +23,15 @@ int main(int argc, char** argv) {
       {"auto", fmnist::Device::Auto}, {"cpu", fmnist::Device::Cpu}, {"cuda", fmnist::Device::Cuda}};
   app.add_option("--device", config.device, "cpu, cuda or auto")
       ->transform(CLI::CheckedTransformer(devices, CLI::ignore_case))
-      ->default_str("auto");
+      ->option_text("cpu|cuda|auto (default: auto)");
   app.add_option("--seed", config.seed, "Seed of the initial weights and the data order");
   app.add_option("--checkpoint_dir", config.checkpoint_dir,
                  "Write a checkpoint here every epoch and resume from the newest on start");
   app.add_option("--train_limit", config.train_limit, "Train on the first N images (0: all)");
   app.add_option("--test_limit", config.test_limit, "Test on the first N images (0: all)");
   app.add_option("--threads", config.threads, "BLAS threads per rank")->check(CLI::PositiveNumber);
+  app.add_option("--timeout", config.timeout,
+                 "Seconds a rank waits for the others in a collective before it fails");
   app.add_flag("--print_losses", config.print_losses, "Rank 0 prints every step's loss");
   app.add_option("--dump_init", config.dump_init,
                  "Write the initial weights (float32, fc1.weight first) to FILE and exit");

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "checkpoint.hpp"
+#include "error_file.hpp"
 #include "ddp/runtime.hpp"
 #include "mlp.hpp"
 #include "progress.hpp"
@@ -161,7 +162,9 @@ std::uint32_t Job::resume() {
   ctx_.broadcast(std::span<std::int64_t>(&done, 1));
   std::vector<ddp::Parameter> params;
   for (const auto& p : model_.parameters()) params.push_back({p.name, p.value});
-  reducer_ = std::make_unique<ddp::Reducer>(ctx_, std::move(params));  // broadcasts weights
+  ddp::ReducerOptions options;
+  options.timeout = config_.timeout;
+  reducer_ = std::make_unique<ddp::Reducer>(ctx_, std::move(params), options);  // broadcasts weights
   if (done > 0) {
     for (auto& b : sgd_.buffers()) ctx_.broadcast(std::span<float>(b));
   }
@@ -269,14 +272,13 @@ int run_training(const TrainConfig& config) {
     Dataset data = load(config);  // before init: a missing file fails fast on every rank
     ddp::InitOptions options;
     options.backend = ddp::Backend::Gloo;  // the CPU trainer
+    options.timeout = config.timeout;
     ddp::Context ctx = ddp::init(options);
     Job job(config, ctx, std::move(data));
     return job.run();
-  } catch (const DataError& e) {
-    std::fprintf(stderr, "train_fashion_mnist: %s\n", e.what());
-    return 1;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "train_fashion_mnist: %s\n", e.what());
+    write_error_file(e.what());
     return 1;
   }
 }

@@ -3,11 +3,13 @@
 // its DistributedSampler share of Fashion-MNIST, gradients averaged by ddp::Reducer while
 // backward runs, checkpoints each epoch from rank 0, resume from the newest on start.
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
 #include <string>
 
+#include "ddp/types.hpp"
 #include "fashion_mnist.hpp"
 
 namespace fmnist {
@@ -26,6 +28,10 @@ struct TrainConfig {
   std::size_t train_limit = 0;    // use the first N training images (0: all)
   std::size_t test_limit = 0;     // evaluate on the first N test images (0: all)
   int threads = 1;                // BLAS threads per rank
+  // How long a rank waits for the others in any collective (gradient all-reduce, evaluation)
+  // before it fails with an error naming the operation; a rank that hangs stops the job then.
+  std::chrono::seconds timeout = std::chrono::duration_cast<std::chrono::seconds>(
+      ddp::kDefaultCollectiveTimeout);
   bool print_losses = false;      // rank 0 prints "step S loss L" for every step (its batch)
   std::filesystem::path dump_init;  // write the initial weights here (raw float32) and exit
   long crash_at_step = -1;        // test hook: on the first attempt the last rank kills

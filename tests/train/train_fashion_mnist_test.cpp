@@ -90,4 +90,7 @@ TEST_CASE("a missing data directory fails every rank with the file and the fix")
   CHECK(result.output.find("train-images-idx3-ubyte.gz: file not found") != std::string::npos);
   CHECK(result.output.find("install the Debian package dataset-fashion-mnist") !=
         std::string::npos);
+  // The error file carries it into ddprun's failure report.
+  CHECK(result.output.find("message   : " + dir.path().string() + "/train-images-idx3-ubyte.gz") !=
+        std::string::npos);
 }
