@@ -3,6 +3,7 @@
 find_package(ZLIB REQUIRED)
 find_library(OPENBLAS_LIBRARY openblas REQUIRED)
 add_library(fmnist_trainer STATIC
+  train_fashion_mnist/blas_kernels.cpp
   train_fashion_mnist/checkpoint.cpp
   train_fashion_mnist/error_file.cpp
   train_fashion_mnist/fashion_mnist.cpp

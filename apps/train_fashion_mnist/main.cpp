@@ -5,9 +5,11 @@
 #include <CLI/CLI.hpp>
 #include <map>
 
+#include "blas_kernels.hpp"
 #include "trainer.hpp"
 
 int main(int argc, char** argv) {
+  fmnist::reexec_with_better_blas_core(argv);  // first: OpenBLAS's kernels are fixed at load
   fmnist::TrainConfig config;
   CLI::App app{"Data-parallel Fashion-MNIST training with libddp (run under ddprun or torchrun)",
                "train_fashion_mnist"};

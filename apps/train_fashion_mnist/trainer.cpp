@@ -1,5 +1,7 @@
 #include "trainer.hpp"
 
+#include <cblas.h>
+
 #include <algorithm>
 #include <csignal>
 #include <cstdio>
@@ -15,8 +17,6 @@
 #include "mlp.hpp"
 #include "progress.hpp"
 #include "sgd.hpp"
-
-extern "C" void openblas_set_num_threads(int);
 
 namespace fmnist {
 
