@@ -34,7 +34,8 @@ void put(std::string& out, T value) {
 // Reads values from a byte string, throwing on a short read.
 class Reader {
  public:
-  Reader(const std::string& bytes, const std::filesystem::path& path) : bytes_(bytes), path_(path) {}
+  Reader(const std::string& bytes, const std::filesystem::path& path)
+      : bytes_(bytes), path_(path) {}
   template <typename T>
   T get() {
     T value;
@@ -134,13 +135,15 @@ Checkpoint read_checkpoint(const std::filesystem::path& path,
   if (std::memcmp(magic, kMagic, sizeof kMagic) != 0) {
     throw CheckpointError(path.string() + ": not a train_fashion_mnist checkpoint");
   }
-  if (r.get<std::uint32_t>() != kVersion) throw CheckpointError(path.string() + ": unknown version");
+  if (r.get<std::uint32_t>() != kVersion)
+    throw CheckpointError(path.string() + ": unknown version");
   Checkpoint ck;
   ck.epochs_done = r.get<std::uint32_t>();
   const auto count = r.get<std::uint32_t>();
   if (count != expected_sizes.size()) {
-    throw CheckpointError(path.string() + ": holds " + std::to_string(count) + " tensors, expected " +
-                          std::to_string(expected_sizes.size()) + " (a checkpoint of another model?)");
+    throw CheckpointError(path.string() + ": holds " + std::to_string(count) +
+                          " tensors, expected " + std::to_string(expected_sizes.size()) +
+                          " (a checkpoint of another model?)");
   }
   for (std::uint32_t i = 0; i < count; ++i) {
     const auto n = r.get<std::uint64_t>();

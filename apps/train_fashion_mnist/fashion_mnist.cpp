@@ -46,8 +46,8 @@ class IdxFile {
   std::uint32_t read_u32(const std::string& what) {
     std::array<std::uint8_t, 4> b{};
     read(b, what);
-    return (std::uint32_t{b[0]} << 24) | (std::uint32_t{b[1]} << 16) |
-           (std::uint32_t{b[2]} << 8) | std::uint32_t{b[3]};  // IDX is big-endian
+    return (std::uint32_t{b[0]} << 24) | (std::uint32_t{b[1]} << 16) | (std::uint32_t{b[2]} << 8) |
+           std::uint32_t{b[3]};  // IDX is big-endian
   }
 
   // DataError unless the file ends here.
@@ -81,8 +81,8 @@ void expect_magic(IdxFile& file, std::uint32_t magic, const char* kind) {
   const std::uint32_t found = file.read_u32("header");
   if (found != magic) {
     char text[96];
-    std::snprintf(text, sizeof text, ": not an IDX %s file (magic 0x%08x, expected 0x%08x)",
-                  kind, found, magic);
+    std::snprintf(text, sizeof text, ": not an IDX %s file (magic 0x%08x, expected 0x%08x)", kind,
+                  found, magic);
     throw DataError(file.path().string() + text);
   }
 }

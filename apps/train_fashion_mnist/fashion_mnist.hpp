@@ -26,8 +26,8 @@ class DataError : public std::runtime_error {
 
 // One split: images as floats in [0, 1] (pixel / 255), row-major, kPixels per image.
 struct Split {
-  std::vector<float> images;          // size() * kPixels
-  std::vector<std::uint8_t> labels;   // one class 0..9 per image
+  std::vector<float> images;         // size() * kPixels
+  std::vector<std::uint8_t> labels;  // one class 0..9 per image
   std::size_t size() const { return labels.size(); }
   const float* image(std::size_t i) const { return images.data() + i * kPixels; }
 };

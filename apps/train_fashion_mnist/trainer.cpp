@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "checkpoint.hpp"
-#include "error_file.hpp"
 #include "ddp/runtime.hpp"
+#include "error_file.hpp"
 #include "mlp.hpp"
 #include "progress.hpp"
 #include "sgd.hpp"
@@ -27,7 +27,7 @@ using Clock = std::chrono::steady_clock;
 constexpr int kEvalBatch = 500;
 
 struct Evaluation {
-  double loss = 0;           // mean over the test images
+  double loss = 0;  // mean over the test images
   std::size_t correct = 0;
   std::size_t total = 0;
 };
@@ -126,8 +126,12 @@ struct Batch {
 class Job {
  public:
   Job(const TrainConfig& config, ddp::Context& ctx, Dataset data)
-      : config_(config), ctx_(ctx), data_(std::move(data)), model_(config.seed),
-        sgd_(config.lr, config.momentum, sizes_of(model_)), out_(ctx.rank() == 0, stdout),
+      : config_(config),
+        ctx_(ctx),
+        data_(std::move(data)),
+        model_(config.seed),
+        sgd_(config.lr, config.momentum, sizes_of(model_)),
+        out_(ctx.rank() == 0, stdout),
         sampler_(data_.train.size(), ctx, {.shuffle = true, .seed = config.seed}) {}
 
   int run();
@@ -164,7 +168,8 @@ std::uint32_t Job::resume() {
   for (const auto& p : model_.parameters()) params.push_back({p.name, p.value});
   ddp::ReducerOptions options;
   options.timeout = config_.timeout;
-  reducer_ = std::make_unique<ddp::Reducer>(ctx_, std::move(params), options);  // broadcasts weights
+  reducer_ =
+      std::make_unique<ddp::Reducer>(ctx_, std::move(params), options);  // broadcasts weights
   if (done > 0) {
     for (auto& b : sgd_.buffers()) ctx_.broadcast(std::span<float>(b));
   }
@@ -219,9 +224,9 @@ double Job::train_epoch(int epoch, long& global_step) {
 int Job::run() {
   const std::uint32_t done = resume();
   const std::size_t samples_per_epoch = sampler_.total_size();
-  long global_step = static_cast<long>(done) *
-                     static_cast<long>((sampler_.size() + config_.batch_size - 1) /
-                                       static_cast<std::size_t>(config_.batch_size));
+  long global_step =
+      static_cast<long>(done) * static_cast<long>((sampler_.size() + config_.batch_size - 1) /
+                                                  static_cast<std::size_t>(config_.batch_size));
   for (int epoch = static_cast<int>(done); epoch < config_.epochs; ++epoch) {
     const auto start = Clock::now();
     const double train_loss = train_epoch(epoch, global_step);

@@ -29,15 +29,16 @@ TEST_CASE("the trainer runs OpenBLAS's AVX kernels on a CPU that has AVX2") {
   }
   // OPENBLAS_VERBOSE=2 makes OpenBLAS print "Core: NAME" when it loads: once for the first
   // image, once more after a re-exec. The last one is what the trainer computes with.
-  const auto result = ddp::test::run_shell(
-      "env -u OPENBLAS_CORETYPE OPENBLAS_VERBOSE=2 " +
-          ddp::test::bin_path("train_fashion_mnist").string() + " --dump_init /dev/null",
-      60);
+  const auto result = ddp::test::run_shell("env -u OPENBLAS_CORETYPE OPENBLAS_VERBOSE=2 " +
+                                               ddp::test::bin_path("train_fashion_mnist").string() +
+                                               " --dump_init /dev/null",
+                                           60);
   INFO(result.output << "OpenBLAS's own choice in this process: " << openblas_get_corename());
   REQUIRE(result.status == 0);
   const auto last = result.output.rfind("Core: ");
   REQUIRE(last != std::string::npos);
-  const std::string core = result.output.substr(last + 6, result.output.find('\n', last) - last - 6);
+  const std::string core =
+      result.output.substr(last + 6, result.output.find('\n', last) - last - 6);
   CHECK((core == "Haswell" || core == "SkylakeX" || core == "Zen" || core == "Cooperlake" ||
          core == "SapphireRapids" || core == "SandyBridge"));
   CHECK(core != "Prescott");

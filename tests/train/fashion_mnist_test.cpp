@@ -20,7 +20,8 @@ std::string be32(std::uint32_t v) {
 
 std::string image_file(std::uint32_t count, std::uint32_t side = 28, std::uint32_t magic = 0x803) {
   std::string bytes = be32(magic) + be32(count) + be32(side) + be32(side);
-  for (std::uint32_t i = 0; i < count * side * side; ++i) bytes.push_back(static_cast<char>(i % 256));
+  for (std::uint32_t i = 0; i < count * side * side; ++i)
+    bytes.push_back(static_cast<char>(i % 256));
   return bytes;
 }
 
@@ -84,8 +85,8 @@ TEST_CASE("a truncated file says how many bytes were expected and found") {
   REQUIRE_THROWS_WITH(fmnist::read_split(i, l),
                       Catch::Contains("truncated: expected 1568 bytes of pixels, found 1468"));
   write(i, be32(0x803).substr(0, 3));
-  REQUIRE_THROWS_WITH(fmnist::read_split(i, l), Catch::Contains("truncated") &&
-                                                    Catch::Contains("of header"));
+  REQUIRE_THROWS_WITH(fmnist::read_split(i, l),
+                      Catch::Contains("truncated") && Catch::Contains("of header"));
 }
 
 TEST_CASE("a wrong magic number, size or label is reported as corrupt") {
@@ -93,8 +94,9 @@ TEST_CASE("a wrong magic number, size or label is reported as corrupt") {
   const auto l = write(dir.path() / "l", label_file(2));
   const auto i = dir.path() / "i";
   write(i, image_file(2, 28, 0x801));
-  CHECK_THROWS_WITH(fmnist::read_split(i, l),
-                    Catch::Contains("not an IDX image file (magic 0x00000801, expected 0x00000803)"));
+  CHECK_THROWS_WITH(
+      fmnist::read_split(i, l),
+      Catch::Contains("not an IDX image file (magic 0x00000801, expected 0x00000803)"));
   write(i, image_file(2, 27));
   CHECK_THROWS_WITH(fmnist::read_split(i, l), Catch::Contains("images are 27x27, expected 28x28"));
   write(i, image_file(2) + "x");

@@ -23,8 +23,9 @@ constexpr int kTimeoutSeconds = 240;
 // with 32 images per step the early steps are chaotic enough to amplify rounding to 1e-2
 // within 30 steps when the kernels differ, so the test uses 0.02.)
 constexpr double kTolerance = 1e-4;
-const std::string kArgs = " --train_limit 2000 --test_limit 500 --epochs 1 --batch_size 32 "
-                          "--lr 0.02 --momentum 0.9 --seed 3 --print_losses";
+const std::string kArgs =
+    " --train_limit 2000 --test_limit 500 --epochs 1 --batch_size 32 "
+    "--lr 0.02 --momentum 0.9 --seed 3 --print_losses";
 
 std::map<int, double> step_losses(const std::string& output) {
   std::map<int, double> losses;
@@ -57,12 +58,11 @@ TEST_CASE("the PyTorch script's per-step losses match ours under ddprun and torc
     WARN("SKIPPED: " << ddp::test::torch_python() << " cannot import torch (python3-torch)");
     return;
   }
-  const std::string ddprun = ddp::test::bin_path("ddprun").string() +
-                             " --standalone --nproc_per_node=2 ";
+  const std::string ddprun =
+      ddp::test::bin_path("ddprun").string() + " --standalone --nproc_per_node=2 ";
   const std::string script = ddp::test::source_path("examples/pytorch/train_fashion_mnist.py");
-  const auto ours =
-      ddp::test::run_shell(ddprun + ddp::test::bin_path("train_fashion_mnist").string() + kArgs,
-                           kTimeoutSeconds);
+  const auto ours = ddp::test::run_shell(
+      ddprun + ddp::test::bin_path("train_fashion_mnist").string() + kArgs, kTimeoutSeconds);
   INFO(ours.output);
   REQUIRE(ours.status == 0);
   const auto ours_losses = step_losses(ours.output);

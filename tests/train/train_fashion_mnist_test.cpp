@@ -19,10 +19,10 @@ bool have_data() {
 
 // ddprun --standalone --nproc_per_node=2 [launcher_args] train_fashion_mnist <subset> args
 ddp::test::ShellResult train(const std::string& launcher_args, const std::string& args) {
-  const std::string command =
-      ddp::test::bin_path("ddprun").string() + " --standalone --nproc_per_node=2 " +
-      launcher_args + " " + ddp::test::bin_path("train_fashion_mnist").string() +
-      " --train_limit 6000 --test_limit 2000 --batch_size 32 " + args;
+  const std::string command = ddp::test::bin_path("ddprun").string() +
+                              " --standalone --nproc_per_node=2 " + launcher_args + " " +
+                              ddp::test::bin_path("train_fashion_mnist").string() +
+                              " --train_limit 6000 --test_limit 2000 --batch_size 32 " + args;
   return ddp::test::run_shell(command, kTimeoutSeconds);
 }
 
@@ -64,8 +64,9 @@ TEST_CASE("a worker killed mid-epoch is restarted and resumes from the last chec
   INFO(clean.output);
   REQUIRE(clean.status == 0);
   // 3000 images per rank at 32 a step: 94 steps per epoch; step 140 is in the middle of epoch 2.
-  const auto crashed = train("--max_restarts=1", "--epochs 3 --crash_at_step 140 --checkpoint_dir " +
-                                                     (dir.path() / "crashed").string());
+  const auto crashed =
+      train("--max_restarts=1",
+            "--epochs 3 --crash_at_step 140 --checkpoint_dir " + (dir.path() / "crashed").string());
   INFO(crashed.output);
   REQUIRE(crashed.status == 0);
   CHECK(crashed.output.find("crashing at step 140") != std::string::npos);
