@@ -9,8 +9,8 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
-#include <regex>
 #include <string>
+#include <string_view>
 
 namespace fmnist {
 
@@ -106,6 +106,17 @@ std::string file_name(std::uint32_t epochs_done) {
   return name;
 }
 
+// epoch_NNNN.ckpt, at least four digits.
+bool is_checkpoint_name(const std::string& name) {
+  const std::string prefix = "epoch_", suffix = ".ckpt";
+  if (name.size() < prefix.size() + 4 + suffix.size()) return false;
+  if (name.compare(0, prefix.size(), prefix) != 0) return false;
+  if (name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0) return false;
+  const auto digits =
+      std::string_view(name).substr(prefix.size(), name.size() - prefix.size() - suffix.size());
+  return std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; });
+}
+
 }  // namespace
 
 std::filesystem::path write_checkpoint(const std::filesystem::path& dir, std::uint32_t epochs_done,
@@ -166,9 +177,8 @@ std::vector<std::filesystem::path> list_checkpoints(const std::filesystem::path&
   std::vector<std::filesystem::path> found;
   std::error_code ec;
   if (!std::filesystem::is_directory(dir, ec)) return found;
-  const std::regex pattern(R"(epoch_\d{4,}\.ckpt)");
   for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
-    if (std::regex_match(entry.path().filename().string(), pattern)) found.push_back(entry.path());
+    if (is_checkpoint_name(entry.path().filename().string())) found.push_back(entry.path());
   }
   // Zero-padded names sort by epoch; a longer name (10000+ epochs) is a later one.
   std::sort(found.begin(), found.end(), [](const auto& a, const auto& b) {
