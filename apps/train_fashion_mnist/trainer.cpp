@@ -1,0 +1,291 @@
+#include "trainer.hpp"
+
+#include <cblas.h>
+
+#include <algorithm>
+#include <csignal>
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <optional>
+#include <span>
+#include <vector>
+
+#include "checkpoint.hpp"
+#include "ddp/runtime.hpp"
+#include "error_file.hpp"
+#include "mlp.hpp"
+#include "progress.hpp"
+#include "sgd.hpp"
+
+namespace fmnist {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+constexpr int kEvalBatch = 500;
+
+struct Evaluation {
+  double loss = 0;  // mean over the test images
+  std::size_t correct = 0;
+  std::size_t total = 0;
+};
+
+// Test loss and accuracy over the whole test split: each rank evaluates every world-th image
+// from its rank on, and the counts are summed across ranks.
+Evaluation evaluate(ddp::Context& ctx, Mlp& model, const Split& test) {
+  std::vector<float> images;
+  std::vector<std::uint8_t> labels;
+  double sums[3] = {0, 0, 0};  // loss sum, correct, count
+  const auto world = static_cast<std::size_t>(ctx.world_size());
+  std::size_t i = static_cast<std::size_t>(ctx.rank());
+  while (i < test.size()) {
+    images.clear();
+    labels.clear();
+    for (; i < test.size() && labels.size() < kEvalBatch; i += world) {
+      images.insert(images.end(), test.image(i), test.image(i) + kPixels);
+      labels.push_back(test.labels[i]);
+    }
+    const int n = static_cast<int>(labels.size());
+    const auto logits = model.forward(images.data(), n);
+    sums[0] += softmax_cross_entropy(logits, labels, kClasses, {}) * n;
+    for (int r = 0; r < n; ++r) {
+      const float* z = logits.data() + r * kClasses;
+      sums[1] += static_cast<double>(std::max_element(z, z + kClasses) - z) == labels[r];
+    }
+    sums[2] += n;
+  }
+  ctx.allreduce(std::span<double>(sums, 3), ddp::ReduceOp::Sum);
+  return {sums[2] > 0 ? sums[0] / sums[2] : 0.0, static_cast<std::size_t>(sums[1]),
+          static_cast<std::size_t>(sums[2])};
+}
+
+std::vector<std::size_t> sizes_of(Mlp& model) {
+  std::vector<std::size_t> sizes;
+  for (const auto& p : model.parameters()) sizes.push_back(p.value.size());
+  return sizes;
+}
+
+// Rank 0 loads the newest readable checkpoint into the model and optimizer; skips (with a
+// note) ones that fail to read. Returns the epochs it holds (0: none).
+std::uint32_t load_newest(const TrainConfig& config, Mlp& model, Sgd& sgd, Progress& out) {
+  const auto sizes = sizes_of(model);
+  std::vector<std::size_t> expected = sizes;
+  expected.insert(expected.end(), sizes.begin(), sizes.end());
+  for (const auto& path : list_checkpoints(config.checkpoint_dir)) {
+    try {
+      Checkpoint ck = read_checkpoint(path, expected);
+      auto params = model.parameters();
+      for (std::size_t i = 0; i < params.size(); ++i) {
+        std::copy(ck.tensors[i].begin(), ck.tensors[i].end(), params[i].value.begin());
+        sgd.buffers()[i] = std::move(ck.tensors[params.size() + i]);
+      }
+      out.note("resuming from " + path.string() + " (" + std::to_string(ck.epochs_done) +
+               " epochs done)");
+      return ck.epochs_done;
+    } catch (const CheckpointError& e) {
+      out.note(std::string("skipping checkpoint: ") + e.what());
+    }
+  }
+  return 0;
+}
+
+void save(const TrainConfig& config, std::uint32_t epochs_done, Mlp& model, Sgd& sgd) {
+  std::vector<std::span<const float>> tensors;
+  for (const auto& p : model.parameters()) tensors.emplace_back(p.value);
+  for (const auto& b : sgd.buffers()) tensors.emplace_back(b);
+  write_checkpoint(config.checkpoint_dir, epochs_done, tensors);
+}
+
+void dump_initial_weights(Mlp& model, const std::filesystem::path& path) {
+  std::ofstream out(path, std::ios::binary);
+  for (const auto& p : model.parameters()) {
+    out.write(reinterpret_cast<const char*>(p.value.data()),
+              static_cast<std::streamsize>(p.value.size_bytes()));
+  }
+  if (!out) throw std::runtime_error(path.string() + ": cannot write the initial weights");
+}
+
+// The images and labels of one step, gathered contiguously.
+struct Batch {
+  std::vector<float> images;
+  std::vector<std::uint8_t> labels;
+  void fill(const Split& data, std::span<const std::size_t> indices) {
+    images.resize(indices.size() * kPixels);
+    labels.resize(indices.size());
+    for (std::size_t k = 0; k < indices.size(); ++k) {
+      std::copy(data.image(indices[k]), data.image(indices[k]) + kPixels,
+                images.begin() + static_cast<std::ptrdiff_t>(k * kPixels));
+      labels[k] = data.labels[indices[k]];
+    }
+  }
+};
+
+// Everything one rank holds while training.
+class Job {
+ public:
+  Job(const TrainConfig& config, ddp::Context& ctx, Dataset data)
+      : config_(config),
+        ctx_(ctx),
+        data_(std::move(data)),
+        model_(config.seed),
+        sgd_(config.lr, config.momentum, sizes_of(model_)),
+        out_(ctx.rank() == 0, stdout),
+        sampler_(data_.train.size(), ctx, {.shuffle = true, .seed = config.seed}) {}
+
+  int run();
+
+ private:
+  std::uint32_t resume();
+  double train_epoch(int epoch, long& global_step);
+  void maybe_crash(long global_step) const;
+
+  const TrainConfig& config_;
+  ddp::Context& ctx_;
+  Dataset data_;
+  Mlp model_;
+  Sgd sgd_;
+  Progress out_;
+  ddp::DistributedSampler sampler_;
+  std::unique_ptr<ddp::Reducer> reducer_;
+  std::vector<std::span<float>> params_, grads_;
+};
+
+// Rank 0 reads the newest checkpoint; the Reducer then copies its parameters to every rank
+// and the momentum buffers and epoch count are broadcast. Returns the epochs already done.
+std::uint32_t Job::resume() {
+  std::int64_t done = 0;
+  if (ctx_.rank() == 0 && !config_.checkpoint_dir.empty()) {
+    if (ctx_.env().restart_count > 0) {
+      out_.note("restart " + std::to_string(ctx_.env().restart_count) +
+                ": looking for a checkpoint in " + config_.checkpoint_dir.string());
+    }
+    done = load_newest(config_, model_, sgd_, out_);
+  }
+  ctx_.broadcast(std::span<std::int64_t>(&done, 1));
+  std::vector<ddp::Parameter> params;
+  for (const auto& p : model_.parameters()) params.push_back({p.name, p.value});
+  ddp::ReducerOptions options;
+  options.timeout = config_.timeout;
+  reducer_ =
+      std::make_unique<ddp::Reducer>(ctx_, std::move(params), options);  // broadcasts weights
+  if (done > 0) {
+    for (auto& b : sgd_.buffers()) ctx_.broadcast(std::span<float>(b));
+  }
+  for (std::size_t i = 0; i < reducer_->size(); ++i) {
+    params_.push_back(reducer_->parameter(i).value);
+    grads_.push_back(reducer_->grad(i));
+  }
+  model_.set_gradients(grads_);
+  return static_cast<std::uint32_t>(done);
+}
+
+void Job::maybe_crash(long global_step) const {
+  if (global_step == config_.crash_at_step && ctx_.env().restart_count == 0 &&
+      ctx_.rank() == ctx_.world_size() - 1) {
+    std::fprintf(stderr, "train_fashion_mnist: rank %d crashing at step %ld (--crash_at_step)\n",
+                 ctx_.rank(), global_step);
+    std::raise(SIGKILL);
+  }
+}
+
+// One epoch on this rank's share; returns the mean training loss across ranks.
+double Job::train_epoch(int epoch, long& global_step) {
+  sampler_.set_epoch(static_cast<std::uint64_t>(epoch));
+  const std::vector<std::size_t> order = sampler_.indices();
+  const auto world = static_cast<std::size_t>(ctx_.world_size());
+  const auto batch_size = static_cast<std::size_t>(config_.batch_size);
+  out_.start_epoch(epoch, config_.epochs, order.size() * world);
+  Batch batch;
+  double loss_sum = 0;
+  std::size_t steps = 0;
+  for (std::size_t start = 0; start < order.size(); start += batch_size, ++global_step) {
+    maybe_crash(global_step);
+    const std::size_t n = std::min(batch_size, order.size() - start);
+    batch.fill(data_.train, std::span(order).subspan(start, n));
+    model_.forward(batch.images.data(), static_cast<int>(n));
+    const double loss =
+        model_.backward(batch.labels, [&](std::size_t i) { reducer_->mark_ready(i); });
+    reducer_->finalize();  // gradients averaged across ranks, in the buckets
+    sgd_.step(params_, grads_);
+    loss_sum += loss;
+    ++steps;
+    if (config_.print_losses && ctx_.rank() == 0) {
+      std::printf("step %ld loss %.9g\n", global_step, loss);
+    }
+    out_.update((start + n) * world, loss_sum / static_cast<double>(steps));
+  }
+  double mean = steps ? loss_sum / static_cast<double>(steps) : 0.0;
+  ctx_.allreduce(std::span<double>(&mean, 1), ddp::ReduceOp::Avg);
+  return mean;
+}
+
+int Job::run() {
+  const std::uint32_t done = resume();
+  const std::size_t samples_per_epoch = sampler_.total_size();
+  long global_step =
+      static_cast<long>(done) * static_cast<long>((sampler_.size() + config_.batch_size - 1) /
+                                                  static_cast<std::size_t>(config_.batch_size));
+  for (int epoch = static_cast<int>(done); epoch < config_.epochs; ++epoch) {
+    const auto start = Clock::now();
+    const double train_loss = train_epoch(epoch, global_step);
+    const double train_seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    const Evaluation eval = evaluate(ctx_, model_, data_.test);
+    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+    char line[256];
+    std::snprintf(line, sizeof line,
+                  "epoch %d/%d: train loss %.4f, test loss %.4f, test accuracy %.2f%% "
+                  "(%zu/%zu), %.1f s, %.0f samples/s",
+                  epoch + 1, config_.epochs, train_loss, eval.loss,
+                  100.0 * static_cast<double>(eval.correct) / static_cast<double>(eval.total),
+                  eval.correct, eval.total, seconds,
+                  static_cast<double>(samples_per_epoch) / train_seconds);
+    out_.end_epoch(line);
+    if (ctx_.rank() == 0 && !config_.checkpoint_dir.empty()) {
+      save(config_, static_cast<std::uint32_t>(epoch + 1), model_, sgd_);
+    }
+  }
+  return 0;
+}
+
+Dataset load(const TrainConfig& config) {
+  Dataset data = load_dataset(config.data_dir);
+  data.train = head(data.train, config.train_limit);
+  data.test = head(data.test, config.test_limit);
+  normalize(data.train);
+  normalize(data.test);
+  return data;
+}
+
+}  // namespace
+
+int run_training(const TrainConfig& config) {
+  openblas_set_num_threads(config.threads);
+  if (config.device == Device::Cuda) {
+    std::fprintf(stderr,
+                 "train_fashion_mnist: --device cuda: the CUDA trainer is not part of this "
+                 "build yet; use --device cpu\n");
+    return 2;
+  }
+  if (!config.dump_init.empty()) {
+    Mlp model(config.seed);
+    dump_initial_weights(model, config.dump_init);
+    return 0;
+  }
+  try {
+    Dataset data = load(config);  // before init: a missing file fails fast on every rank
+    ddp::InitOptions options;
+    options.backend = ddp::Backend::Gloo;  // the CPU trainer
+    options.timeout = config.timeout;
+    ddp::Context ctx = ddp::init(options);
+    Job job(config, ctx, std::move(data));
+    return job.run();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "train_fashion_mnist: %s\n", e.what());
+    write_error_file(e.what());
+    return 1;
+  }
+}
+
+}  // namespace fmnist
