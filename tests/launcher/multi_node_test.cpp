@@ -1,6 +1,5 @@
 // Several ddprun agents on loopback forming one job: global ranks through the rendezvous, a
 // worker failure on one node restarting every node, restarts exhausted reported on every node.
-// Needs the rendezvous engine (branch rdzv); a build without it skips, saying so.
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -20,15 +19,6 @@ using nlohmann::json;
 namespace {
 
 constexpr milliseconds kJobTimeout{60000};
-
-bool engine_missing() {
-#ifdef DDP_NO_RENDEZVOUS_ENGINE
-  WARN("skipped: this build has no multi-node rendezvous engine (branch rdzv not merged)");
-  return true;
-#else
-  return false;
-#endif
-}
 
 // A port the kernel reports free on loopback (bound and released).
 int free_port() {
@@ -81,7 +71,6 @@ std::vector<std::string> c10d(int port, const std::string& run_id) {
 }  // namespace
 
 TEST_CASE("static: two nodes with different --nproc_per_node get torchrun's global ranks") {
-  if (engine_missing()) return;
   TempDir dir;
   const int port = free_port();
   const std::string env = (dir.path() / "env-{rank}.json").string();
@@ -116,7 +105,6 @@ TEST_CASE("static: two nodes with different --nproc_per_node get torchrun's glob
 }
 
 TEST_CASE("c10d: a worker failing on one node restarts every node with the next restart count") {
-  if (engine_missing()) return;
   TempDir dir;
   const int port = free_port();
   std::ofstream(dir.path() / "pass-1").put('\n');  // rank 1 passes its wait; rank 0 waits
@@ -148,7 +136,6 @@ TEST_CASE("c10d: a worker failing on one node restarts every node with the next 
 }
 
 TEST_CASE("c10d: restarts exhausted: every node exits non-zero naming the root cause") {
-  if (engine_missing()) return;
   TempDir dir;
   const int port = free_port();
   const std::vector<std::string> worker = {
@@ -169,7 +156,6 @@ TEST_CASE("c10d: restarts exhausted: every node exits non-zero naming the root c
 }
 
 TEST_CASE("c10d: a node arriving while a round runs restarts the group into a larger world") {
-  if (engine_missing()) return;
   const int port = free_port();
   auto options = c10d(port, "grow");
   options[0] = "--nnodes=1:2";
@@ -191,7 +177,6 @@ TEST_CASE("c10d: a node arriving while a round runs restarts the group into a la
 }
 
 TEST_CASE("c10d: kill -9 of an agent: the other goes on in a smaller world") {
-  if (engine_missing()) return;
   const int port = free_port();
   auto options = c10d(port, "shrink");
   options[0] = "--nnodes=1:2";

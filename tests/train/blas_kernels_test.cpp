@@ -4,6 +4,8 @@
 #include <cblas.h>
 
 #include <catch2/catch.hpp>
+
+#include "skip.hpp"
 #include <cstdlib>
 #include <string>
 
@@ -24,8 +26,7 @@ TEST_CASE("a core chosen with OPENBLAS_CORETYPE is left alone") {
 TEST_CASE("the trainer runs OpenBLAS's AVX kernels on a CPU that has AVX2") {
   __builtin_cpu_init();
   if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) {
-    WARN("SKIPPED: this CPU has no AVX2 + FMA");
-    return;
+    return ddp::test::skip("this CPU has no AVX2 + FMA");
   }
   // OPENBLAS_VERBOSE=2 makes OpenBLAS print "Core: NAME" when it loads: once for the first
   // image, once more after a re-exec. The last one is what the trainer computes with.

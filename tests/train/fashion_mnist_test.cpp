@@ -5,6 +5,8 @@
 #include <zlib.h>
 
 #include <catch2/catch.hpp>
+
+#include "skip.hpp"
 #include <fstream>
 
 #include "test_support.hpp"
@@ -128,8 +130,7 @@ TEST_CASE("a damaged gzip stream is reported as corrupt") {
 TEST_CASE("the installed data set reads as 60,000 + 10,000 images") {
   if (!std::filesystem::exists(std::filesystem::path(fmnist::kDefaultDataDir) /
                                "t10k-labels-idx1-ubyte.gz")) {
-    WARN("SKIPPED: dataset-fashion-mnist is not installed (scripts/setup installs it)");
-    return;
+    return ddp::test::skip("dataset-fashion-mnist is not installed (scripts/setup installs it)");
   }
   const auto data = fmnist::load_dataset(fmnist::kDefaultDataDir);
   CHECK(data.train.size() == 60000);

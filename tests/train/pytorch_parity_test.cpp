@@ -2,6 +2,8 @@
 // 2 ranks from the same initial weights, data order and hyper-parameters; the per-step losses
 // of rank 0 must agree.
 #include <catch2/catch.hpp>
+
+#include "skip.hpp"
 #include <cmath>
 #include <filesystem>
 #include <map>
@@ -51,12 +53,10 @@ void require_close(const std::map<int, double>& ours, const std::map<int, double
 
 TEST_CASE("the PyTorch script's per-step losses match ours under ddprun and torchrun") {
   if (!std::filesystem::exists("/usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz")) {
-    WARN("SKIPPED: dataset-fashion-mnist is not installed (scripts/setup installs it)");
-    return;
+    return ddp::test::skip("dataset-fashion-mnist is not installed (scripts/setup installs it)");
   }
   if (!ddp::test::torch_available()) {
-    WARN("SKIPPED: " << ddp::test::torch_python() << " cannot import torch (python3-torch)");
-    return;
+    return ddp::test::skip(ddp::test::torch_python() + " cannot import torch (python3-torch)");
   }
   const std::string ddprun =
       ddp::test::bin_path("ddprun").string() + " --standalone --nproc_per_node=2 ";

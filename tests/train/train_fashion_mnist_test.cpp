@@ -1,6 +1,8 @@
 // build/bin/train_fashion_mnist as users run it: under ddprun on 2 ranks, on a subset of the
 // real data set so that each run takes a few seconds on 2 cores.
 #include <catch2/catch.hpp>
+
+#include "skip.hpp"
 #include <filesystem>
 #include <regex>
 
@@ -13,7 +15,7 @@ constexpr const char* kDataDir = "/usr/share/datasets/fashion-mnist";
 
 bool have_data() {
   if (std::filesystem::exists(std::string(kDataDir) + "/t10k-labels-idx1-ubyte.gz")) return true;
-  WARN("SKIPPED: dataset-fashion-mnist is not installed (scripts/setup installs it)");
+  ddp::test::skip("dataset-fashion-mnist is not installed (scripts/setup installs it)");
   return false;
 }
 
