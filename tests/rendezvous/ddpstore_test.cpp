@@ -55,11 +55,11 @@ TEST_CASE("ddpstore exits 0 on a SIGTERM sent as soon as it printed where it lis
 }
 
 TEST_CASE("ddpstore's budget and cap flags reach its server") {
-  ChildProcess store(ddp::test::bin_path("ddpstore").string(),
-                     {"--host", "127.0.0.1", "--port", "0", "--max-stored-bytes", "1000",
-                      "--max-queued-reply-bytes", "100000", "--max-waits-per-connection", "2"});
+  ChildProcess store({ddp::test::bin_path("ddpstore").string(), "--host", "127.0.0.1", "--port",
+                      "0", "--max-stored-bytes", "1000", "--max-queued-reply-bytes", "100000",
+                      "--max-waits-per-connection", "2"});
   ClientOptions options;
-  options.port = port_of(store.next_line());
+  options.port = port_of(store.next_stdout_line());
   Client client(options);
   client.set("fits", std::string(900, 'a'));
   client.set("over", std::string(200, 'b'));  // past --max-stored-bytes: the connection closes
@@ -67,5 +67,5 @@ TEST_CASE("ddpstore's budget and cap flags reach its server") {
   Client other(options);
   CHECK(other.num_keys() == 1);
   REQUIRE(::kill(store.pid(), SIGTERM) == 0);
-  CHECK(store.wait() == 0);
+  CHECK(store.wait().status == 0);
 }

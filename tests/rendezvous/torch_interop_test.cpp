@@ -99,8 +99,8 @@ TEST_CASE("our 1.x client against PyTorch 1.13's TCPStore server") {
 
 TEST_CASE("ADD on every stored form answers as PyTorch 1.13's own server does") {
   if (skip_without_torch()) return;
-  ChildProcess python(ddp::test::torch_python(), {script("store_server.py")});
-  const std::string port_line = python.next_line();
+  ChildProcess python({ddp::test::torch_python(), script("store_server.py")});
+  const std::string port_line = python.next_stdout_line();
   REQUIRE_FALSE(port_line.empty());
   ClientOptions options;
   options.port = static_cast<std::uint16_t>(std::stoi(port_line));
