@@ -213,7 +213,7 @@ TEST_CASE("restarts exhausted by a local failure: its exit status and the full l
   CHECK(h.outcome->exit_code == 5);
   CHECK_THAT(h.outcome->report, Catch::Contains("host      : host-a"));
   CHECK_THAT(h.outcome->report, Catch::Contains("rank      : 0 (local_rank: 0)"));
-  CHECK_THAT(h.outcome->report, Catch::Contains("Other Failures:\n[1]:"));
+  CHECK_THAT(h.outcome->report, Catch::Contains("Failures:\n[1]:"));
 }
 
 TEST_CASE(
@@ -226,7 +226,7 @@ TEST_CASE(
   REQUIRE(h.outcome);
   CHECK(h.outcome->exit_code == 6);
   CHECK_THAT(h.outcome->report, Catch::Contains("host      : host-b"));
-  CHECK_THAT(h.outcome->report, Catch::Contains("Other Failures:\n[1]:"));
+  CHECK_THAT(h.outcome->report, Catch::Contains("Failures:\n[1]:"));
   CHECK_THAT(h.outcome->report, Catch::Contains("exit      : exit code 2"));
 }
 
