@@ -28,7 +28,8 @@ int listen_on_loopback(std::uint16_t& port) {
   addr.sin_family = AF_INET;
   addr.sin_port = htons(port);
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 || ::listen(fd, 4096) != 0) {
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      ::listen(fd, 4096) != 0) {
     throw std::runtime_error("floor server: cannot listen on 127.0.0.1:" + std::to_string(port));
   }
   socklen_t len = sizeof(addr);

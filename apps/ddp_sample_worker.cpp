@@ -108,13 +108,14 @@ void dump_env(std::string path) {
 void write_error_file(const std::string& message) {
   std::string path = env_or("TORCHELASTIC_ERROR_FILE", "");
   if (path.empty()) return;
-  nlohmann::json data = {
-      {"message",
-       {{"message", "RuntimeError: " + message},
-        {"extraInfo",
-         {{"py_callstack", "Traceback (most recent call last):\n  File \"worker.py\", line 7, "
-                           "in <module>\n    main()\nRuntimeError: " + message + "\n"},
-          {"timestamp", std::to_string(std::time(nullptr))}}}}}};
+  nlohmann::json data = {{"message",
+                          {{"message", "RuntimeError: " + message},
+                           {"extraInfo",
+                            {{"py_callstack",
+                              "Traceback (most recent call last):\n  File \"worker.py\", line 7, "
+                              "in <module>\n    main()\nRuntimeError: " +
+                                  message + "\n"},
+                             {"timestamp", std::to_string(std::time(nullptr))}}}}}};
   std::ofstream(path) << data.dump();
 }
 
@@ -190,15 +191,16 @@ int main(int argc, char** argv) {
     } else if (a == "--lines") {
       int n = std::stoi(value());
       std::string text;
-      for (int k = 0; run && k < n; ++k) text += "rank " + rank + " line " + std::to_string(k) + "\n";
+      for (int k = 0; run && k < n; ++k)
+        text += "rank " + rank + " line " + std::to_string(k) + "\n";
       std::cout << text << std::flush;
     } else if (a == "--hello") {
       if (run) {
         emit(std::cout, "hello from rank " + rank + " of " + env_or("WORLD_SIZE", "?") +
                             " (local rank " + env_or("LOCAL_RANK", "?") + ", pid " +
-                            std::to_string(::getpid()) + ", master " +
-                            env_or("MASTER_ADDR", "?") + ":" + env_or("MASTER_PORT", "?") +
-                            ", restart " + std::to_string(restart) + ")");
+                            std::to_string(::getpid()) + ", master " + env_or("MASTER_ADDR", "?") +
+                            ":" + env_or("MASTER_PORT", "?") + ", restart " +
+                            std::to_string(restart) + ")");
       }
     } else if (a == "--ready") {
       if (run) emit(std::cout, "ready rank=" + rank + " pid=" + std::to_string(::getpid()));

@@ -4,12 +4,11 @@
 
 #include <sys/resource.h>
 
-#include <exception>
-#include <iostream>
-
 #include <CLI/CLI.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/signal_set.hpp>
+#include <exception>
+#include <iostream>
 
 #include "ddp/store/server.hpp"
 

@@ -26,6 +26,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
@@ -34,8 +35,6 @@
 #include <iostream>
 #include <sstream>
 #include <thread>
-
-#include <CLI/CLI.hpp>
 
 #include "ddp/store/client.hpp"
 #include "ddp/store/wire_codec.hpp"
@@ -46,17 +45,17 @@ using namespace ddp::store;
 using Clock = std::chrono::steady_clock;
 
 struct BenchOptions {
-  std::string host = "127.0.0.1";    // server address (IPv4 for rendezvous mode)
-  std::uint16_t port = 29500;        // server port
-  int dialect = 2;                   // 1 or 2
-  int clients = 16;                  // mix: client connections
-  int threads = 1;                   // mix: threads driving them (each an epoll loop)
-  double seconds = 5;                // mix: measured duration
-  int ranks = 1024;                  // rendezvous: simulated ranks
-  int max_connecting = 1024;         // rendezvous: ranks between connect and first reply
-  int ranks_per_source = 4000;       // rendezvous: ranks per loopback source address
-  double time_limit = 120;           // rendezvous: give up after this many seconds
-  int server_pid = 0;                // server process for CPU accounting (0: none)
+  std::string host = "127.0.0.1";  // server address (IPv4 for rendezvous mode)
+  std::uint16_t port = 29500;      // server port
+  int dialect = 2;                 // 1 or 2
+  int clients = 16;                // mix: client connections
+  int threads = 1;                 // mix: threads driving them (each an epoll loop)
+  double seconds = 5;              // mix: measured duration
+  int ranks = 1024;                // rendezvous: simulated ranks
+  int max_connecting = 1024;       // rendezvous: ranks between connect and first reply
+  int ranks_per_source = 4000;     // rendezvous: ranks per loopback source address
+  double time_limit = 120;         // rendezvous: give up after this many seconds
+  int server_pid = 0;              // server process for CPU accounting (0: none)
 };
 
 // The server's user + system CPU time so far, in seconds (0 without a pid).
@@ -98,11 +97,11 @@ double percentile(std::vector<double>& v, double p) {
 // without a reply), then GET, then ADD, each sent when the previous reply is complete.
 struct MixClient {
   int fd = -1;
-  int step = 0;               // 0: SET+WAIT, 1: GET, 2: ADD
+  int step = 0;  // 0: SET+WAIT, 1: GET, 2: ADD
   std::size_t expected = 0;
   std::size_t received = 0;
   Clock::time_point sent;
-  std::string requests[3];    // encoded once
+  std::string requests[3];  // encoded once
 };
 
 class MixLoad {
@@ -234,8 +233,8 @@ int run_mix(const BenchOptions& o) {
             << " requests_per_s=" << static_cast<long>(rate) << " p50_us=" << percentile(all, 0.50)
             << " p99_us=" << percentile(all, 0.99);
   if (o.server_pid > 0) {
-    std::cout << " server_cpu_s=" << cpu << " server_cpu_us_per_request="
-              << cpu * 1e6 / static_cast<double>(total);
+    std::cout << " server_cpu_s=" << cpu
+              << " server_cpu_us_per_request=" << cpu * 1e6 / static_cast<double>(total);
   }
   std::cout << std::endl;
   return failed ? 1 : 0;
@@ -245,8 +244,8 @@ int run_mix(const BenchOptions& o) {
 
 struct Rank {
   int fd = -1;
-  int phase = 0;              // 0 connecting, 1 handshake, 2 add, 3 wait, 4 fetch, 5 done
-  std::size_t expected = 0;   // reply bytes the phase waits for
+  int phase = 0;             // 0 connecting, 1 handshake, 2 add, 3 wait, 4 fetch, 5 done
+  std::size_t expected = 0;  // reply bytes the phase waits for
   std::size_t received = 0;
   char add_reply[8] = {};
 };
@@ -297,12 +296,14 @@ class Rendezvous {
     ::setsockopt(r.fd, SOL_SOCKET, SO_LINGER, &no_time_wait, sizeof(no_time_wait));
     sockaddr_in source{};
     source.sin_family = AF_INET;
-    source.sin_addr.s_addr = htonl(0x7F000002u + static_cast<std::uint32_t>(rank / o_.ranks_per_source));
+    source.sin_addr.s_addr =
+        htonl(0x7F000002u + static_cast<std::uint32_t>(rank / o_.ranks_per_source));
     if (::bind(r.fd, reinterpret_cast<sockaddr*>(&source), sizeof(source)) != 0) {
       fail(rank, std::string("bind: ") + std::strerror(errno));
     }
     int rc = ::connect(r.fd, reinterpret_cast<sockaddr*>(&server_), sizeof(server_));
-    if (rc != 0 && errno != EINPROGRESS) fail(rank, std::string("connect: ") + std::strerror(errno));
+    if (rc != 0 && errno != EINPROGRESS)
+      fail(rank, std::string("connect: ") + std::strerror(errno));
     epoll_event ev{};
     ev.events = EPOLLOUT;
     ev.data.u32 = static_cast<std::uint32_t>(rank);
@@ -317,8 +318,11 @@ class Rendezvous {
     const std::string key = prefix_ + "addr/" + std::to_string(rank);
     switch (r.phase) {
       case 1:  // 2.x handshake
-        encode_request(dialect_, make_request(Command::Validate, {}, {}, 0, kValidationMagic), out_);
-        encode_request(dialect_, make_request(Command::Ping, {}, {}, 0, static_cast<std::uint32_t>(rank)), out_);
+        encode_request(dialect_, make_request(Command::Validate, {}, {}, 0, kValidationMagic),
+                       out_);
+        encode_request(dialect_,
+                       make_request(Command::Ping, {}, {}, 0, static_cast<std::uint32_t>(rank)),
+                       out_);
         r.expected = 4;
         break;
       case 2:
@@ -328,7 +332,8 @@ class Rendezvous {
       case 3: {
         encode_request(dialect_, make_request(Command::Set, {key}, {std::string(32, 'a')}), out_);
         if (get_i64(r.add_reply) == o_.ranks) {
-          encode_request(dialect_, make_request(Command::Set, {prefix_ + "init/complete"}, {"1"}), out_);
+          encode_request(dialect_, make_request(Command::Set, {prefix_ + "init/complete"}, {"1"}),
+                         out_);
         }
         auto keys = peers(rank);
         keys.insert(keys.begin(), prefix_ + "init/complete");
@@ -340,7 +345,8 @@ class Rendezvous {
         if (dialect_ == Dialect::V2) {
           encode_request(dialect_, make_request(Command::MultiGet, peers(rank)), out_);
         } else {
-          for (const auto& k : peers(rank)) encode_request(dialect_, make_request(Command::Get, {k}), out_);
+          for (const auto& k : peers(rank))
+            encode_request(dialect_, make_request(Command::Get, {k}), out_);
         }
         r.expected = 3 * (8 + 32);
         break;
@@ -374,7 +380,8 @@ class Rendezvous {
     ssize_t n = ::recv(r.fd, buffer_, sizeof(buffer_), 0);
     if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
     if (n <= 0) fail(rank, "the server closed the connection in phase " + std::to_string(r.phase));
-    if (r.phase == 2) std::memcpy(r.add_reply + r.received, buffer_, std::min<std::size_t>(n, 8 - r.received));
+    if (r.phase == 2)
+      std::memcpy(r.add_reply + r.received, buffer_, std::min<std::size_t>(n, 8 - r.received));
     r.received += static_cast<std::size_t>(n);
     if (r.received < r.expected) return;
     if (r.received > r.expected) fail(rank, "more reply bytes than expected");
@@ -431,7 +438,8 @@ int main(int argc, char** argv) {
                     app.add_subcommand("rendezvous", "N simulated ranks meet through the store")}) {
     sub->add_option("--host", o.host, "Server address")->capture_default_str();
     sub->add_option("--port", o.port, "Server port")->required();
-    sub->add_option("--dialect", o.dialect, "Wire dialect: 1 or 2")->check(CLI::IsMember({1, 2}))
+    sub->add_option("--dialect", o.dialect, "Wire dialect: 1 or 2")
+        ->check(CLI::IsMember({1, 2}))
         ->capture_default_str();
     sub->add_option("--server-pid", o.server_pid, "Server pid, for its CPU time per request");
   }
@@ -444,7 +452,8 @@ int main(int argc, char** argv) {
   rdv->add_option("--max-connecting", o.max_connecting, "Ranks connecting at once")
       ->capture_default_str();
   rdv->add_option("--ranks-per-source", o.ranks_per_source,
-                  "Ranks per loopback source address (127.0.0.2, .3, ...)")->capture_default_str();
+                  "Ranks per loopback source address (127.0.0.2, .3, ...)")
+      ->capture_default_str();
   rdv->add_option("--time-limit", o.time_limit, "Seconds before giving up")->capture_default_str();
   std::uint16_t floor_port = 0;
   auto* floor = app.add_subcommand(

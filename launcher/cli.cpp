@@ -11,13 +11,12 @@
 
 #include "cli_options.hpp"
 #include "ddp/common/host_name.hpp"
-#include "ddp/launcher/slurm_env.hpp"
 #include "ddp/launcher/device_count.hpp"
 #include "ddp/launcher/signal_names.hpp"
+#include "ddp/launcher/slurm_env.hpp"
 
 namespace ddp::launcher {
 namespace {
-
 
 using detail::RawOptions;
 
@@ -36,7 +35,6 @@ std::string where(const RawOptions& raw, const std::string& dest) {
   std::string name = it == raw.origin.end() ? "--" + dest : it->second;
   return name + "=" + raw.values.at(dest);
 }
-
 
 int int_option(const RawOptions& raw, const std::string& dest, long min, long max) {
   auto value = to_long(raw.values.at(dest));
@@ -62,12 +60,14 @@ void check_name(const RawOptions& raw, const std::string& dest, bool path_compon
   const std::string& name = raw.values.at(dest);
   for (char c : name) {
     if (static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
-      throw UsageError(where(raw, dest) + ": control characters (such as a newline) are not "
+      throw UsageError(where(raw, dest) +
+                       ": control characters (such as a newline) are not "
                        "allowed in this name");
     }
   }
   if (path_component && (name.find('/') != std::string::npos || name == "." || name == "..")) {
-    throw UsageError(where(raw, dest) + ": names the run's log directory, so it may not "
+    throw UsageError(where(raw, dest) +
+                     ": names the run's log directory, so it may not "
                      "contain '/' or be '.' or '..'");
   }
 }
@@ -220,8 +220,8 @@ void parse_logs(const RawOptions& raw, LaunchConfig& config) {
         throw UsageError(where(raw, "local_ranks_filter") + ": expected local ranks like 0,1,2");
       }
       if (*rank >= config.nproc_per_node) {
-        throw UsageError(where(raw, "local_ranks_filter") + ": there is no local rank " +
-                         part + " with " + std::to_string(config.nproc_per_node) +
+        throw UsageError(where(raw, "local_ranks_filter") + ": there is no local rank " + part +
+                         " with " + std::to_string(config.nproc_per_node) +
                          " workers per node (local ranks 0-" +
                          std::to_string(config.nproc_per_node - 1) + ")");
       }
@@ -248,8 +248,9 @@ void parse_entrypoint(const RawOptions& raw, LaunchConfig& config) {
   if (module) config.entrypoint_kind = EntrypointKind::kModule;
   if (no_python && !config.run_path) config.entrypoint_kind = EntrypointKind::kDirect;
   if (command.empty() || command.front().empty()) {
-    throw UsageError("missing entrypoint: give the script, module or program each worker "
-                     "runs (see ddprun --help)");
+    throw UsageError(
+        "missing entrypoint: give the script, module or program each worker "
+        "runs (see ddprun --help)");
   }
   config.entrypoint = command.front();
   config.entrypoint_args.assign(command.begin() + 1, command.end());
@@ -260,8 +261,9 @@ void parse_entrypoint(const RawOptions& raw, LaunchConfig& config) {
 StdSpec parse_std_spec(const std::string& option, const std::string& value) {
   auto digit = [&](const std::string& text) {
     if (text.size() != 1 || text[0] < '0' || text[0] > '3') {
-      throw UsageError(option + ": expected 0-3 or a map like 0:1,1:2 (0 none, 1 stdout, "
-                                "2 stderr, 3 both)");
+      throw UsageError(option +
+                       ": expected 0-3 or a map like 0:1,1:2 (0 none, 1 stdout, "
+                       "2 stderr, 3 both)");
     }
     return static_cast<Std>(text[0] - '0');
   };
@@ -282,7 +284,9 @@ StdSpec parse_std_spec(const std::string& option, const std::string& value) {
 CliContext process_cli_context() {
   CliContext context;
   context.gpu_count = [] { return gpu_device_count(); };
-  context.cpu_count = [] { return static_cast<int>(std::max(1u, std::thread::hardware_concurrency())); };
+  context.cpu_count = [] {
+    return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  };
   context.getenv = [](const std::string& name) -> std::optional<std::string> {
     const char* value = std::getenv(name.c_str());
     return value ? std::optional<std::string>(value) : std::nullopt;

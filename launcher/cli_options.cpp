@@ -33,7 +33,8 @@ constexpr std::array kOptions = {
                "Job id, given to workers as TORCHELASTIC_RUN_ID."},
     OptionSpec{"rdzv_conf", "", true, false, "K=V,...", "", kRdzv,
                "Rendezvous settings: join_timeout, last_call_timeout, close_timeout, "
-               "keep_alive_interval, keep_alive_max_attempt, read_timeout, timeout, is_host.", true},
+               "keep_alive_interval, keep_alive_max_attempt, read_timeout, timeout, is_host.",
+               true},
     OptionSpec{"master_addr", "", true, false, "ADDR", "127.0.0.1", kRdzv,
                "MASTER_ADDR given to workers."},
     OptionSpec{"master_port", "", true, false, "PORT", "29500", kRdzv,
@@ -54,7 +55,8 @@ constexpr std::array kOptions = {
                "Worker role: ROLE_NAME and the [<role><local_rank>]: prefix of teed lines."},
     OptionSpec{"log_dir", "", true, false, "DIR", "", kLogs,
                "Base directory of <run_id>/attempt_<n>/<local_rank>/ logs and error files. "
-               "A fresh temp directory when not given.", true},
+               "A fresh temp directory when not given.",
+               true},
     OptionSpec{"redirects", "-r", false, false, "0-3|R:S,...", "0", kLogs,
                "Send workers' streams to log files instead of the console: 1 stdout, 2 "
                "stderr, 3 both, or per local rank as 0:1,1:2."},

@@ -11,15 +11,15 @@
 namespace ddp::launcher::detail {
 
 struct OptionSpec {
-  std::string_view dest;      // torchrun's dest: the underscore spelling, PET_<DEST> in upper case
-  std::string_view short_name;  // "-m", "-r", "-t" or empty
-  bool dashed_spelling;       // also accepts --a-b for --a_b (every multi-word option)
-  bool is_flag;               // takes no value
-  std::string_view metavar;   // for the help
+  std::string_view dest;  // torchrun's dest: the underscore spelling, PET_<DEST> in upper case
+  std::string_view short_name;     // "-m", "-r", "-t" or empty
+  bool dashed_spelling;            // also accepts --a-b for --a_b (every multi-word option)
+  bool is_flag;                    // takes no value
+  std::string_view metavar;        // for the help
   std::string_view default_value;  // torchrun's default as text (flags: empty)
-  std::string_view group;     // help section
-  std::string_view help;      // one sentence or two
-  bool may_be_empty = false;  // "--opt=" is a valid (empty) value; else it is refused
+  std::string_view group;          // help section
+  std::string_view help;           // one sentence or two
+  bool may_be_empty = false;       // "--opt=" is a valid (empty) value; else it is refused
 };
 
 std::span<const OptionSpec> option_table();

@@ -197,13 +197,15 @@ RawOptions parse_raw_options(const std::vector<std::string>& args) {
     std::string dest(spec.dest);
     raw.flags[dest] = false;
     if (!spec.is_flag) raw.values[dest] = std::string(spec.default_value);
-    CLI::Option* option = spec.is_flag ? app.add_flag(cli11_names(spec)) : app.add_option(cli11_names(spec));
+    CLI::Option* option =
+        spec.is_flag ? app.add_flag(cli11_names(spec)) : app.add_option(cli11_names(spec));
     option->envname(env_name(spec))->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
     if (!spec.is_flag) option->allow_extra_args(false);
     added[dest] = option;
   }
   Normalized normalized = normalize(args);
-  std::vector<std::string> reversed(normalized.args.rbegin(), normalized.args.rend());  // CLI11 pops
+  std::vector<std::string> reversed(normalized.args.rbegin(),
+                                    normalized.args.rend());  // CLI11 pops
   try {
     app.parse(reversed);
   } catch (const CLI::ParseError& e) {

@@ -1,10 +1,10 @@
 #include "console_writer.hpp"
 
-#include "ddp/launcher/write_all.hpp"
-
 #include <unistd.h>
 
 #include <cerrno>
+
+#include "ddp/launcher/write_all.hpp"
 
 namespace ddp::launcher {
 

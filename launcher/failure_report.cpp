@@ -127,8 +127,9 @@ std::string format_failure_report(const std::string& what, const WorkerFailure& 
   // As torchrun: every failure numbered in rank order, the root cause among them.
   std::vector<const WorkerFailure*> all = {&root_cause};
   for (const WorkerFailure& other : others) all.push_back(&other);
-  std::stable_sort(all.begin(), all.end(),
-                   [](const WorkerFailure* a, const WorkerFailure* b) { return a->rank < b->rank; });
+  std::stable_sort(all.begin(), all.end(), [](const WorkerFailure* a, const WorkerFailure* b) {
+    return a->rank < b->rank;
+  });
   const std::string title = what + " FAILED";
   std::string root_text;
   std::string others_text;
@@ -156,8 +157,8 @@ std::string kill_notice(std::chrono::milliseconds shutdown_timeout, int signal,
              " (local_rank " + std::to_string(w.local_rank) + ", pid " + std::to_string(w.pid) +
              ")";
   }
-  const std::string count = std::to_string(workers.size()) +
-                            (workers.size() == 1 ? " worker" : " workers");
+  const std::string count =
+      std::to_string(workers.size()) + (workers.size() == 1 ? " worker" : " workers");
   return "ddprun: " + count + " did not stop within --shutdown_timeout=" + seconds.str() +
          "s after " + signal_name(signal) + ": sending SIGKILL to " + names;
 }

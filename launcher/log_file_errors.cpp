@@ -11,7 +11,8 @@ void LogFileErrors::write_failed(const std::string& path, int error, std::size_t
   it->second += bytes;
   if (first && notice_) {
     notice_("ddprun: cannot write the log file " + path + ": " + std::strerror(error) + "; " +
-            std::to_string(bytes) + " bytes not written (the console still gets the output, "
+            std::to_string(bytes) +
+            " bytes not written (the console still gets the output, "
             "and later output is tried again)");
   }
 }

@@ -32,8 +32,7 @@ OutputTee::OutputTee(boost::asio::io_context& io, UniqueFd source, UniqueFd file
 
 void OutputTee::read_more() {
   source_.async_read_some(boost::asio::buffer(buffer_),
-                          [self = shared_from_this()](boost::system::error_code ec,
-                                                      std::size_t n) {
+                          [self = shared_from_this()](boost::system::error_code ec, std::size_t n) {
                             if (n > 0) self->consume(self->buffer_.data(), n);
                             if (ec) {
                               self->finish();

@@ -11,8 +11,7 @@
 
 namespace ddp::launcher {
 
-Worker::Worker(boost::asio::io_context& io, int local_rank)
-    : local_rank_(local_rank), pidfd_(io) {}
+Worker::Worker(boost::asio::io_context& io, int local_rank) : local_rank_(local_rank), pidfd_(io) {}
 
 Worker::~Worker() { kill_and_reap(); }
 

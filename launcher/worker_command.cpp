@@ -61,7 +61,7 @@ FileKind classify(const std::string& path) {
   if (::stat(path.c_str(), &st) != 0) return FileKind::kMissing;
   if (!S_ISREG(st.st_mode) || ::access(path.c_str(), R_OK) != 0) {
     return ::access(path.c_str(), X_OK) == 0 && S_ISREG(st.st_mode) ? FileKind::kProgram
-                                                                     : FileKind::kNotRunnable;
+                                                                    : FileKind::kNotRunnable;
   }
   const std::string head = first_bytes(path);
   if (::access(path.c_str(), X_OK) == 0) {
@@ -124,7 +124,8 @@ struct ResolvedEntry {
 ResolvedEntry resolve_entry(const LaunchConfig& config, const std::string& path) {
   const std::string& entry = config.entrypoint;
   if (config.entrypoint_kind == EntrypointKind::kModule) return {entry, true};
-  if (config.entrypoint_kind == EntrypointKind::kAuto && (entry.ends_with(".py") || config.run_path)) {
+  if (config.entrypoint_kind == EntrypointKind::kAuto &&
+      (entry.ends_with(".py") || config.run_path)) {
     if (!is_readable_file(entry)) {
       if (::access(entry.c_str(), F_OK) != 0) no_such_entrypoint(entry);
       throw UsageError("entrypoint '" + entry + "' is not a readable file");
@@ -135,7 +136,8 @@ ResolvedEntry resolve_entry(const LaunchConfig& config, const std::string& path)
     auto program = find_executable(entry, path);
     if (program) return {*program, false};
     if (::access(locate(entry, path).c_str(), F_OK) != 0) no_such_entrypoint(entry);
-    throw UsageError("entrypoint '" + entry + "' is not an executable file (--no_python runs "
+    throw UsageError("entrypoint '" + entry +
+                     "' is not an executable file (--no_python runs "
                      "it directly)");
   }
   const std::string file = locate(entry, path);
@@ -149,7 +151,8 @@ ResolvedEntry resolve_entry(const LaunchConfig& config, const std::string& path)
     case FileKind::kNotRunnable:
       break;
   }
-  throw UsageError("entrypoint '" + entry + "' is neither an executable file nor a text file "
+  throw UsageError("entrypoint '" + entry +
+                   "' is neither an executable file nor a text file "
                    "Python could run");
 }
 

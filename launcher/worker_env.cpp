@@ -29,7 +29,9 @@ std::map<std::string, std::string> worker_variables(
       {"TORCHELASTIC_USE_AGENT_STORE", master.agent_store ? "True" : "False"},
       {"TORCHELASTIC_ERROR_FILE", worker.error_file},
       {"TORCH_NCCL_ASYNC_ERROR_HANDLING", nccl == base_env.end() ? "1" : nccl->second},
-      {"NCCL_ASYNC_ERROR_HANDLING", base_env.contains("NCCL_ASYNC_ERROR_HANDLING") ? base_env.at("NCCL_ASYNC_ERROR_HANDLING") : "1"},  // PyTorch <= 2.1
+      {"NCCL_ASYNC_ERROR_HANDLING", base_env.contains("NCCL_ASYNC_ERROR_HANDLING")
+                                        ? base_env.at("NCCL_ASYNC_ERROR_HANDLING")
+                                        : "1"},  // PyTorch <= 2.1
   };
   if (master.agent_store && !base_env.contains("DDP_STORE_DIALECT")) {
     variables["DDP_STORE_DIALECT"] = "v2";

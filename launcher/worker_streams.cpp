@@ -20,9 +20,10 @@ UniqueFd route(bool teed, bool to_file, bool on_console, const std::filesystem::
   const int file_flags = O_WRONLY | O_CREAT | O_TRUNC;
   if (teed) {
     int fds[2];
-    if (::pipe2(fds, O_CLOEXEC) != 0) throw std::system_error(errno, std::generic_category(), "pipe");
-    tees.push_back({UniqueFd(fds[0]), open_or_throw(file, file_flags), file,
-                    on_console ? console_fd : -1});
+    if (::pipe2(fds, O_CLOEXEC) != 0)
+      throw std::system_error(errno, std::generic_category(), "pipe");
+    tees.push_back(
+        {UniqueFd(fds[0]), open_or_throw(file, file_flags), file, on_console ? console_fd : -1});
     return UniqueFd(fds[1]);
   }
   if (to_file) return open_or_throw(file, file_flags);

@@ -16,10 +16,10 @@ struct WorkerStreams {
   UniqueFd child_out;  // the child's fd 1; invalid: inherit the agent's
   UniqueFd child_err;  // the child's fd 2; invalid: inherit the agent's
   struct Tee {
-    UniqueFd read_end;    // the agent reads the worker's output here
-    UniqueFd file;        // and copies it here
+    UniqueFd read_end;                // the agent reads the worker's output here
+    UniqueFd file;                    // and copies it here
     std::filesystem::path file_path;  // (that file's path, for messages)
-    int console_fd = -1;  // and, prefixed line by line, here (-1: filtered out)
+    int console_fd = -1;              // and, prefixed line by line, here (-1: filtered out)
   };
   std::vector<Tee> tees;
 };

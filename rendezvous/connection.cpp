@@ -1,9 +1,8 @@
 #include "connection.hpp"
 
-#include <utility>
-
 #include <boost/asio/post.hpp>
 #include <boost/asio/write.hpp>
+#include <utility>
 
 #include "ddp/store/store_util.hpp"
 
@@ -142,8 +141,12 @@ bool Connection::handle(Request& r) {
         return false;
       }
       return true;
-    case Command::Ping: put_u32(out_, r.u32); return true;
-    case Command::Set: table.set(r.key(), std::move(r.values[0])); return true;
+    case Command::Ping:
+      put_u32(out_, r.u32);
+      return true;
+    case Command::Set:
+      table.set(r.key(), std::move(r.values[0]));
+      return true;
     case Command::CompareSet:
       put_bytes(out_, table.compare_set(r.key(), std::move(r.values[0]), std::move(r.values[1])));
       return true;
@@ -168,14 +171,19 @@ bool Connection::handle(Request& r) {
       put_u8(out_, all ? kCheckReady : kCheckNotReady);
       return true;
     }
-    case Command::Wait: return handle_wait(r);
-    case Command::GetNumKeys: put_i64(out_, static_cast<std::int64_t>(table.size())); return true;
+    case Command::Wait:
+      return handle_wait(r);
+    case Command::GetNumKeys:
+      put_i64(out_, static_cast<std::int64_t>(table.size()));
+      return true;
     case Command::WatchKey:
       table.watch(r.key(), *this);
       watched_.emplace_back(r.key());
       put_u8(out_, kWatchCallbackRegistered);
       return true;
-    case Command::DeleteKey: put_i64(out_, table.erase(r.key()) ? 1 : 0); return true;
+    case Command::DeleteKey:
+      put_i64(out_, table.erase(r.key()) ? 1 : 0);
+      return true;
     case Command::Append: {
       // Like SET, no value may outgrow the value limit (clients refuse larger replies).
       const std::string* current = table.find(r.key());
@@ -190,7 +198,8 @@ bool Connection::handle(Request& r) {
       table.append(r.key(), r.value());
       return true;
     }
-    case Command::MultiGet: return handle_multi_get(r);
+    case Command::MultiGet:
+      return handle_multi_get(r);
     case Command::MultiSet:
       for (std::size_t i = 0; i < r.key_count; ++i) table.set(r.key(i), std::move(r.values[i]));
       return true;
@@ -198,7 +207,9 @@ bool Connection::handle(Request& r) {
       cancel_waits();
       put_u8(out_, kWaitCanceled);
       return true;
-    case Command::QueuePush: table.queue_push(r.key(), std::move(r.values[0])); return true;
+    case Command::QueuePush:
+      table.queue_push(r.key(), std::move(r.values[0]));
+      return true;
     case Command::QueuePop: {
       std::string value;
       std::int64_t length = table.queue_pop(r.key(), value);
@@ -206,7 +217,9 @@ bool Connection::handle(Request& r) {
       if (length > 0) put_bytes(out_, value);
       return true;
     }
-    case Command::QueueLen: put_i64(out_, table.queue_len(r.key())); return true;
+    case Command::QueueLen:
+      put_i64(out_, table.queue_len(r.key()));
+      return true;
   }
   return true;
 }
@@ -216,11 +229,16 @@ std::size_t Connection::store_growth(const Request& r) const {
   constexpr std::size_t kCounterDigits = 20;
   const auto& table = server_->table;
   switch (r.command) {
-    case Command::Set: return table.set_growth(r.key(), r.value().size());
-    case Command::CompareSet: return table.set_growth(r.key(), r.value(1).size());
-    case Command::Add: return table.set_growth(r.key(), kCounterDigits);
-    case Command::Append: return table.append_growth(r.key(), r.value().size());
-    case Command::QueuePush: return table.push_growth(r.key(), r.value().size());
+    case Command::Set:
+      return table.set_growth(r.key(), r.value().size());
+    case Command::CompareSet:
+      return table.set_growth(r.key(), r.value(1).size());
+    case Command::Add:
+      return table.set_growth(r.key(), kCounterDigits);
+    case Command::Append:
+      return table.append_growth(r.key(), r.value().size());
+    case Command::QueuePush:
+      return table.push_growth(r.key(), r.value().size());
     case Command::MultiSet: {
       std::size_t growth = 0;
       for (std::size_t i = 0; i < r.key_count; ++i) {
@@ -228,7 +246,8 @@ std::size_t Connection::store_growth(const Request& r) const {
       }
       return growth;
     }
-    default: return 0;
+    default:
+      return 0;
   }
 }
 
@@ -324,13 +343,12 @@ void Connection::on_key_event(std::uint8_t event, std::string_view key, std::str
   if (backlog() > kMaxPushedOutput || (over_budget && backlog() > 0)) {
     // Not from inside the table's notification loop: close on the next turn of the loop.
     closing_ = true;
-    std::string reason = over_budget
-                             ? "replies queued for all clients are over the budget of " +
-                                   std::to_string(server_->options.max_queued_reply_bytes) +
-                                   " bytes (--max-queued-reply-bytes) and this 1.x watcher "
-                                   "does not read its events"
-                             : "more than " + std::to_string(kMaxPushedOutput) +
-                                   " bytes of watch events queued and not read";
+    std::string reason = over_budget ? "replies queued for all clients are over the budget of " +
+                                           std::to_string(server_->options.max_queued_reply_bytes) +
+                                           " bytes (--max-queued-reply-bytes) and this 1.x watcher "
+                                           "does not read its events"
+                                     : "more than " + std::to_string(kMaxPushedOutput) +
+                                           " bytes of watch events queued and not read";
     boost::asio::post(socket_.get_executor(),
                       [self = shared_from_this(), reason] { self->close(reason); });
     return;
@@ -362,11 +380,9 @@ void Connection::send_queued() {
   out_.erase(0, sent);
   writing_ = true;
   std::swap(out_, sending_);
-  boost::asio::async_write(
-      socket_, boost::asio::buffer(sending_),
-      [self = shared_from_this()](const boost::system::error_code& ec, std::size_t) {
-        self->on_written(ec);
-      });
+  boost::asio::async_write(socket_, boost::asio::buffer(sending_),
+                           [self = shared_from_this()](const boost::system::error_code& ec,
+                                                       std::size_t) { self->on_written(ec); });
 }
 
 void Connection::on_written(const boost::system::error_code& ec) {

@@ -3,12 +3,11 @@
 // bytes arrive, reassembles requests, answers them in order and batches its writes.
 // Private to the rendezvous library; lives on the server's event loop thread.
 
+#include <boost/asio/ip/tcp.hpp>
 #include <memory>
 #include <string>
 #include <unordered_map>
 #include <vector>
-
-#include <boost/asio/ip/tcp.hpp>
 
 #include "server_impl.hpp"
 #include "store_table.hpp"
@@ -61,8 +60,8 @@ class Connection final : public Subscriber, public std::enable_shared_from_this<
   boost::asio::ip::tcp::socket socket_;
   std::string peer_;
   RequestParser parser_;
-  std::string out_;      // replies not yet handed to the socket
-  std::string sending_;  // replies being written
+  std::string out_;            // replies not yet handed to the socket
+  std::string sending_;        // replies being written
   std::size_t accounted_ = 0;  // backlog() as last added to the server's total
   bool writing_ = false;
   bool read_paused_ = false;  // too much output queued: stop reading until it drains

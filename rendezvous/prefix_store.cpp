@@ -14,7 +14,9 @@ std::vector<std::string> PrefixStore::full(const std::vector<std::string>& keys)
   return out;
 }
 
-void PrefixStore::set(const std::string& key, std::string_view value) { base_->set(full(key), value); }
+void PrefixStore::set(const std::string& key, std::string_view value) {
+  base_->set(full(key), value);
+}
 
 std::string PrefixStore::get(const std::string& key) {
   base_->wait({full(key)}, timeout());

@@ -1,8 +1,7 @@
 #include "ddp/store/server.hpp"
 
-#include <iostream>
-
 #include <boost/asio/ip/tcp.hpp>
+#include <iostream>
 
 #include "connection.hpp"
 #include "server_impl.hpp"
@@ -47,7 +46,8 @@ Server::Impl::Impl(boost::asio::io_context& io_context, ServerOptions opts)
   if (ec) {
     std::string hint;
     if (ec == boost::asio::error::address_in_use) {
-      hint = "; another process holds this port: stop it, or pick another port (0 picks a free one)";
+      hint =
+          "; another process holds this port: stop it, or pick another port (0 picks a free one)";
     } else if (ec == boost::asio::error::access_denied) {
       hint = "; ports below 1024 need privileges: pick a higher port";
     } else if (ec == boost::system::errc::address_not_available) {
@@ -68,22 +68,22 @@ void Server::Impl::log(std::string_view line) const {
 }
 
 void Server::Impl::start_accept() {
-  acceptor.async_accept([self = shared_from_this()](const boost::system::error_code& ec,
-                                                    tcp::socket socket) {
-    if (self->closed) return;
-    if (ec) {
-      if (ec == boost::asio::error::operation_aborted) return;
-      self->log("accept failed: " + ec.message() + "; retrying in " +
-                std::to_string(kAcceptRetryDelay.count()) + " ms");
-      self->accept_retry.expires_after(kAcceptRetryDelay);
-      self->accept_retry.async_wait([self](const boost::system::error_code& timer_ec) {
-        if (!timer_ec && !self->closed) self->start_accept();
+  acceptor.async_accept(
+      [self = shared_from_this()](const boost::system::error_code& ec, tcp::socket socket) {
+        if (self->closed) return;
+        if (ec) {
+          if (ec == boost::asio::error::operation_aborted) return;
+          self->log("accept failed: " + ec.message() + "; retrying in " +
+                    std::to_string(kAcceptRetryDelay.count()) + " ms");
+          self->accept_retry.expires_after(kAcceptRetryDelay);
+          self->accept_retry.async_wait([self](const boost::system::error_code& timer_ec) {
+            if (!timer_ec && !self->closed) self->start_accept();
+          });
+          return;
+        }
+        self->adopt(std::move(socket));
+        self->start_accept();
       });
-      return;
-    }
-    self->adopt(std::move(socket));
-    self->start_accept();
-  });
 }
 
 void Server::Impl::adopt(tcp::socket socket) {
@@ -91,10 +91,10 @@ void Server::Impl::adopt(tcp::socket socket) {
   socket.set_option(tcp::no_delay(true), ec);
   socket.non_blocking(true, ec);
   auto remote = socket.remote_endpoint(ec);
-  std::string peer = ec ? "unknown peer"
-                        : endpoint_name(remote.address().to_string(), remote.port());
-  auto connection = std::make_shared<Connection>(shared_from_this(), std::move(socket),
-                                                 std::move(peer));
+  std::string peer =
+      ec ? "unknown peer" : endpoint_name(remote.address().to_string(), remote.port());
+  auto connection =
+      std::make_shared<Connection>(shared_from_this(), std::move(socket), std::move(peer));
   connections.emplace(connection.get(), connection);
   ++accepted;
   ++open_connections;

@@ -5,11 +5,10 @@
 
 #include <array>
 #include <atomic>
-#include <memory>
-#include <unordered_map>
-
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/steady_timer.hpp>
+#include <memory>
+#include <unordered_map>
 
 #include "ddp/store/server.hpp"
 #include "store_table.hpp"

@@ -167,7 +167,8 @@ void StoreTable::cancel_wait(Waiter& waiter) {
 
 void StoreTable::watch(std::string_view key, Subscriber& subscriber) {
   auto it = watchers_.find(key);
-  if (it == watchers_.end()) it = watchers_.emplace(std::string(key), std::vector<Subscriber*>()).first;
+  if (it == watchers_.end())
+    it = watchers_.emplace(std::string(key), std::vector<Subscriber*>()).first;
   it->second.push_back(&subscriber);
 }
 

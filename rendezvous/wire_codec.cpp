@@ -12,10 +12,10 @@ using enum Command;
 
 // Index = byte value.
 constexpr std::array<Command, 9> kV1Table = {Set,  CompareSet, Get,      Add,      Check,
-                                              Wait, GetNumKeys, WatchKey, DeleteKey};
+                                             Wait, GetNumKeys, WatchKey, DeleteKey};
 constexpr std::array<Command, 17> kV2Table = {
-    Validate,  Set,      CompareSet, Get,        Add,  Check,     Wait,     GetNumKeys, DeleteKey,
-    Append,    MultiGet, MultiSet,   CancelWait, Ping, QueuePush, QueuePop, QueueLen};
+    Validate, Set,      CompareSet, Get,        Add,  Check,     Wait,     GetNumKeys, DeleteKey,
+    Append,   MultiGet, MultiSet,   CancelWait, Ping, QueuePush, QueuePop, QueueLen};
 
 // The 2.x opening: VALIDATE and its magic.
 constexpr std::array<std::uint8_t, 5> kV2Opening = {0x00, 0xCE, 0xF7, 0x85, 0x3C};
@@ -37,24 +37,42 @@ std::string_view dialect_name(Dialect dialect) { return dialect == Dialect::V1 ?
 
 std::string_view command_name(Command command) {
   switch (command) {
-    case Validate: return "VALIDATE";
-    case Set: return "SET";
-    case CompareSet: return "COMPARE_SET";
-    case Get: return "GET";
-    case Add: return "ADD";
-    case Check: return "CHECK";
-    case Wait: return "WAIT";
-    case GetNumKeys: return "GETNUMKEYS";
-    case WatchKey: return "WATCH_KEY";
-    case DeleteKey: return "DELETE_KEY";
-    case Append: return "APPEND";
-    case MultiGet: return "MULTI_GET";
-    case MultiSet: return "MULTI_SET";
-    case CancelWait: return "CANCEL_WAIT";
-    case Ping: return "PING";
-    case QueuePush: return "QUEUE_PUSH";
-    case QueuePop: return "QUEUE_POP";
-    case QueueLen: return "QUEUE_LEN";
+    case Validate:
+      return "VALIDATE";
+    case Set:
+      return "SET";
+    case CompareSet:
+      return "COMPARE_SET";
+    case Get:
+      return "GET";
+    case Add:
+      return "ADD";
+    case Check:
+      return "CHECK";
+    case Wait:
+      return "WAIT";
+    case GetNumKeys:
+      return "GETNUMKEYS";
+    case WatchKey:
+      return "WATCH_KEY";
+    case DeleteKey:
+      return "DELETE_KEY";
+    case Append:
+      return "APPEND";
+    case MultiGet:
+      return "MULTI_GET";
+    case MultiSet:
+      return "MULTI_SET";
+    case CancelWait:
+      return "CANCEL_WAIT";
+    case Ping:
+      return "PING";
+    case QueuePush:
+      return "QUEUE_PUSH";
+    case QueuePop:
+      return "QUEUE_POP";
+    case QueueLen:
+      return "QUEUE_LEN";
   }
   return "?";
 }
@@ -124,7 +142,9 @@ void encode_request(Dialect dialect, const Request& r, std::string& out) {
   put_u8(out, *byte);
   switch (r.command) {
     case Validate:
-    case Ping: put_u32(out, r.u32); break;
+    case Ping:
+      put_u32(out, r.u32);
+      break;
     case Set:
     case Append:
     case QueuePush:
@@ -140,7 +160,9 @@ void encode_request(Dialect dialect, const Request& r, std::string& out) {
     case DeleteKey:
     case WatchKey:
     case QueuePop:
-    case QueueLen: put_bytes(out, r.key()); break;
+    case QueueLen:
+      put_bytes(out, r.key());
+      break;
     case Add:
       put_bytes(out, r.key());
       put_i64(out, r.delta);
@@ -159,7 +181,8 @@ void encode_request(Dialect dialect, const Request& r, std::string& out) {
       }
       break;
     case GetNumKeys:
-    case CancelWait: break;
+    case CancelWait:
+      break;
   }
 }
 
@@ -201,8 +224,7 @@ void RequestParser::trim() {
 // Matches the first bytes against the 2.x opening. Returns true once the dialect is known;
 // replay_count says how many opening bytes were matched before a mismatch (they are then
 // parsed again as 1.x).
-bool RequestParser::sniff(std::string_view data, std::size_t& used,
-                          std::uint8_t& replay_count) {
+bool RequestParser::sniff(std::string_view data, std::size_t& used, std::uint8_t& replay_count) {
   while (used < data.size()) {
     auto byte = static_cast<std::uint8_t>(data[used]);
     if (byte != kV2Opening[sniffed_]) {
@@ -264,8 +286,8 @@ RequestParser::Result RequestParser::feed(std::string_view data) {
         break;
       }
       case Step::Body: {
-        std::size_t n = static_cast<std::size_t>(
-            std::min<std::uint64_t>(body_left_, data.size() - pos));
+        std::size_t n =
+            static_cast<std::size_t>(std::min<std::uint64_t>(body_left_, data.size() - pos));
         body_target().append(data.data() + pos, n);
         pos += n;
         body_left_ -= n;
@@ -303,17 +325,22 @@ RequestParser::Field RequestParser::next_field() const {
   const std::size_t i = fields_done_;
   switch (request_.command) {
     case Validate:
-    case Ping: return i == 0 ? Field::U32 : Field::None;
+    case Ping:
+      return i == 0 ? Field::U32 : Field::None;
     case Set:
     case Append:
-    case QueuePush: return i == 0 ? Field::Key : i == 1 ? Field::Value : Field::None;
-    case CompareSet: return i == 0 ? Field::Key : i <= 2 ? Field::Value : Field::None;
+    case QueuePush:
+      return i == 0 ? Field::Key : i == 1 ? Field::Value : Field::None;
+    case CompareSet:
+      return i == 0 ? Field::Key : i <= 2 ? Field::Value : Field::None;
     case Get:
     case DeleteKey:
     case WatchKey:
     case QueuePop:
-    case QueueLen: return i == 0 ? Field::Key : Field::None;
-    case Add: return i == 0 ? Field::Key : i == 1 ? Field::I64 : Field::None;
+    case QueueLen:
+      return i == 0 ? Field::Key : Field::None;
+    case Add:
+      return i == 0 ? Field::Key : i == 1 ? Field::I64 : Field::None;
     case Check:
     case Wait:
     case MultiGet:
@@ -324,7 +351,8 @@ RequestParser::Field RequestParser::next_field() const {
       if (i - 1 >= 2 * count_) return Field::None;
       return (i - 1) % 2 == 0 ? Field::Key : Field::Value;
     case GetNumKeys:
-    case CancelWait: return Field::None;
+    case CancelWait:
+      return Field::None;
   }
   return Field::None;
 }
@@ -333,12 +361,23 @@ bool RequestParser::begin_field() {
   field_ = next_field();
   scratch_have_ = 0;
   switch (field_) {
-    case Field::None: step_ = Step::Done; return true;
-    case Field::U32: scratch_need_ = 4; step_ = Step::Fixed; return true;
+    case Field::None:
+      step_ = Step::Done;
+      return true;
+    case Field::U32:
+      scratch_need_ = 4;
+      step_ = Step::Fixed;
+      return true;
     case Field::I64:
-    case Field::Count: scratch_need_ = 8; step_ = Step::Fixed; return true;
+    case Field::Count:
+      scratch_need_ = 8;
+      step_ = Step::Fixed;
+      return true;
     case Field::Key:
-    case Field::Value: scratch_need_ = 8; step_ = Step::Length; return true;
+    case Field::Value:
+      scratch_need_ = 8;
+      step_ = Step::Length;
+      return true;
   }
   return true;
 }
@@ -366,9 +405,9 @@ bool RequestParser::finish_length() {
   const bool is_key = field_ == Field::Key;
   const std::size_t limit = is_key ? limits_.max_key_bytes : limits_.max_value_bytes;
   if (len > limit) {
-    error_ = std::string(command_name(request_.command)) + (is_key ? " key" : " value") +
-             " of " + std::to_string(len) + " bytes exceeds the limit of " +
-             std::to_string(limit) + " bytes";
+    error_ = std::string(command_name(request_.command)) + (is_key ? " key" : " value") + " of " +
+             std::to_string(len) + " bytes exceeds the limit of " + std::to_string(limit) +
+             " bytes";
     return false;
   }
   // Written so that no sum can wrap, whatever the limits.
@@ -376,8 +415,7 @@ bool RequestParser::finish_length() {
       len > limits_.max_request_bytes - request_bytes_) {
     error_ = std::string(command_name(request_.command)) + " request of " +
              std::to_string(request_bytes_) + " bytes and a field of " + std::to_string(len) +
-             " bytes exceeds the limit of " +
-             std::to_string(limits_.max_request_bytes) + " bytes";
+             " bytes exceeds the limit of " + std::to_string(limits_.max_request_bytes) + " bytes";
     return false;
   }
   auto& list = is_key ? request_.keys : request_.values;
@@ -410,8 +448,10 @@ bool has_reply(Command command) {
     case Set:
     case Append:
     case MultiSet:
-    case QueuePush: return false;
-    default: return true;
+    case QueuePush:
+      return false;
+    default:
+      return true;
   }
 }
 
@@ -431,22 +471,28 @@ void ReplyParser::expect(Command command, std::size_t key_count) {
 ReplyParser::Field ReplyParser::next_field() const {
   const std::size_t i = fields_done_;
   switch (command_) {
-    case Ping: return i == 0 ? Field::U32 : Field::None;
+    case Ping:
+      return i == 0 ? Field::U32 : Field::None;
     case Get:
-    case CompareSet: return i == 0 ? Field::Length : Field::None;
+    case CompareSet:
+      return i == 0 ? Field::Length : Field::None;
     case Add:
     case GetNumKeys:
     case DeleteKey:
-    case QueueLen: return i == 0 ? Field::I64 : Field::None;
+    case QueueLen:
+      return i == 0 ? Field::I64 : Field::None;
     case Check:
     case Wait:
     case CancelWait:
-    case WatchKey: return i == 0 ? Field::U8 : Field::None;
-    case MultiGet: return i < key_count_ ? Field::Length : Field::None;
+    case WatchKey:
+      return i == 0 ? Field::U8 : Field::None;
+    case MultiGet:
+      return i < key_count_ ? Field::Length : Field::None;
     case QueuePop:
       if (i == 0) return Field::I64;
       return i == 1 && reply_.number > 0 ? Field::Length : Field::None;
-    default: return Field::None;
+    default:
+      return Field::None;
   }
 }
 
@@ -460,9 +506,15 @@ void ReplyParser::begin_field() {
 bool ReplyParser::finish_fixed() {
   const char* p = reinterpret_cast<const char*>(scratch_);
   switch (field_) {
-    case Field::U8: reply_.code = scratch_[0]; break;
-    case Field::U32: reply_.u32 = get_u32(p); break;
-    case Field::I64: reply_.number = get_i64(p); break;
+    case Field::U8:
+      reply_.code = scratch_[0];
+      break;
+    case Field::U32:
+      reply_.u32 = get_u32(p);
+      break;
+    case Field::I64:
+      reply_.number = get_i64(p);
+      break;
     case Field::Length: {
       const std::uint64_t len = get_u64(p);
       if (len > limits_.max_value_bytes) {
@@ -471,18 +523,19 @@ bool ReplyParser::finish_fixed() {
         return false;
       }
       if (reply_bytes_ > limits_.max_reply_bytes || len > limits_.max_reply_bytes - reply_bytes_) {
-        error_ = "the server sent a reply of more than " +
-                 std::to_string(limits_.max_reply_bytes) + " bytes, over the limit";
+        error_ = "the server sent a reply of more than " + std::to_string(limits_.max_reply_bytes) +
+                 " bytes, over the limit";
         return false;
       }
       reply_bytes_ += len;
-      reply_.values.emplace_back().reserve(static_cast<std::size_t>(
-          std::min<std::uint64_t>(len, kReservedAtOnce)));
+      reply_.values.emplace_back().reserve(
+          static_cast<std::size_t>(std::min<std::uint64_t>(len, kReservedAtOnce)));
       body_left_ = len;
       in_body_ = true;
       return true;
     }
-    case Field::None: break;
+    case Field::None:
+      break;
   }
   ++fields_done_;
   begin_field();

@@ -2,8 +2,8 @@
 
 #include <array>
 
-#include "ddp/common/host_name.hpp"
 #include "backends.hpp"
+#include "ddp/common/host_name.hpp"
 #include "ddp/context.hpp"
 #include "ddp/store/prefix_store.hpp"
 #include "gloo_communicator.hpp"

@@ -426,14 +426,13 @@ Work NcclCommunicator::staged(const CallDescriptor& call, void* after, const voi
   Work work = launch(call, after, [&] {
     if (in_bytes == 0 || out_bytes == 0) return;
     if (!on_device) {
-      cuda_check(cudaMemcpyAsync(const_cast<void*>(src), host_in, in_bytes, cudaMemcpyDefault,
-                                 stream_),
-                 call.str());
+      cuda_check(
+          cudaMemcpyAsync(const_cast<void*>(src), host_in, in_bytes, cudaMemcpyDefault, stream_),
+          call.str());
     }
     collective(src, dst);
     if (!on_device) {
-      cuda_check(cudaMemcpyAsync(host_out, dst, out_bytes, cudaMemcpyDefault, stream_),
-                 call.str());
+      cuda_check(cudaMemcpyAsync(host_out, dst, out_bytes, cudaMemcpyDefault, stream_), call.str());
     }
   });
   if (!on_device) {

@@ -25,7 +25,7 @@ namespace ddp::detail {
 // covers the communicator's enqueueing, so an abort never races a call into NCCL.
 struct NcclCommState {
   std::mutex mutex;
-  ncclComm_t comm = nullptr;  // set once the communicator is built
+  ncclComm_t comm = nullptr;    // set once the communicator is built
   std::string aborted_because;  // non-empty once aborted
   // Aborts once; the first reason is kept.
   void abort(const std::string& reason);

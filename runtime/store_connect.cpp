@@ -4,8 +4,8 @@
 #include <boost/asio/post.hpp>
 #include <thread>
 
-#include "ddp/common/worker_contract.hpp"
 #include "backends.hpp"
+#include "ddp/common/worker_contract.hpp"
 #include "ddp/store/client.hpp"
 #include "ddp/store/server.hpp"
 

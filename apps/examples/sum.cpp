@@ -1,7 +1,7 @@
 // The smallest libddp program: every rank contributes ones; each prints sum=<world size>.
 //   ddprun --nproc_per_node=3 build/bin/ddp-example-sum
-#include <ddp/runtime.hpp>
 #include <cstdio>
+#include <ddp/runtime.hpp>
 #include <vector>
 int main() {
   ddp::Context ctx = ddp::init();

@@ -64,8 +64,9 @@ void ProcessWorkerGroup::tee_output(int local_rank, WorkerStreams& streams) {
         console_.write_line(fd, std::move(line));
       };
     }
-    OutputTee::start(io_, std::move(tee.read_end), std::move(tee.file), std::move(sink), prefix,
-                     [this] { on_tee_done(); }, TeeLog{tee.file_path.string(), options_.log_errors});
+    OutputTee::start(
+        io_, std::move(tee.read_end), std::move(tee.file), std::move(sink), prefix,
+        [this] { on_tee_done(); }, TeeLog{tee.file_path.string(), options_.log_errors});
   }
 }
 

@@ -16,9 +16,9 @@
 #include "../group_reaper.hpp"
 #include "../worker_streams.hpp"
 #include "ddp/launcher/launch_config.hpp"
+#include "ddp/launcher/log_file_errors.hpp"
 #include "ddp/launcher/master_endpoint.hpp"
 #include "ddp/launcher/worker_command.hpp"
-#include "ddp/launcher/log_file_errors.hpp"
 #include "worker_group.hpp"
 
 namespace ddp::launcher {

@@ -13,7 +13,8 @@ namespace {
 
 // A store other nodes reach: every address. Its log lines go to the agent's console writer
 // (never a blocking write on the loop).
-store::ServerOptions store_options(int port, const std::function<void(const std::string&)>& notice) {
+store::ServerOptions store_options(int port,
+                                   const std::function<void(const std::string&)>& notice) {
   store::ServerOptions options;
   options.host = "0.0.0.0";
   options.port = static_cast<std::uint16_t>(port);

@@ -3,17 +3,17 @@
 #include <catch2/catch.hpp>
 
 #include "process_harness.hpp"
-#include "test_support.hpp"
 #include "skip.hpp"
+#include "test_support.hpp"
 
 using namespace ddp::test;
 
 TEST_CASE("a --master_port in use stops ddprun before any worker starts, naming the port") {
   SilentListener taken;  // on 127.0.0.1; the agent listens on every interface
   const std::string port = std::to_string(taken.port());
-  ProcessResult r = run_process({bin_path("ddprun").string(), "--nproc_per_node=2",
-                                 "--master_port=" + port, bin_path("ddp-sample-worker").string(),
-                                 "--print", "worker started"});
+  ProcessResult r =
+      run_process({bin_path("ddprun").string(), "--nproc_per_node=2", "--master_port=" + port,
+                   bin_path("ddp-sample-worker").string(), "--print", "worker started"});
   INFO(r.err);
   CHECK(r.status == 1);
   CHECK_THAT(r.err, Catch::Contains(port));

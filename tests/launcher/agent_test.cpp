@@ -5,9 +5,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <catch2/catch.hpp>
 #include <csignal>
 #include <cstdlib>
-#include <catch2/catch.hpp>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <regex>
@@ -23,7 +23,8 @@ namespace {
 
 // The run's directory under --log_dir: <log_dir>/<run_id>_<random> (as torchrun). Fails the
 // test unless there is exactly one.
-std::filesystem::path run_dir(const std::filesystem::path& log_dir, const std::string& run_id = "none") {
+std::filesystem::path run_dir(const std::filesystem::path& log_dir,
+                              const std::string& run_id = "none") {
   std::vector<std::filesystem::path> found;
   for (const auto& entry : std::filesystem::directory_iterator(log_dir)) {
     if (entry.path().filename().string().starts_with(run_id + "_")) found.push_back(entry.path());
@@ -102,11 +103,13 @@ TEST_CASE("every worker gets torchrun's environment") {
     CHECK(env["OMP_NUM_THREADS"] == "1");
     CHECK(env["DDP_TEST_MARKER"] == "kept");
   }
-  CHECK(ports.size() == 1);  // one MASTER_PORT for the job
+  CHECK(ports.size() == 1);                       // one MASTER_PORT for the job
   CHECK(count(r.err, "OMP_NUM_THREADS=1") == 1);  // the notice, once
 }
 
-TEST_CASE("standalone run with role and master endpoint from options and workers from PET_NPROC_PER_NODE") {
+TEST_CASE(
+    "standalone run with role and master endpoint from options and workers from "
+    "PET_NPROC_PER_NODE") {
   TempDir dir;
   ProcessResult r = run_process(
       ddprun({"--standalone", "--role=trainer", "--master_port=29555", "--local_addr=127.0.0.3"},
@@ -123,13 +126,14 @@ TEST_CASE("standalone run with role and master endpoint from options and workers
   CHECK(env0["OMP_NUM_THREADS"] == "3");
   CHECK(r.err.find("OMP_NUM_THREADS") == std::string::npos);
   std::string run_id = env0["TORCHELASTIC_RUN_ID"];
-  CHECK(std::regex_match(run_id, std::regex("[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")));
+  CHECK(std::regex_match(
+      run_id, std::regex("[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")));
   CHECK(env1["TORCHELASTIC_RUN_ID"] == run_id);
 }
 
 TEST_CASE("a failing rank gives its exit code and a report naming it") {
-  ProcessResult r = run_process(
-      ddprun({"--nproc_per_node=3"}, {"--if-rank", "1", "--exit", "3", "--wait"}));
+  ProcessResult r =
+      run_process(ddprun({"--nproc_per_node=3"}, {"--if-rank", "1", "--exit", "3", "--wait"}));
   CHECK(r.status == 3);
   INFO(r.err);
   CHECK_THAT(r.err, Catch::Contains("ddp-sample-worker FAILED"));
@@ -146,7 +150,8 @@ TEST_CASE("workers that failed together: the first is the root cause and the oth
   ChildProcess run(ddprun({"--nproc_per_node=3"}, {"--ready", "--wait"}));
   auto ready = run.wait_for_stdout_lines("ready", 3);
   std::map<long, pid_t> pid_of;
-  for (const auto& line : ready) pid_of[field_of(line, "rank")] = static_cast<pid_t>(field_of(line, "pid"));
+  for (const auto& line : ready)
+    pid_of[field_of(line, "rank")] = static_cast<pid_t>(field_of(line, "pid"));
   // Both fail while the agent is stopped, so that it sees them in one go when it resumes.
   run.signal(SIGSTOP);
   ::kill(pid_of[1], SIGKILL);
@@ -158,7 +163,8 @@ TEST_CASE("workers that failed together: the first is the root cause and the oth
   INFO(r.err);
   CHECK((r.status == 128 + SIGKILL || r.status == 128 + SIGUSR1));
   // torchrun's order: the other failures, then the root cause.
-  auto others = r.err.substr(r.err.find("\nFailures:\n"), r.err.find("Root Cause") - r.err.find("\nFailures:\n"));
+  auto others = r.err.substr(r.err.find("\nFailures:\n"),
+                             r.err.find("Root Cause") - r.err.find("\nFailures:\n"));
   auto root = r.err.substr(r.err.find("Root Cause"));
   const bool rank1_first = r.status == 128 + SIGKILL;
   CHECK_THAT(root, Catch::Contains(rank1_first ? "rank      : 1" : "rank      : 2"));
@@ -203,16 +209,17 @@ TEST_CASE("restarts increment TORCHELASTIC_RESTART_COUNT and stop at --max_resta
   CHECK(count(r.err, "restarting it") == 2);
   for (int restart = 0; restart <= 2; ++restart) {
     for (int rank = 0; rank < 2; ++rank) {
-      auto path = dir.path() / ("env-" + std::to_string(rank) + "-" + std::to_string(restart) + ".json");
+      auto path =
+          dir.path() / ("env-" + std::to_string(rank) + "-" + std::to_string(restart) + ".json");
       CHECK(read_json(path)["TORCHELASTIC_RESTART_COUNT"] == std::to_string(restart));
     }
   }
   CHECK_FALSE(std::filesystem::exists(dir.path() / "env-1-3.json"));
 
   // A group that succeeds on its second attempt: exit 0.
-  ProcessResult ok = run_process(ddprun(
-      {"--nproc_per_node=2", "--max_restarts=3"},
-      {"--if-restart-below", "1", "--exit", "1", "--print", "done"}));
+  ProcessResult ok =
+      run_process(ddprun({"--nproc_per_node=2", "--max_restarts=3"},
+                         {"--if-restart-below", "1", "--exit", "1", "--print", "done"}));
   CHECK(ok.status == 0);
   CHECK(count(ok.err, "restarting it") == 1);
   CHECK(count(ok.out, "done") == 2);
@@ -272,8 +279,8 @@ TEST_CASE("each handled signal is forwarded and gives 128+signal") {
     CHECK(run.wait().status == 128 + signal);
   }
   // --signals_to_handle replaces the list: SIGUSR1 is forwarded (and ends the workers).
-  ChildProcess run(ddprun({"--nproc_per_node=2", "--signals_to_handle=SIGUSR1"},
-                          {"--ready", "--wait"}));
+  ChildProcess run(
+      ddprun({"--nproc_per_node=2", "--signals_to_handle=SIGUSR1"}, {"--ready", "--wait"}));
   run.wait_for_stdout_lines("ready", 2);
   run.signal(SIGUSR1);
   ProcessResult r = run.wait();
@@ -347,27 +354,30 @@ TEST_CASE("tee gives prefixed whole lines on the console and plain files in the 
 
 TEST_CASE("redirects and per-rank maps and the local ranks filter") {
   TempDir dir;
-  ProcessResult r = run_process(ddprun(
-      {"--nproc_per_node=2", "-r", "0:1", "-t", "1:3", "--log_dir", dir.path().string()},
-      {"--print", "out", "--eprint", "err"}));
+  ProcessResult r = run_process(
+      ddprun({"--nproc_per_node=2", "-r", "0:1", "-t", "1:3", "--log_dir", dir.path().string()},
+             {"--print", "out", "--eprint", "err"}));
   REQUIRE(r.status == 0);
   const auto base = run_dir(dir.path()) / "attempt_0";
   // rank 0: stdout to its file only, stderr to the console as is; rank 1: both teed.
-  CHECK(std::string(std::istreambuf_iterator<char>(std::ifstream(base / "0" / "stdout.log").rdbuf()), {}) == "out\n");
+  CHECK(std::string(
+            std::istreambuf_iterator<char>(std::ifstream(base / "0" / "stdout.log").rdbuf()), {}) ==
+        "out\n");
   CHECK_FALSE(std::filesystem::exists(base / "0" / "stderr.log"));
   CHECK(lines_of(r.out) == std::vector<std::string>{"[default1]:out"});
   CHECK(count(r.err, "[default1]:err\n") == 1);
   CHECK(count(r.err, "err\n") == 2);
 
   TempDir dir2;
-  ProcessResult f = run_process(ddprun(
-      {"--nproc_per_node=3", "--tee=3", "--local_ranks_filter=1", "--log_dir", dir2.path().string()},
-      {"--print", "hello"}));
+  ProcessResult f = run_process(ddprun({"--nproc_per_node=3", "--tee=3", "--local_ranks_filter=1",
+                                        "--log_dir", dir2.path().string()},
+                                       {"--print", "hello"}));
   REQUIRE(f.status == 0);
   CHECK(lines_of(f.out) == std::vector<std::string>{"[default1]:hello"});
   for (int rank = 0; rank < 3; ++rank) {  // the files keep every rank
     auto path = run_dir(dir2.path()) / "attempt_0" / std::to_string(rank) / "stdout.log";
-    CHECK(std::string(std::istreambuf_iterator<char>(std::ifstream(path).rdbuf()), {}) == "hello\n");
+    CHECK(std::string(std::istreambuf_iterator<char>(std::ifstream(path).rdbuf()), {}) ==
+          "hello\n");
   }
 }
 
@@ -391,9 +401,9 @@ TEST_CASE("two runs with the same log_dir and run id write to two fresh director
 
 TEST_CASE("restarts write each attempt's logs in its own directory") {
   TempDir dir;
-  ProcessResult r = run_process(ddprun(
-      {"--nproc_per_node=1", "--max_restarts=1", "-r3", "--log_dir", dir.path().string()},
-      {"--hello", "--if-restart-below", "1", "--exit", "2"}));
+  ProcessResult r = run_process(
+      ddprun({"--nproc_per_node=1", "--max_restarts=1", "-r3", "--log_dir", dir.path().string()},
+             {"--hello", "--if-restart-below", "1", "--exit", "2"}));
   CHECK(r.status == 0);
   for (const char* attempt : {"attempt_0", "attempt_1"}) {
     auto path = run_dir(dir.path()) / attempt / "0" / "stdout.log";

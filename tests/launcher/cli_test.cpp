@@ -5,8 +5,8 @@
 #include <csignal>
 #include <cstdlib>
 #include <functional>
-#include <set>
 #include <map>
+#include <set>
 #include <sstream>
 
 #include "test_support.hpp"
@@ -126,7 +126,9 @@ TEST_CASE("every valued option in every spelling") {
       {{"--rdzv_id=job7"}, [](auto& c) { return c.rdzv_id == "job7"; }},
       {{"--rdzv-id", "job7"}, [](auto& c) { return c.rdzv_id == "job7"; }},
       {{"--rdzv_conf=timeout=5,read_timeout=60"},
-       [](auto& c) { return c.rdzv_conf.at("timeout") == "5" && c.rdzv_conf.at("read_timeout") == "60"; }},
+       [](auto& c) {
+         return c.rdzv_conf.at("timeout") == "5" && c.rdzv_conf.at("read_timeout") == "60";
+       }},
       {{"--rdzv-conf", "a=1"}, [](auto& c) { return c.rdzv_conf.at("a") == "1"; }},
       {{"--master_addr=10.0.0.1"}, [](auto& c) { return c.master_addr == "10.0.0.1"; }},
       {{"--master-addr", "h"}, [](auto& c) { return c.master_addr == "h"; }},
@@ -143,7 +145,9 @@ TEST_CASE("every valued option in every spelling") {
       {{"--role=trainer"}, [](auto& c) { return c.role == "trainer"; }},
       {{"--role", "trainer"}, [](auto& c) { return c.role == "trainer"; }},
       {{"--signals_to_handle=SIGUSR1,SIGTERM"},
-       [](auto& c) { return c.signals_to_handle == std::vector<int>{SIGUSR1, SIGTERM}; }},
+       [](auto& c) {
+         return c.signals_to_handle == std::vector<int>{SIGUSR1, SIGTERM};
+       }},
       {{"--signals-to-handle", "SIGINT"},
        [](auto& c) { return c.signals_to_handle == std::vector<int>{SIGINT}; }},
       {{"--shutdown_timeout=1.5"},
@@ -165,7 +169,9 @@ TEST_CASE("every valued option in every spelling") {
       {{"--tee=1:3"},
        [](auto& c) { return c.tee.for_rank(1) == Std::kAll && c.tee.for_rank(0) == Std::kNone; }},
       {{"--nproc_per_node=3", "--local_ranks_filter=0,2"},
-       [](auto& c) { return c.local_ranks_filter == std::set<int>{0, 2}; }},
+       [](auto& c) {
+         return c.local_ranks_filter == std::set<int>{0, 2};
+       }},
       {{"--nproc_per_node=2", "--local-ranks-filter", "1"},
        [](auto& c) { return c.local_ranks_filter == std::set<int>{1}; }},
       {{"-m"}, [](auto& c) { return c.entrypoint_kind == EntrypointKind::kModule; }},
@@ -212,14 +218,22 @@ TEST_CASE("nproc_per_node as cpu or gpu or auto") {
 
 TEST_CASE("PET_ variables give every option its default and the command line wins") {
   Fake fake;
-  fake.env = {{"PET_NPROC_PER_NODE", "4"},  {"PET_MAX_RESTARTS", "2"},
-              {"PET_RDZV_ID", "pet-job"},   {"PET_ROLE", "r"},
-              {"PET_STANDALONE", "0"},      {"PET_NO_PYTHON", "1"},
-              {"PET_TEE", "3"},             {"PET_LOG_DIR", "/pet"},
-              {"PET_MASTER_PORT", "4321"},  {"PET_LOCAL_RANKS_FILTER", "0"},
-              {"PET_SHUTDOWN_TIMEOUT", "2"}, {"PET_SIGNALS_TO_HANDLE", "SIGTERM"},
-              {"PET_MONITOR_INTERVAL", "1"}, {"PET_REDIRECTS", "2"},
-              {"PET_NNODES", "1:1"},        {"PET_MASTER_ADDR", "127.0.0.9"}};
+  fake.env = {{"PET_NPROC_PER_NODE", "4"},
+              {"PET_MAX_RESTARTS", "2"},
+              {"PET_RDZV_ID", "pet-job"},
+              {"PET_ROLE", "r"},
+              {"PET_STANDALONE", "0"},
+              {"PET_NO_PYTHON", "1"},
+              {"PET_TEE", "3"},
+              {"PET_LOG_DIR", "/pet"},
+              {"PET_MASTER_PORT", "4321"},
+              {"PET_LOCAL_RANKS_FILTER", "0"},
+              {"PET_SHUTDOWN_TIMEOUT", "2"},
+              {"PET_SIGNALS_TO_HANDLE", "SIGTERM"},
+              {"PET_MONITOR_INTERVAL", "1"},
+              {"PET_REDIRECTS", "2"},
+              {"PET_NNODES", "1:1"},
+              {"PET_MASTER_ADDR", "127.0.0.9"}};
   LaunchConfig c = parse({"x"}, fake);
   CHECK(c.nproc_per_node == 4);
   CHECK(c.max_restarts == 2);
@@ -249,8 +263,8 @@ TEST_CASE("PET_ variables give every option its default and the command line win
 }
 
 TEST_CASE("everything after the entrypoint goes to the worker untouched") {
-  LaunchConfig c = parse({"--nproc_per_node=2", "train.py", "--nproc_per_node=5", "-m", "--",
-                          "x y", "", "--help"});
+  LaunchConfig c = parse(
+      {"--nproc_per_node=2", "train.py", "--nproc_per_node=5", "-m", "--", "x y", "", "--help"});
   CHECK(c.nproc_per_node == 2);
   CHECK(c.entrypoint == "train.py");
   CHECK(c.entrypoint_args ==
@@ -297,7 +311,8 @@ TEST_CASE("bad input is a UsageError naming the option") {
   CHECK_THAT(usage_error({"x"}, fake), Catch::Contains("PET_STANDALONE=yes"));
 }
 
-TEST_CASE("multi-node options are parsed and backends ddprun lacks are refused as not implemented") {
+TEST_CASE(
+    "multi-node options are parsed and backends ddprun lacks are refused as not implemented") {
   LaunchConfig two = parse({"--nnodes=2", "--node_rank=1", "--master_addr=10.0.0.1", "x"});
   CHECK(two.min_nodes == 2);
   CHECK(two.max_nodes == 2);
@@ -332,13 +347,31 @@ TEST_CASE("help and version texts") {
     INFO(line);
     CHECK(line.size() <= 80);
   }
-  for (const char* option : {"--nnodes", "--nproc_per_node", "--standalone", "--rdzv_backend",
-                             "--rdzv_endpoint", "--rdzv_id", "--rdzv_conf", "--max_restarts",
-                             "--monitor_interval", "--role", "--log_dir", "--redirects", "--tee",
-                             "--local_ranks_filter", "--node_rank", "--master_addr",
-                             "--master_port", "--local_addr", "--module", "--no_python",
-                             "--signals_to_handle", "--shutdown_timeout", "--legacy_local_rank",
-                             "Nodes and workers:", "Logs:"}) {
+  for (const char* option : {"--nnodes",
+                             "--nproc_per_node",
+                             "--standalone",
+                             "--rdzv_backend",
+                             "--rdzv_endpoint",
+                             "--rdzv_id",
+                             "--rdzv_conf",
+                             "--max_restarts",
+                             "--monitor_interval",
+                             "--role",
+                             "--log_dir",
+                             "--redirects",
+                             "--tee",
+                             "--local_ranks_filter",
+                             "--node_rank",
+                             "--master_addr",
+                             "--master_port",
+                             "--local_addr",
+                             "--module",
+                             "--no_python",
+                             "--signals_to_handle",
+                             "--shutdown_timeout",
+                             "--legacy_local_rank",
+                             "Nodes and workers:",
+                             "Logs:"}) {
     CHECK_THAT(help.text, Catch::Contains(option));
   }
 }
@@ -350,13 +383,15 @@ TEST_CASE("an empty value after = is an empty value, never the next argument") {
   CHECK(parse({"--rdzv_conf=", "x"}).rdzv_conf.empty());
   CHECK_THAT(usage_error({"--role=", "--nproc_per_node=2", "x"}),
              Catch::Contains("--role") && Catch::Contains("cannot be empty"));
-  CHECK_THAT(usage_error({"--rdzv_id=", "x"}), Catch::Contains("--rdzv_id") && Catch::Contains("cannot be empty"));
+  CHECK_THAT(usage_error({"--rdzv_id=", "x"}),
+             Catch::Contains("--rdzv_id") && Catch::Contains("cannot be empty"));
   CHECK_THAT(usage_error({"--master_addr=", "x"}), Catch::Contains("cannot be empty"));
   CHECK_THAT(usage_error({"-r=", "x"}), Catch::Contains("-r"));
   // A value that looks like an option is a missing value, as in argparse.
   CHECK_THAT(usage_error({"--role", "--nproc_per_node=2", "x"}),
              Catch::Contains("--role") && Catch::Contains("expected a value"));
-  CHECK_THAT(usage_error({"--nproc_per_node"}), Catch::Contains("--nproc_per_node: expected a value"));
+  CHECK_THAT(usage_error({"--nproc_per_node"}),
+             Catch::Contains("--nproc_per_node: expected a value"));
   CHECK(parse({"--role", "-", "x"}).role == "-");
   CHECK_THAT(usage_error({"--max_restarts", "-1", "x"}), Catch::Contains("--max_restarts=-1"));
   CHECK(parse({"-r=3", "x"}).redirects.for_rank(0) == Std::kAll);
@@ -371,17 +406,20 @@ TEST_CASE("unambiguous prefixes of long options are accepted, as argparse does")
   CHECK(parse({"--no_p", "x"}).entrypoint_kind == EntrypointKind::kDirect);
   CHECK(parse_command_line({"--vers"}, Fake{}.context()).action == CliResult::Action::kVersion);
   // Exact names win over longer names they prefix; prefixes stop at the entrypoint.
-  CHECK(parse({"--role=a", "x", "--nproc=9"}).entrypoint_args == std::vector<std::string>{"--nproc=9"});
+  CHECK(parse({"--role=a", "x", "--nproc=9"}).entrypoint_args ==
+        std::vector<std::string>{"--nproc=9"});
   std::string ambiguous = usage_error({"--n=1", "x"});
   CHECK_THAT(ambiguous, Catch::Contains("ambiguous option: --n could match"));
   CHECK_THAT(ambiguous, Catch::Contains("--nnodes") && Catch::Contains("--nproc_per_node") &&
                             Catch::Contains("--node_rank") && Catch::Contains("--no_python"));
-  CHECK_THAT(usage_error({"--rdzv=x", "y"}), Catch::Contains("--rdzv_backend") && Catch::Contains("--rdzv_id"));
+  CHECK_THAT(usage_error({"--rdzv=x", "y"}),
+             Catch::Contains("--rdzv_backend") && Catch::Contains("--rdzv_id"));
   CHECK_THAT(usage_error({"--nprocx=2", "x"}), Catch::Contains("unknown option --nprocx=2"));
 }
 
 TEST_CASE("unknown options before the entrypoint are errors, after it the worker's") {
-  CHECK_THAT(usage_error({"--nproc_per_node=2", "--bogus", "x"}), Catch::Contains("unknown option --bogus"));
+  CHECK_THAT(usage_error({"--nproc_per_node=2", "--bogus", "x"}),
+             Catch::Contains("unknown option --bogus"));
   CHECK_THAT(usage_error({"--bogus", "--", "x"}), Catch::Contains("unknown option --bogus"));
   CHECK(parse({"x", "--bogus"}).entrypoint_args == std::vector<std::string>{"--bogus"});
   CHECK(parse({"--", "--bogus"}).entrypoint == "--bogus");
@@ -389,10 +427,12 @@ TEST_CASE("unknown options before the entrypoint are errors, after it the worker
 }
 
 TEST_CASE("names that become directories and prefixes are checked") {
-  CHECK_THAT(usage_error({"--rdzv_id=../../x", "y"}), Catch::Contains("--rdzv_id=../../x") && Catch::Contains("'/'"));
+  CHECK_THAT(usage_error({"--rdzv_id=../../x", "y"}),
+             Catch::Contains("--rdzv_id=../../x") && Catch::Contains("'/'"));
   CHECK_THAT(usage_error({"--rdzv_id=..", "y"}), Catch::Contains("'..'"));
   CHECK_THAT(usage_error({"--rdzv_id=a\nb", "y"}), Catch::Contains("control characters"));
-  CHECK_THAT(usage_error({"--role=a\nb", "y"}), Catch::Contains("--role") && Catch::Contains("control characters"));
+  CHECK_THAT(usage_error({"--role=a\nb", "y"}),
+             Catch::Contains("--role") && Catch::Contains("control characters"));
   CHECK(parse({"--rdzv_id=job-7.a_b", "y"}).rdzv_id == "job-7.a_b");
   Fake fake;
   fake.env = {{"PET_RDZV_ID", "a/b"}};

@@ -1,13 +1,13 @@
 // ddprun with Python scripts, modules and direct programs, bad input on the real binary, and
 // a real PyTorch (python3-torch, Gloo) job.
-#include <csignal>
 #include <catch2/catch.hpp>
+#include <csignal>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
 #include "process_harness.hpp"
-#include "test_support.hpp"
 #include "skip.hpp"
+#include "test_support.hpp"
 
 using namespace ddp::test;
 using nlohmann::json;
@@ -32,10 +32,9 @@ std::map<int, json> probes(const std::string& out) {
 }  // namespace
 
 TEST_CASE("a .py entrypoint runs under PYTHON_EXEC -u with its arguments") {
-  ProcessResult r = run_process(
-      {ddprun_path(), "--nproc_per_node=2", python_dir() + "/ddp_probe.py", "--lr", "0.1", "--",
-       "-x"},
-      {{"PYTHON_EXEC", "/usr/bin/python3"}});
+  ProcessResult r = run_process({ddprun_path(), "--nproc_per_node=2",
+                                 python_dir() + "/ddp_probe.py", "--lr", "0.1", "--", "-x"},
+                                {{"PYTHON_EXEC", "/usr/bin/python3"}});
   INFO(r.err);
   REQUIRE(r.status == 0);
   auto p = probes(r.out);
@@ -63,8 +62,8 @@ TEST_CASE("a module entrypoint runs under python3 -u -m and legacy local rank ad
 }
 
 TEST_CASE("other programs and no_python entrypoints run directly") {
-  ProcessResult direct = run_process({ddprun_path(), "--nproc_per_node=2",
-                                      bin_path("ddp-sample-worker").string(), "--hello"});
+  ProcessResult direct = run_process(
+      {ddprun_path(), "--nproc_per_node=2", bin_path("ddp-sample-worker").string(), "--hello"});
   CHECK(direct.status == 0);
   CHECK_THAT(direct.out, Catch::Contains("hello from rank 1 of 2"));
 
@@ -100,11 +99,12 @@ TEST_CASE("failures under --run_path and -m write the error file: the report has
 TEST_CASE("the entrypoint rule: a Python shebang or a non-executable text file runs with Python") {
   TempDir dir;
   auto shebang = dir.path() / "train";
-  std::ofstream(shebang) << "#!/usr/bin/env python3\nimport sys, os\n"
-                            "print('python', os.environ['RANK'], sys.stdout.write_through, sys.executable)\n";
+  std::ofstream(shebang)
+      << "#!/usr/bin/env python3\nimport sys, os\n"
+         "print('python', os.environ['RANK'], sys.stdout.write_through, sys.executable)\n";
   std::filesystem::permissions(shebang, std::filesystem::perms::owner_all);
-  ProcessResult a = run_process({ddprun_path(), shebang.string()},
-                                {{"PYTHON_EXEC", "/usr/bin/python3"}});
+  ProcessResult a =
+      run_process({ddprun_path(), shebang.string()}, {{"PYTHON_EXEC", "/usr/bin/python3"}});
   INFO(a.err);
   CHECK(a.status == 0);
   CHECK(a.out == "python 0 True /usr/bin/python3\n");  // under PYTHON_EXEC -u
@@ -221,10 +221,9 @@ TEST_CASE("PyTorch: @record's error file becomes the report's root cause") {
     return ddp::test::skip(torch_python() + " cannot import torch");
   }
   TempDir dir;
-  ProcessResult r = run_process(
-      {ddprun_path(), "--nproc_per_node=2", "--log_dir", dir.path().string(),
-       python_dir() + "/torch_record_error.py"},
-      {{"PYTHON_EXEC", torch_python()}}, {}, std::chrono::seconds(120));
+  ProcessResult r = run_process({ddprun_path(), "--nproc_per_node=2", "--log_dir",
+                                 dir.path().string(), python_dir() + "/torch_record_error.py"},
+                                {{"PYTHON_EXEC", torch_python()}}, {}, std::chrono::seconds(120));
   CHECK(r.status == 1);
   INFO(r.err);
   auto root = r.err.substr(r.err.find("Root Cause"));

@@ -76,7 +76,8 @@ TEST_CASE("the report shows the other failures and then the root cause") {
   CHECK_THAT(other_part, Catch::Contains("error_file: <N/A>"));
   CHECK_THAT(other_part, Catch::Contains("traceback : Signal 11 (SIGSEGV) received by PID 4242"));
   CHECK_THAT(other_part, Catch::Contains("signal SIGSEGV (11)"));
-  CHECK_THAT(format_failure_report("x", root, {}), Catch::Contains("Failures:\n  <NO_OTHER_FAILURES>\n"));
+  CHECK_THAT(format_failure_report("x", root, {}),
+             Catch::Contains("Failures:\n  <NO_OTHER_FAILURES>\n"));
 }
 
 TEST_CASE("the report is torchrun 2.x's layout, line for line, with ddprun's fields last") {
@@ -128,7 +129,8 @@ TEST_CASE("the report is torchrun 2.x's layout, line for line, with ddprun's fie
   for (std::size_t i = 0; i < expected.size() && i < lines.size(); ++i) {
     INFO("line " << i);
     if (expected[i].empty()) {
-      CHECK(std::regex_match(lines[i], std::regex("  time      : \\d{4}-\\d\\d-\\d\\d_\\d\\d:\\d\\d:\\d\\d")));
+      CHECK(std::regex_match(
+          lines[i], std::regex("  time      : \\d{4}-\\d\\d-\\d\\d_\\d\\d:\\d\\d:\\d\\d")));
     } else {
       CHECK(lines[i] == expected[i]);
     }
@@ -189,5 +191,6 @@ TEST_CASE("the SIGKILL after --shutdown_timeout names the workers that did not s
         "ddprun: 2 workers did not stop within --shutdown_timeout=1.5s after SIGTERM: sending "
         "SIGKILL to rank 1 (local_rank 1, pid 4242), rank 3 (local_rank 3, pid 4244)");
   CHECK_THAT(kill_notice(std::chrono::seconds(30), SIGINT, {{0, 0, 7}}),
-             Catch::StartsWith("ddprun: 1 worker did not stop within --shutdown_timeout=30s after SIGINT"));
+             Catch::StartsWith(
+                 "ddprun: 1 worker did not stop within --shutdown_timeout=30s after SIGINT"));
 }

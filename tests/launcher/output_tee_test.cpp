@@ -38,8 +38,8 @@ TEST_CASE("a tee copies bytes to the file and prefixed whole lines to the consol
 
   boost::asio::io_context io;
   bool done = false;
-  OutputTee::start(io, UniqueFd(fds[0]), std::move(file), to_fd(console.get()), "[w3]:",
-                   [&] { done = true; });
+  OutputTee::start(io, UniqueFd(fds[0]), std::move(file), to_fd(console.get()),
+                   "[w3]:", [&] { done = true; });
   // A line split over several writes, an empty line, and a last line without a newline.
   for (const char* chunk : {"hel", "lo\nwor", "ld\n\nta", "il"}) {
     REQUIRE(write_all(writer.get(), chunk, std::strlen(chunk)));
@@ -107,8 +107,9 @@ TEST_CASE("a full disk: said once, the console goes on, later output is tried ag
   REQUIRE(::pipe(fds) == 0);
   UniqueFd writer(fds[1]);
   boost::asio::io_context io;
-  OutputTee::start(io, UniqueFd(fds[0]), std::move(full), to_fd(console.get()), "[w0]:", [] {},
-                   TeeLog{"/dev/full", errors});
+  OutputTee::start(
+      io, UniqueFd(fds[0]), std::move(full), to_fd(console.get()), "[w0]:", [] {},
+      TeeLog{"/dev/full", errors});
   for (const char* chunk : {"a\n", "bb\n", "ccc\n"}) {
     REQUIRE(write_all(writer.get(), chunk, std::strlen(chunk)));
     io.run_one();
@@ -117,7 +118,8 @@ TEST_CASE("a full disk: said once, the console goes on, later output is tried ag
   io.run();
   CHECK(read_all(console_path) == "[w0]:a\n[w0]:bb\n[w0]:ccc\n");
   REQUIRE(notices.size() == 1);  // once, with the file, the error and the bytes lost
-  CHECK_THAT(notices[0], Catch::Contains("/dev/full") && Catch::Contains("No space left on device") &&
+  CHECK_THAT(notices[0], Catch::Contains("/dev/full") &&
+                             Catch::Contains("No space left on device") &&
                              Catch::Contains("2 bytes not written"));
   // Every later chunk was tried again (and failed again): 2 + 3 + 4 bytes are missing.
   CHECK(errors->take_incomplete_files_notice() ==

@@ -48,8 +48,8 @@ TEST_CASE("a .py entrypoint runs under python3 -u or PYTHON_EXEC") {
 
 TEST_CASE("module entrypoints run python3 -u -m NAME and other files run directly") {
   auto path = env_of({{"PATH", "/usr/bin:/bin"}});
-  WorkerCommand m = resolve_worker_command(
-      config_for("pkg.train", {"a"}, EntrypointKind::kModule), path);
+  WorkerCommand m =
+      resolve_worker_command(config_for("pkg.train", {"a"}, EntrypointKind::kModule), path);
   // Through ddprun's @record wrapper: python3 -u -c WRAPPER -m pkg.train a.
   REQUIRE(m.argv.size() == 7);
   CHECK(m.argv[0] == "python3");
@@ -105,8 +105,8 @@ TEST_CASE("find_executable searches PATH in order") {
   ddp::test::TempDir dir;
   auto plain = dir.path() / "plain";
   std::ofstream(plain) << "data\n";
-  std::filesystem::permissions(plain, std::filesystem::perms::owner_read |
-                                          std::filesystem::perms::owner_write);
+  std::filesystem::permissions(
+      plain, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
   CHECK_FALSE(find_executable(plain.string(), "").has_value());  // not executable
 }
 
@@ -117,8 +117,8 @@ std::string write_file(const ddp::test::TempDir& dir, const std::string& name,
   std::string path = (dir.path() / name).string();
   std::ofstream(path) << text;
   using std::filesystem::perms;
-  std::filesystem::permissions(path, executable ? perms::owner_all
-                                                : perms::owner_read | perms::owner_write);
+  std::filesystem::permissions(
+      path, executable ? perms::owner_all : perms::owner_read | perms::owner_write);
   return path;
 }
 
@@ -131,8 +131,9 @@ TEST_CASE("the entrypoint rule: programs run directly, Python scripts under PYTH
     return std::vector<std::string>{"/usr/bin/python3", "-u", file};
   };
   // An executable whose shebang names Python, in any of its spellings.
-  for (const char* shebang : {"#!/usr/bin/python3\n", "#!/usr/bin/env python3\n",
-                              "#!/usr/bin/env -S python3.11 -X dev\n", "#! /opt/py/bin/python -u\n"}) {
+  for (const char* shebang :
+       {"#!/usr/bin/python3\n", "#!/usr/bin/env python3\n", "#!/usr/bin/env -S python3.11 -X dev\n",
+        "#! /opt/py/bin/python -u\n"}) {
     INFO(shebang);
     std::string script = write_file(dir, "train", std::string(shebang) + "print(1)\n", true);
     CHECK(resolve_worker_command(config_for(script), env).argv == python_argv(script));
@@ -148,7 +149,11 @@ TEST_CASE("the entrypoint rule: programs run directly, Python scripts under PYTH
   std::string plain = write_file(dir, "job", "print('hi')\n", false);
   CHECK(resolve_worker_command(config_for(plain), env).argv == python_argv(plain));
   // A non-executable binary cannot run.
-  std::string blob = write_file(dir, "blob", std::string("\x7f" "ELF\0\0\0", 7), false);
+  std::string blob = write_file(dir, "blob",
+                                std::string("\x7f"
+                                            "ELF\0\0\0",
+                                            7),
+                                false);
   CHECK_THROWS_WITH(resolve_worker_command(config_for(blob), env),
                     Catch::Contains("neither an executable file nor a text file"));
   // --no_python still runs an executable as itself whatever its shebang.

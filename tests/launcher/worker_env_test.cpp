@@ -64,7 +64,8 @@ TEST_CASE("worker_variables sets exactly torchrun's contract") {
   CHECK(worker_variables(config, master, {0, 0, "e"}, {{"NCCL_ASYNC_ERROR_HANDLING", "0"}})
             .at("NCCL_ASYNC_ERROR_HANDLING") == "0");
   CHECK(with_store.at("DDP_STORE_DIALECT") == "v2");  // libddp: our store's 2.x dialect
-  auto chosen = worker_variables(config, master, identity(round, 0, 0, "e"), {{"DDP_STORE_DIALECT", "v1"}});
+  auto chosen =
+      worker_variables(config, master, identity(round, 0, 0, "e"), {{"DDP_STORE_DIALECT", "v1"}});
   CHECK_FALSE(chosen.contains("DDP_STORE_DIALECT"));  // the user's own choice is inherited
 }
 

@@ -5,8 +5,8 @@
 #include <catch2/catch.hpp>
 
 #include "ddp/store/client.hpp"
-#include "store_fixture.hpp"
 #include "process_harness.hpp"
+#include "store_fixture.hpp"
 #include "test_support.hpp"
 
 using namespace ddp::store;
@@ -23,7 +23,8 @@ std::uint16_t port_of(const std::string& line) {
 
 TEST_CASE("ddpstore serves on the port it prints and exits 0 on SIGTERM and SIGINT") {
   for (int signal : {SIGTERM, SIGINT}) {
-    ChildProcess store({ddp::test::bin_path("ddpstore").string(), "--host", "127.0.0.1", "--port", "0"});
+    ChildProcess store(
+        {ddp::test::bin_path("ddpstore").string(), "--host", "127.0.0.1", "--port", "0"});
     std::uint16_t port = port_of(store.next_stdout_line());
     ClientOptions options;
     options.port = port;
@@ -36,10 +37,11 @@ TEST_CASE("ddpstore serves on the port it prints and exits 0 on SIGTERM and SIGI
 }
 
 TEST_CASE("ddpstore on a port in use says so and exits non-zero") {
-  ChildProcess first({ddp::test::bin_path("ddpstore").string(), "--host", "127.0.0.1", "--port", "0"});
+  ChildProcess first(
+      {ddp::test::bin_path("ddpstore").string(), "--host", "127.0.0.1", "--port", "0"});
   std::uint16_t port = port_of(first.next_stdout_line());
-  ChildProcess second(
-      {ddp::test::bin_path("ddpstore").string(), "--host", "127.0.0.1", "--port", std::to_string(port)});
+  ChildProcess second({ddp::test::bin_path("ddpstore").string(), "--host", "127.0.0.1", "--port",
+                       std::to_string(port)});
   CHECK(second.next_stdout_line().empty());
   CHECK(second.wait().status == 1);
 }
@@ -47,7 +49,8 @@ TEST_CASE("ddpstore on a port in use says so and exits non-zero") {
 TEST_CASE("ddpstore exits 0 on a SIGTERM sent as soon as it printed where it listens") {
   // The signal handler must be in place before the line that tells the port.
   for (int i = 0; i < 10; ++i) {
-    ChildProcess store({ddp::test::bin_path("ddpstore").string(), "--host", "127.0.0.1", "--port", "0"});
+    ChildProcess store(
+        {ddp::test::bin_path("ddpstore").string(), "--host", "127.0.0.1", "--port", "0"});
     port_of(store.next_stdout_line());
     REQUIRE(::kill(store.pid(), SIGTERM) == 0);
     CHECK(store.wait().status == 0);

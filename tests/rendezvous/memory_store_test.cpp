@@ -1,8 +1,8 @@
+#include "ddp/store/memory_store.hpp"
+
 #include <catch2/catch.hpp>
 #include <limits>
 #include <thread>
-
-#include "ddp/store/memory_store.hpp"
 
 using namespace std::chrono_literals;
 using ddp::store::MemoryStore;
@@ -42,7 +42,8 @@ TEST_CASE("memory store: wait wakes when the last key is set, and times out nami
   CHECK_THROWS_WITH(store.wait({"a", "missing"}, 10ms), Catch::Contains("'missing'"));
 }
 
-TEST_CASE("memory store: ADD past INT64_MAX wraps as the server's does, without undefined behaviour") {
+TEST_CASE(
+    "memory store: ADD past INT64_MAX wraps as the server's does, without undefined behaviour") {
   MemoryStore store;
   constexpr auto kMax = std::numeric_limits<std::int64_t>::max();
   CHECK(store.add("n", kMax) == kMax);

@@ -1,7 +1,8 @@
+#include "ddp/store/prefix_store.hpp"
+
 #include <catch2/catch.hpp>
 
 #include "ddp/store/memory_store.hpp"
-#include "ddp/store/prefix_store.hpp"
 
 TEST_CASE("prefix store: keys live under prefix/") {
   auto base = std::make_shared<ddp::store::MemoryStore>();

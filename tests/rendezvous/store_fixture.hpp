@@ -3,6 +3,8 @@
 // event-loop thread" of the tests, and a condition helper. Child processes: ChildProcess in
 // support/process_harness.hpp.
 
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/post.hpp>
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -10,9 +12,6 @@
 #include <string>
 #include <thread>
 #include <vector>
-
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/post.hpp>
 
 #include "ddp/store/client.hpp"
 #include "ddp/store/server.hpp"

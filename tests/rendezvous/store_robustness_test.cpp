@@ -15,7 +15,6 @@ extern "C" std::size_t __sanitizer_get_current_allocated_bytes();
 #endif
 
 #include <catch2/catch.hpp>
-
 #include <random>
 
 #include "ddp/store/client.hpp"
@@ -103,8 +102,7 @@ TEST_CASE("1,000 concurrent clients wait together and are all answered") {
 TEST_CASE("a client stalled halfway through a request does not hold up the others") {
   TestServer server;
   RawSocket staller(server.port());
-  const std::string request =
-      kOpening + v2(make_request(Command::Set, {"stalled"}, {"value"}));
+  const std::string request = kOpening + v2(make_request(Command::Set, {"stalled"}, {"value"}));
   const std::size_t half = kOpening.size() + 6;
   REQUIRE(staller.send(request.substr(0, half)));  // in the middle of the key's length
 
@@ -139,11 +137,11 @@ TEST_CASE("lengths of 2^63 are rejected without allocating") {
   TestServer server;
   const std::uint64_t huge = 1ULL << 63;
   const std::vector<std::string> requests = {
-      std::string(1, '\x02') + u64le(huge),                             // 1.x GET key length
-      std::string(1, '\x00') + u64le(1) + "k" + u64le(huge),            // 1.x SET value length
-      std::string(1, '\x05') + u64le(huge),                             // 1.x WAIT key count
-      kOpening + std::string(1, '\x0b') + u64le(huge),                  // 2.x MULTI_SET count
-      kOpening + std::string(1, '\x09') + u64le(1) + "k" + u64le(huge), // 2.x APPEND length
+      std::string(1, '\x02') + u64le(huge),                              // 1.x GET key length
+      std::string(1, '\x00') + u64le(1) + "k" + u64le(huge),             // 1.x SET value length
+      std::string(1, '\x05') + u64le(huge),                              // 1.x WAIT key count
+      kOpening + std::string(1, '\x0b') + u64le(huge),                   // 2.x MULTI_SET count
+      kOpening + std::string(1, '\x09') + u64le(1) + "k" + u64le(huge),  // 2.x APPEND length
       kOpening + std::string(1, '\x02') + u64le(1) + "k" + u64le(0) + u64le(~0ULL),  // COMPARE_SET
   };
   auto before = allocated_bytes();
@@ -168,8 +166,8 @@ TEST_CASE("thousands of disconnects with waits pending leave nothing behind") {
       std::vector<RawSocket> batch;
       for (int i = 0; i < 100; ++i) {
         batch.emplace_back(server.port());
-        std::string unique = "missing/" + std::to_string(round) + "/" + std::to_string(i) +
-                             std::string(100, 'x');
+        std::string unique =
+            "missing/" + std::to_string(round) + "/" + std::to_string(i) + std::string(100, 'x');
         bool v1 = i % 2 == 1;
         Request wait = make_request(Command::Wait, {unique, "shared-missing", unique});
         batch.back().send(v1 ? encode(Dialect::V1, wait) : kOpening + v2(wait));
@@ -201,7 +199,8 @@ TEST_CASE("a client that sends faster than it reads is paused, then served in fu
   RawSocket greedy(server.port());
   constexpr int kGets = 80;  // 80 MiB of replies, more than the server queues for one client
   std::string requests;
-  for (int i = 0; i < kGets; ++i) requests += encode(Dialect::V1, make_request(Command::Get, {"big"}));
+  for (int i = 0; i < kGets; ++i)
+    requests += encode(Dialect::V1, make_request(Command::Get, {"big"}));
   REQUIRE(greedy.send(requests));
   client.set("others", "still served");  // while the greedy client reads nothing
   CHECK(client.get("others") == "still served");
@@ -227,7 +226,8 @@ TEST_CASE("a burst of small requests for large replies is answered a bounded amo
   RawSocket greedy(server.port());
   constexpr int kGets = 120;  // 120 MiB of replies asked for in one ~1.5 KB burst
   std::string requests;
-  for (int i = 0; i < kGets; ++i) requests += encode(Dialect::V1, make_request(Command::Get, {"big"}));
+  for (int i = 0; i < kGets; ++i)
+    requests += encode(Dialect::V1, make_request(Command::Get, {"big"}));
   const auto handled = server.stats().requests;
   const auto before = allocated_with_mmapped_bytes();
   REQUIRE(before > 0);  // the measure works in this build
@@ -301,7 +301,8 @@ RawSocket flood_with_waits(const TestServer& server) {
 
 }  // namespace
 
-TEST_CASE("160 thousand WAITs pipelined on one connection are dropped without stalling the others") {
+TEST_CASE(
+    "160 thousand WAITs pipelined on one connection are dropped without stalling the others") {
   ServerOptions options;
   options.max_waits_per_connection = kPipelinedWaits;
   TestServer server(options);

@@ -1,16 +1,14 @@
 // Every command through our Client against our Server, in both dialects, and the
 // connection-closing rules for bad requests.
 
-#include "ddp/store/server.hpp"
-
 #include <catch2/catch.hpp>
-
 #include <limits>
 #include <thread>
 
+#include "add_forms.hpp"
 #include "ddp/store/client.hpp"
 #include "ddp/store/prefix_store.hpp"
-#include "add_forms.hpp"
+#include "ddp/store/server.hpp"
 #include "raw_socket.hpp"
 #include "store_fixture.hpp"
 #include "test_support.hpp"
@@ -57,11 +55,11 @@ TEST_CASE("client and server: the common commands in both dialects") {
     CHECK(client.get("counter") == "-2");  // ADD keeps decimal text
 
     // COMPARE_SET: PyTorch's four cases.
-    CHECK(client.compare_set("cas", "", "first") == "first");        // missing, empty expected
-    CHECK(client.compare_set("absent", "x", "y") == "x");            // missing, non-empty expected
+    CHECK(client.compare_set("cas", "", "first") == "first");  // missing, empty expected
+    CHECK(client.compare_set("absent", "x", "y") == "x");      // missing, non-empty expected
     CHECK_FALSE(client.check({"absent"}));
-    CHECK(client.compare_set("cas", "first", "second") == "second"); // equal
-    CHECK(client.compare_set("cas", "wrong", "third") == "second");  // different
+    CHECK(client.compare_set("cas", "first", "second") == "second");  // equal
+    CHECK(client.compare_set("cas", "wrong", "third") == "second");   // different
 
     CHECK(client.check({"k1", "counter"}));
     CHECK_FALSE(client.check({"k1", "nope"}));
@@ -78,7 +76,8 @@ TEST_CASE("client and server: the common commands in both dialects") {
     CHECK(client.get("log") == "abcd");
     CHECK(client.ping() > 0ns);
 
-    PrefixStore prefixed("/worker/attempt_0", std::make_shared<Client>(server.client_options(dialect)));
+    PrefixStore prefixed("/worker/attempt_0",
+                         std::make_shared<Client>(server.client_options(dialect)));
     prefixed.set("x", "1");
     CHECK(client.get("/worker/attempt_0/x") == "1");
   }
@@ -172,11 +171,11 @@ TEST_CASE("raw 1.x: WATCH_KEY registers and reports changes") {
   Client client(server.client_options(Dialect::V1));
   client.set("k", "v");
   // KEY_CREATED, key, old "", new "v".
-  CHECK(watch.read(1 + 9 + 8 + 9) == bytes({0x01, 1, 0, 0, 0, 0, 0, 0, 0, 'k', 0, 0, 0, 0, 0, 0, 0,
-                                            0, 1, 0, 0, 0, 0, 0, 0, 0, 'v'}));
+  CHECK(watch.read(1 + 9 + 8 + 9) == bytes({0x01, 1, 0, 0, 0, 0, 0, 0, 0, 'k', 0, 0, 0,  0,
+                                            0,    0, 0, 0, 1, 0, 0, 0, 0, 0,   0, 0, 'v'}));
   client.delete_key("k");
-  CHECK(watch.read(1 + 9 + 9 + 8) == bytes({0x02, 1, 0, 0, 0, 0, 0, 0, 0, 'k', 1, 0, 0, 0, 0, 0,
-                                            0, 0, 'v', 0, 0, 0, 0, 0, 0, 0, 0}));
+  CHECK(watch.read(1 + 9 + 9 + 8) == bytes({0x02, 1, 0, 0, 0,   0, 0, 0, 0, 'k', 1, 0, 0, 0,
+                                            0,    0, 0, 0, 'v', 0, 0, 0, 0, 0,   0, 0, 0}));
 }
 
 TEST_CASE("bad requests close only their own connection, with a logged reason") {
@@ -194,9 +193,11 @@ TEST_CASE("bad requests close only their own connection, with a logged reason") 
       {"unknown 1.x command", bytes({0x0b}), "unknown command byte 0x0b in the 1.x dialect"},
       {"unknown 2.x command", bytes({0x00, 0xCE, 0xF7, 0x85, 0x3C, 0x33}),
        "unknown command byte 0x33 in the 2.x dialect"},
-      {"wrong magic", bytes({0x00, 0xCE, 0xF7, 0x85, 0x3C, 0x00, 1, 2, 3, 4}), "wrong magic 0x04030201"},
+      {"wrong magic", bytes({0x00, 0xCE, 0xF7, 0x85, 0x3C, 0x00, 1, 2, 3, 4}),
+       "wrong magic 0x04030201"},
       {"oversize key", bytes({0x02, 0, 0, 0, 0, 0, 0, 0, 0x80}), "exceeds the limit of 8192 bytes"},
-      {"non-numeric ADD", bytes({0x03, 4, 0, 0, 0, 0, 0, 0, 0}) + "text" + bytes({1, 0, 0, 0, 0, 0, 0, 0}),
+      {"non-numeric ADD",
+       bytes({0x03, 4, 0, 0, 0, 0, 0, 0, 0}) + "text" + bytes({1, 0, 0, 0, 0, 0, 0, 0}),
        "not a decimal integer"},
   };
   for (const auto& c : cases) {
@@ -267,7 +268,8 @@ TEST_CASE("raw: GET and MULTI_GET of a missing key answer an empty value, as PyT
   s.send(bytes({0x00, 0xCE, 0xF7, 0x85, 0x3C}));
   s.send(bytes({0x03, 1, 0, 0, 0, 0, 0, 0, 0, 'm'}));  // GET "m"
   CHECK(s.read(8) == bytes({0, 0, 0, 0, 0, 0, 0, 0}));
-  s.send(bytes({0x0a, 2, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 'a', 1, 0, 0, 0, 0, 0, 0, 0, 'b'}));
+  s.send(bytes(
+      {0x0a, 2, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 'a', 1, 0, 0, 0, 0, 0, 0, 0, 'b'}));
   CHECK(s.read(16) == std::string(16, '\0'));
   CHECK(server.stats().rejected == 0);
 }
@@ -279,7 +281,7 @@ TEST_CASE("an APPEND that would grow a value past the value limit closes its con
   Client client(server.client_options());
   client.append("log", std::string(600, 'a'));
   CHECK(client.get("log").size() == 600);
-  client.append("log", std::string(600, 'b'));  // APPEND has no reply
+  client.append("log", std::string(600, 'b'));     // APPEND has no reply
   CHECK_THROWS_AS(client.num_keys(), StoreError);  // the next call finds the connection closed
   CHECK(eventually([&] { return server.stats().rejected == 1; }));
   CHECK(log_mentions(server, "APPEND"));
@@ -325,7 +327,9 @@ TEST_CASE("ADD reads the stored value as PyTorch's server does (std::stoll), in 
   }
 }
 
-TEST_CASE("a server that accepts but never answers the 2.x handshake fails the client within its connect timeout") {
+TEST_CASE(
+    "a server that accepts but never answers the 2.x handshake fails the client within its connect "
+    "timeout") {
   ddp::test::SilentListener silent;  // the kernel accepts the connection, no one reads
   ClientOptions options;
   options.port = silent.port();

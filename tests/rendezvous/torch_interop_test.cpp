@@ -3,12 +3,12 @@
 
 #include <catch2/catch.hpp>
 
-#include "ddp/store/client.hpp"
 #include "add_forms.hpp"
-#include "store_fixture.hpp"
+#include "ddp/store/client.hpp"
 #include "process_harness.hpp"
-#include "test_support.hpp"
 #include "skip.hpp"
+#include "store_fixture.hpp"
+#include "test_support.hpp"
 
 using namespace ddp::store;
 using namespace std::chrono_literals;
@@ -32,7 +32,8 @@ bool skip_without_torch() {
 TEST_CASE("PyTorch 1.13 TCPStore client against our server: every operation it has") {
   if (skip_without_torch()) return;
   TestServer server;
-  ChildProcess python({ddp::test::torch_python(), script("store_client.py"), std::to_string(server.port())});
+  ChildProcess python(
+      {ddp::test::torch_python(), script("store_client.py"), std::to_string(server.port())});
   CHECK(python.next_stdout_line() == "OK");
   CHECK(python.wait().status == 0);
   CHECK(server.stats().rejected == 0);

@@ -1,7 +1,6 @@
 #include "ddp/store/wire_codec.hpp"
 
 #include <catch2/catch.hpp>
-
 #include <random>
 
 using namespace ddp::store;
@@ -79,13 +78,14 @@ std::vector<Request> every_command(Dialect dialect) {
   if (dialect == Dialect::V1) {
     all.push_back(make_request(Command::WatchKey, {"watched"}));
   } else {
-    for (auto r : {make_request(Command::Validate, {}, {}, 0, kValidationMagic),
-                   make_request(Command::Append, {"log"}, {std::string("\0\1", 2)}),
-                   make_request(Command::MultiGet, {"a", "b"}),
-                   make_request(Command::MultiSet, {"a", "b"}, {"1", ""}),
-                   make_request(Command::CancelWait), make_request(Command::Ping, {}, {}, 0, 77),
-                   make_request(Command::QueuePush, {"q"}, {"item"}),
-                   make_request(Command::QueuePop, {"q"}), make_request(Command::QueueLen, {"q"})}) {
+    for (auto r :
+         {make_request(Command::Validate, {}, {}, 0, kValidationMagic),
+          make_request(Command::Append, {"log"}, {std::string("\0\1", 2)}),
+          make_request(Command::MultiGet, {"a", "b"}),
+          make_request(Command::MultiSet, {"a", "b"}, {"1", ""}), make_request(Command::CancelWait),
+          make_request(Command::Ping, {}, {}, 0, 77),
+          make_request(Command::QueuePush, {"q"}, {"item"}), make_request(Command::QueuePop, {"q"}),
+          make_request(Command::QueueLen, {"q"})}) {
       all.push_back(r);
     }
   }
@@ -120,8 +120,8 @@ TEST_CASE("command tables match both dialects' byte values") {
 }
 
 TEST_CASE("1.13 set example from store-protocol.md, byte-exact, fed byte by byte") {
-  const std::string wire = hex_bytes({0x00, 0x03, 0, 0, 0, 0, 0, 0, 0, 0x2f, 0x6b, 0x31,
-                                      0x02, 0, 0, 0, 0, 0, 0, 0, 0x76, 0x31});
+  const std::string wire = hex_bytes(
+      {0x00, 0x03, 0, 0, 0, 0, 0, 0, 0, 0x2f, 0x6b, 0x31, 0x02, 0, 0, 0, 0, 0, 0, 0, 0x76, 0x31});
   std::string encoded;
   encode_request(Dialect::V1, make_request(Command::Set, {"/k1"}, {"v1"}), encoded);
   CHECK(encoded == wire);
@@ -137,7 +137,8 @@ TEST_CASE("1.13 set example from store-protocol.md, byte-exact, fed byte by byte
 TEST_CASE("2.x opening VALIDATE is 00 CE F7 85 3C and selects the 2.x dialect") {
   const std::string wire = hex_bytes({0x00, 0xCE, 0xF7, 0x85, 0x3C});
   std::string encoded;
-  encode_request(Dialect::V2, make_request(Command::Validate, {}, {}, 0, kValidationMagic), encoded);
+  encode_request(Dialect::V2, make_request(Command::Validate, {}, {}, 0, kValidationMagic),
+                 encoded);
   CHECK(encoded == wire);
   // Then a PING with nonce 5: 0d 05 00 00 00.
   Fed fed = feed_bytewise(wire + hex_bytes({0x0d, 0x05, 0, 0, 0}));
@@ -187,12 +188,12 @@ TEST_CASE("encoded fields are little-endian with u64 lengths") {
   CHECK(add == hex_bytes({0x04, 1, 0, 0, 0, 0, 0, 0, 0, 'c', 1, 0, 0, 0, 0, 0, 0, 0}));
   std::string wait;
   encode_request(Dialect::V1, make_request(Command::Wait, {"a", "b"}), wait);
-  CHECK(wait == hex_bytes({0x05, 2, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 'a', 1, 0, 0,
-                           0, 0, 0, 0, 0, 'b'}));
+  CHECK(wait == hex_bytes({0x05, 2, 0, 0,   0, 0, 0, 0, 0, 1, 0, 0, 0,  0,
+                           0,    0, 0, 'a', 1, 0, 0, 0, 0, 0, 0, 0, 'b'}));
   std::string cas;
   encode_request(Dialect::V2, make_request(Command::CompareSet, {"k"}, {"", "d"}), cas);
-  CHECK(cas == hex_bytes({0x02, 1, 0, 0, 0, 0, 0, 0, 0, 'k', 0, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0,
-                          0, 0, 0, 0, 'd'}));
+  CHECK(cas == hex_bytes({0x02, 1, 0, 0, 0, 0, 0, 0, 0, 'k', 0, 0, 0,  0,
+                          0,    0, 0, 0, 1, 0, 0, 0, 0, 0,   0, 0, 'd'}));
   CHECK_THROWS_AS(encode_request(Dialect::V1, make_request(Command::Ping), cas),
                   std::invalid_argument);
 }
@@ -268,8 +269,10 @@ TEST_CASE("random garbage never crashes the parser and never holds much memory")
       if (r.consumed == 0 && r.status != RequestParser::Status::Complete) break;
     }
     std::size_t held = 0;
-    for (std::size_t i = 0; i < parser.request().keys.size(); ++i) held += parser.request().keys[i].capacity();
-    for (std::size_t i = 0; i < parser.request().values.size(); ++i) held += parser.request().values[i].capacity();
+    for (std::size_t i = 0; i < parser.request().keys.size(); ++i)
+      held += parser.request().keys[i].capacity();
+    for (std::size_t i = 0; i < parser.request().values.size(); ++i)
+      held += parser.request().values[i].capacity();
     const std::size_t strings = parser.request().keys.size() + parser.request().values.size();
     CHECK(held <= 2 * bytes.size() + strings * (4096 + 32));
   }
@@ -314,7 +317,8 @@ TEST_CASE("reply parser: every reply shape, fed byte by byte") {
   auto get = parse_reply(Command::Get, value_bytes("v1"));
   CHECK(get.status == Status::Complete);
   CHECK(get.reply.values == std::vector<std::string>{"v1"});
-  auto multi = parse_reply(Command::MultiGet, value_bytes("a") + value_bytes("") + value_bytes("ccc"), 3);
+  auto multi =
+      parse_reply(Command::MultiGet, value_bytes("a") + value_bytes("") + value_bytes("ccc"), 3);
   CHECK(multi.status == Status::Complete);
   CHECK(multi.reply.values == std::vector<std::string>{"a", "", "ccc"});
   std::string i64;
@@ -338,7 +342,9 @@ TEST_CASE("reply parser: every reply shape, fed byte by byte") {
   CHECK(popped.reply.values == std::vector<std::string>{"first"});
 }
 
-TEST_CASE("reply parser: it stops at the end of the reply, and commands without one are complete at once") {
+TEST_CASE(
+    "reply parser: it stops at the end of the reply, and commands without one are complete at "
+    "once") {
   ReplyParser parser;
   parser.expect(Command::Wait);
   auto result = parser.feed(std::string("\0\0\0", 3));
@@ -362,16 +368,17 @@ TEST_CASE("reply parser: a value over the limit fails before anything is allocat
   CHECK_THAT(parsed.error, Catch::Contains("over the limit of 16"));
   limits.max_value_bytes = 1024;
   limits.max_reply_bytes = 100;
-  auto multi = parse_reply(Command::MultiGet, value_bytes(std::string(60, 'a')) +
-                                                  value_bytes(std::string(60, 'b')), 2, limits);
+  auto multi =
+      parse_reply(Command::MultiGet,
+                  value_bytes(std::string(60, 'a')) + value_bytes(std::string(60, 'b')), 2, limits);
   CHECK(multi.status == ReplyParser::Status::Error);
 }
 
 TEST_CASE("reply parser: random bytes as any reply never crash it nor make it hold much") {
-  constexpr Command kAnswered[] = {Command::Ping,     Command::Get,        Command::CompareSet,
-                                   Command::Add,      Command::GetNumKeys, Command::DeleteKey,
-                                   Command::QueueLen, Command::Check,      Command::Wait,
-                                   Command::CancelWait, Command::MultiGet, Command::QueuePop};
+  constexpr Command kAnswered[] = {Command::Ping,       Command::Get,        Command::CompareSet,
+                                   Command::Add,        Command::GetNumKeys, Command::DeleteKey,
+                                   Command::QueueLen,   Command::Check,      Command::Wait,
+                                   Command::CancelWait, Command::MultiGet,   Command::QueuePop};
   std::mt19937_64 rng(54321);
   Limits limits;
   limits.max_value_bytes = 1024;

@@ -1,11 +1,12 @@
 // Collectives through Context: ranks as threads over a MemoryStore, Gloo on loopback.
+#include <unistd.h>
+
 #include <atomic>
 #include <catch2/catch.hpp>
-#include <numeric>
-#include <mutex>
-#include <thread>
 #include <filesystem>
-#include <unistd.h>
+#include <mutex>
+#include <numeric>
+#include <thread>
 
 #include "ddp/runtime.hpp"
 #include "thread_world.hpp"
@@ -36,7 +37,8 @@ void check_allreduce(Context& ctx, std::size_t count) {
   for (std::size_t i = 0; i < count; ++i) {
     const int base = static_cast<int>(i % 7) + 1;
     RANK_REQUIRE(sum[i] == static_cast<T>(base * ranks_sum));
-    RANK_REQUIRE(avg[i] == static_cast<T>(static_cast<T>(base * ranks_sum) / static_cast<T>(kWorld)));
+    RANK_REQUIRE(avg[i] ==
+                 static_cast<T>(static_cast<T>(base * ranks_sum) / static_cast<T>(kWorld)));
     RANK_REQUIRE(mn[i] == static_cast<T>(base));
     RANK_REQUIRE(mx[i] == static_cast<T>(base * kWorld));
   }
@@ -192,7 +194,8 @@ TEST_CASE("with the check on every call, a later dtype mismatch is caught too") 
           else
             ctx.allreduce(std::span<double>(d));
         } catch (const ddp::CollectiveMismatch& e) {
-          RANK_REQUIRE(std::string(e.what()).find("rank 2: allreduce(sum, f32 x 4)") != std::string::npos);
+          RANK_REQUIRE(std::string(e.what()).find("rank 2: allreduce(sum, f32 x 4)") !=
+                       std::string::npos);
           mismatches.fetch_add(1);
         }
       },
@@ -203,7 +206,8 @@ TEST_CASE("with the check on every call, a later dtype mismatch is caught too") 
 TEST_CASE("allgather with a wrong output size is refused before any communication") {
   ddp::test::run_world(1, [](Context& ctx) {
     std::vector<float> in(3), out(4);
-    RANK_REQUIRE_THROWS_AS(ctx.allgather(std::span<float>(in), std::span<float>(out)), ddp::CommError);
+    RANK_REQUIRE_THROWS_AS(ctx.allgather(std::span<float>(in), std::span<float>(out)),
+                           ddp::CommError);
   });
 }
 

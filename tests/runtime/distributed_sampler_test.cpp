@@ -8,8 +8,8 @@
 
 #include "ddp/logger.hpp"
 #include "ddp/rank_zero_first.hpp"
-#include "test_support.hpp"
 #include "skip.hpp"
+#include "test_support.hpp"
 
 using ddp::DistributedSampler;
 using ddp::DistributedSamplerOptions;

@@ -1,11 +1,10 @@
 #include "ddp/launch_env.hpp"
 
 #include <catch2/catch.hpp>
-
-#include "test_support.hpp"
 #include <cstdlib>
 
 #include "ddp/context.hpp"
+#include "test_support.hpp"
 
 namespace {
 

@@ -1,14 +1,14 @@
 // The NCCL backend at world size 1 (one GPU). Built with CUDA; skips without a device.
 #include <cuda_runtime.h>
 
-#include <catch2/catch.hpp>
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <vector>
 
 #include "ddp/runtime.hpp"
 #include "ddp/store/memory_store.hpp"
-#include "thread_world.hpp"
 #include "skip.hpp"
+#include "thread_world.hpp"
 
 namespace {
 
@@ -138,8 +138,8 @@ TEST_CASE("nccl: host buffers are staged for broadcast, allgather and reduce_sca
   // A device input with a host output.
   void* device = nullptr;
   REQUIRE(cudaMalloc(&device, in.size() * sizeof(std::int32_t)) == cudaSuccess);
-  REQUIRE(cudaMemcpy(device, in.data(), in.size() * sizeof(std::int32_t),
-                     cudaMemcpyHostToDevice) == cudaSuccess);
+  REQUIRE(cudaMemcpy(device, in.data(), in.size() * sizeof(std::int32_t), cudaMemcpyHostToDevice) ==
+          cudaSuccess);
   std::fill(out.begin(), out.end(), 0);
   ctx.allgather(std::span<std::int32_t>(static_cast<std::int32_t*>(device), in.size()),
                 std::span<std::int32_t>(out));

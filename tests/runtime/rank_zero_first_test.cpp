@@ -1,10 +1,10 @@
 #include "ddp/rank_zero_first.hpp"
 
 #include <atomic>
+#include <catch2/catch.hpp>
 #include <condition_variable>
 #include <mutex>
 #include <thread>
-#include <catch2/catch.hpp>
 
 #include "test_support.hpp"
 #include "thread_world.hpp"
@@ -45,7 +45,8 @@ TEST_CASE("rank_zero_first: a failure on rank 0 stops the others instead of hang
   REQUIRE(others_ran.load() == 0);
 }
 
-TEST_CASE("rank_zero_first: a block longer than the timeout fails the others with a message saying so") {
+TEST_CASE(
+    "rank_zero_first: a block longer than the timeout fails the others with a message saying so") {
   ddp::InitOptions options;
   options.backend = ddp::Backend::Gloo;
   options.init_timeout = std::chrono::seconds(30);

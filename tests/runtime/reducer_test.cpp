@@ -1,8 +1,8 @@
 // ddp::Reducer: ranks as threads over a MemoryStore, Gloo on loopback.
 #include <algorithm>
 #include <atomic>
-#include <cstring>
 #include <catch2/catch.hpp>
+#include <cstring>
 #include <numeric>
 #include <random>
 
@@ -188,7 +188,8 @@ TEST_CASE("misuse: a gradient marked twice is named") {
     Model model = make_model({4, 4}, 0.0f);
     Reducer reducer(ctx, model.parameters());
     reducer.mark_ready(1);
-    RANK_REQUIRE_THROWS_CONTAINING(reducer.mark_ready(1), "'layer1' (index 1) was marked ready twice");
+    RANK_REQUIRE_THROWS_CONTAINING(reducer.mark_ready(1),
+                                   "'layer1' (index 1) was marked ready twice");
     RANK_REQUIRE_THROWS_AS(reducer.mark_ready(2), ddp::ReducerError);
   });
 }
@@ -300,7 +301,8 @@ ddp::ReducerOptions one_gradient_per_bucket() {
 
 }  // namespace
 
-TEST_CASE("a failed bucket surfaces in finalize after every bucket ended, and the next step is clean") {
+TEST_CASE(
+    "a failed bucket surfaces in finalize after every bucket ended, and the next step is clean") {
   auto owned = std::make_unique<ScriptedComm>();
   ScriptedComm& comm = *owned;
   comm.script = {"fail", "ok"};  // bucket 0 fails, bucket 1 is still in flight
@@ -374,7 +376,7 @@ TEST_CASE("misuse: zero_grad while this step's all-reduces are in flight is refu
     RANK_REQUIRE_THROWS_CONTAINING(reducer.zero_grad(), "finalize()");
     reducer.mark_ready(0);
     reducer.finalize();
-    reducer.zero_grad();  // between steps: fine
+    reducer.zero_grad();    // between steps: fine
     reducer.mark_ready(0);  // gradient 0 is in the last bucket, which has not started
     reducer.zero_grad();    // nothing in flight yet: fine
     reducer.mark_ready(1);

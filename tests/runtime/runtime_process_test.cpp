@@ -7,9 +7,9 @@
 #include <thread>
 
 #include "ddp/store/server.hpp"
+#include "skip.hpp"
 #include "store_fixture.hpp"  // TestServer
 #include "test_support.hpp"
-#include "skip.hpp"
 
 namespace {
 
@@ -126,9 +126,8 @@ TEST_CASE("a /dev/shm too small for the segment: the all-reduce falls back to TC
   if (run("unshare -m true").status != 0) {
     return ddp::test::skip("cannot create a mount namespace here (needs root and unshare)");
   }
-  const auto result =
-      run("unshare -m sh -c 'mount -t tmpfs -o size=4k tmpfs /dev/shm && " + bin("ddprun") +
-          " --nproc_per_node=3 " + bin("ddp-example-sum") + "'");
+  const auto result = run("unshare -m sh -c 'mount -t tmpfs -o size=4k tmpfs /dev/shm && " +
+                          bin("ddprun") + " --nproc_per_node=3 " + bin("ddp-example-sum") + "'");
   INFO(result.output);
   REQUIRE(result.status == 0);
   REQUIRE(count_matches(result.output, "rank=[012] world=3 sum=3\\b") == 3);

@@ -37,29 +37,29 @@ inline void rank_require(bool ok, const char* expression, const char* file, int 
   ::ddp::test::rank_require(static_cast<bool>(__VA_ARGS__), #__VA_ARGS__, __FILE__, __LINE__)
 
 // REQUIRE_THROWS_AS for rank threads.
-#define RANK_REQUIRE_THROWS_AS(expression, type)                                        \
-  do {                                                                                  \
-    bool thrown_ = false;                                                               \
-    try {                                                                               \
-      static_cast<void>(expression);                                                    \
-    } catch (const type&) {                                                             \
-      thrown_ = true;                                                                   \
-    }                                                                                   \
+#define RANK_REQUIRE_THROWS_AS(expression, type)                                          \
+  do {                                                                                    \
+    bool thrown_ = false;                                                                 \
+    try {                                                                                 \
+      static_cast<void>(expression);                                                      \
+    } catch (const type&) {                                                               \
+      thrown_ = true;                                                                     \
+    }                                                                                     \
     ::ddp::test::rank_require(thrown_, #expression " throws " #type, __FILE__, __LINE__); \
   } while (false)
 
 // REQUIRE_THROWS_WITH(expression, Catch::Contains(text)) for rank threads.
-#define RANK_REQUIRE_THROWS_CONTAINING(expression, text)                                \
-  do {                                                                                  \
-    std::string what_;                                                                  \
-    try {                                                                               \
-      static_cast<void>(expression);                                                    \
-    } catch (const std::exception& e_) {                                                \
-      what_ = e_.what();                                                                \
-    }                                                                                   \
-    ::ddp::test::rank_require(what_.find(text) != std::string::npos,                    \
+#define RANK_REQUIRE_THROWS_CONTAINING(expression, text)                                  \
+  do {                                                                                    \
+    std::string what_;                                                                    \
+    try {                                                                                 \
+      static_cast<void>(expression);                                                      \
+    } catch (const std::exception& e_) {                                                  \
+      what_ = e_.what();                                                                  \
+    }                                                                                     \
+    ::ddp::test::rank_require(what_.find(text) != std::string::npos,                      \
                               #expression " throws an error containing " #text, __FILE__, \
-                              __LINE__);                                                \
+                              __LINE__);                                                  \
   } while (false)
 
 namespace ddp::test {

@@ -4,11 +4,10 @@
 #include <cblas.h>
 
 #include <catch2/catch.hpp>
-
-#include "skip.hpp"
 #include <cstdlib>
 #include <string>
 
+#include "skip.hpp"
 #include "test_support.hpp"
 
 TEST_CASE("a core chosen with OPENBLAS_CORETYPE is left alone") {

@@ -5,10 +5,9 @@
 #include <zlib.h>
 
 #include <catch2/catch.hpp>
-
-#include "skip.hpp"
 #include <fstream>
 
+#include "skip.hpp"
 #include "test_support.hpp"
 
 namespace {

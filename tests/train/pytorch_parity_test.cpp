@@ -2,13 +2,12 @@
 // 2 ranks from the same initial weights, data order and hyper-parameters; the per-step losses
 // of rank 0 must agree.
 #include <catch2/catch.hpp>
-
-#include "skip.hpp"
 #include <cmath>
 #include <filesystem>
 #include <map>
 #include <regex>
 
+#include "skip.hpp"
 #include "test_support.hpp"
 
 namespace {

@@ -1,11 +1,10 @@
 // build/bin/train_fashion_mnist as users run it: under ddprun on 2 ranks, on a subset of the
 // real data set so that each run takes a few seconds on 2 cores.
 #include <catch2/catch.hpp>
-
-#include "skip.hpp"
 #include <filesystem>
 #include <regex>
 
+#include "skip.hpp"
 #include "test_support.hpp"
 
 namespace {

@@ -32,11 +32,26 @@ inline constexpr const char* kStoreDialect = "DDP_STORE_DIALECT";
 // Every variable ddprun sets for each worker (OMP_NUM_THREADS and DDP_STORE_DIALECT only
 // when unset), in the order of docs/cli.md.
 inline constexpr const char* kWorkerVariables[] = {
-    kRank,          kLocalRank,     kWorldSize,     kLocalWorldSize,
-    kGroupRank,     kGroupWorldSize, kRoleRank,     kRoleName,
-    kRoleWorldSize, kMasterAddr,    kMasterPort,    kRestartCount,
-    kMaxRestarts,   kRunId,         kUseAgentStore, kErrorFile,
-    kTorchNcclAsyncErrorHandling, kNcclAsyncErrorHandling, kOmpNumThreads, kStoreDialect,
+    kRank,
+    kLocalRank,
+    kWorldSize,
+    kLocalWorldSize,
+    kGroupRank,
+    kGroupWorldSize,
+    kRoleRank,
+    kRoleName,
+    kRoleWorldSize,
+    kMasterAddr,
+    kMasterPort,
+    kRestartCount,
+    kMaxRestarts,
+    kRunId,
+    kUseAgentStore,
+    kErrorFile,
+    kTorchNcclAsyncErrorHandling,
+    kNcclAsyncErrorHandling,
+    kOmpNumThreads,
+    kStoreDialect,
 };
 
 }  // namespace ddp::contract

@@ -14,8 +14,8 @@
 #include <memory>
 #include <string>
 
-#include "ddp/launcher/launch_config.hpp"
 #include "ddp/launcher/agent_store.hpp"
+#include "ddp/launcher/launch_config.hpp"
 #include "ddp/launcher/master_endpoint.hpp"
 #include "ddp/launcher/worker_command.hpp"
 
@@ -26,7 +26,7 @@ struct AgentOptions {
   // its log lines through the agent's console writer.
   MasterHostFactory master_host;
   std::map<std::string, std::string> base_env;  // the workers' environment before the contract
-  int console_out = STDOUT_FILENO;  // inherited by workers; teed stdout lines go here
+  int console_out = STDOUT_FILENO;              // inherited by workers; teed stdout lines go here
   int console_err = STDERR_FILENO;  // inherited by workers; teed stderr lines, notices, report
 };
 

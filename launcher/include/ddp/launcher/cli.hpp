@@ -42,8 +42,8 @@ CliContext process_cli_context();
 struct CliResult {
   enum class Action { kRun, kHelp, kVersion };
   Action action = Action::kRun;
-  LaunchConfig config;  // valid when action == kRun
-  std::string text;     // the help or version text otherwise
+  LaunchConfig config;               // valid when action == kRun
+  std::string text;                  // the help or version text otherwise
   std::vector<std::string> notices;  // lines for stderr before the job starts (from Slurm)
 };
 

@@ -30,9 +30,9 @@ struct WorkerFailure {
   int rank = 0;
   int local_rank = 0;
   pid_t pid = 0;
-  int exit_code = 0;  // when it exited
-  int signal = 0;     // when killed by a signal (then exit_code is 0)
-  std::string error_file;                // its TORCHELASTIC_ERROR_FILE
+  int exit_code = 0;                      // when it exited
+  int signal = 0;                         // when killed by a signal (then exit_code is 0)
+  std::string error_file;                 // its TORCHELASTIC_ERROR_FILE
   std::optional<ErrorFileContent> error;  // what it wrote there
 
   // The exit status ddprun reports for it: exit_code, or 128+signal.

@@ -21,8 +21,8 @@ bool selects_stderr(Std std);
 // A --redirects or --tee value: one Std for every local rank ("3") or a per-rank map
 // ("0:1,1:2"; ranks not named get kNone).
 struct StdSpec {
-  std::optional<Std> all;           // set when the value was a single digit
-  std::map<int, Std> per_rank;      // set when the value was a map
+  std::optional<Std> all;       // set when the value was a single digit
+  std::map<int, Std> per_rank;  // set when the value was a map
   Std for_rank(int local_rank) const;
   bool operator==(const StdSpec&) const = default;
 };
@@ -36,41 +36,41 @@ enum class EntrypointKind {
 
 struct LaunchConfig {
   // Node and worker counts.
-  int min_nodes = 1;                 // --nnodes (MIN of MIN:MAX)
-  int max_nodes = 1;                 // --nnodes (MAX of MIN:MAX)
+  int min_nodes = 1;                      // --nnodes (MIN of MIN:MAX)
+  int max_nodes = 1;                      // --nnodes (MAX of MIN:MAX)
   std::string nproc_per_node_spec = "1";  // --nproc_per_node as given (int, cpu, gpu, auto)
-  int nproc_per_node = 1;            // the resolved number of workers on this node
-  int node_rank = 0;                 // --node_rank
+  int nproc_per_node = 1;                 // the resolved number of workers on this node
+  int node_rank = 0;                      // --node_rank
 
   // Rendezvous (single node: recorded, validated, and refused when multi-node).
-  bool standalone = false;           // --standalone
-  std::string rdzv_backend = "static";  // --rdzv_backend
-  std::string rdzv_endpoint;         // --rdzv_endpoint (host[:port])
-  std::string rdzv_id = "none";      // --rdzv_id; TORCHELASTIC_RUN_ID
+  bool standalone = false;                       // --standalone
+  std::string rdzv_backend = "static";           // --rdzv_backend
+  std::string rdzv_endpoint;                     // --rdzv_endpoint (host[:port])
+  std::string rdzv_id = "none";                  // --rdzv_id; TORCHELASTIC_RUN_ID
   std::map<std::string, std::string> rdzv_conf;  // --rdzv_conf key=value pairs
-  std::string master_addr = "127.0.0.1";  // --master_addr; MASTER_ADDR
-  std::optional<int> master_port;    // --master_port when given; else a free port is picked
-  std::string local_addr;            // --local_addr; MASTER_ADDR when set
+  std::string master_addr = "127.0.0.1";         // --master_addr; MASTER_ADDR
+  std::optional<int> master_port;  // --master_port when given; else a free port is picked
+  std::string local_addr;          // --local_addr; MASTER_ADDR when set
 
   // Worker lifecycle.
-  int max_restarts = 0;              // --max_restarts: group restarts after a failure
-  double monitor_interval_s = 5.0;   // --monitor_interval (accepted; the agent is event driven)
+  int max_restarts = 0;                // --max_restarts: group restarts after a failure
+  double monitor_interval_s = 5.0;     // --monitor_interval (accepted; the agent is event driven)
   std::string start_method = "spawn";  // --start_method (accepted; workers are always exec'd)
-  std::string role = "default";      // --role; ROLE_NAME and the tee prefix
+  std::string role = "default";        // --role; ROLE_NAME and the tee prefix
   std::vector<int> signals_to_handle;  // --signals_to_handle, as signal numbers
   std::chrono::milliseconds shutdown_timeout{std::chrono::seconds(30)};  // --shutdown_timeout
 
   // Logs.
-  std::optional<std::string> log_dir;  // --log_dir; a temp dir when unset
-  StdSpec redirects;                 // -r/--redirects
-  StdSpec tee;                       // -t/--tee
+  std::optional<std::string> log_dir;               // --log_dir; a temp dir when unset
+  StdSpec redirects;                                // -r/--redirects
+  StdSpec tee;                                      // -t/--tee
   std::optional<std::set<int>> local_ranks_filter;  // --local_ranks_filter (console only)
 
   // What each worker runs.
   EntrypointKind entrypoint_kind = EntrypointKind::kAuto;  // -m / --no_python
-  bool run_path = false;             // --run_path (runs like a .py entrypoint)
-  bool legacy_local_rank = false;    // --legacy-local-rank: append --local_rank=<n>
-  std::string entrypoint;            // script, module or executable
+  bool run_path = false;                     // --run_path (runs like a .py entrypoint)
+  bool legacy_local_rank = false;            // --legacy-local-rank: append --local_rank=<n>
+  std::string entrypoint;                    // script, module or executable
   std::vector<std::string> entrypoint_args;  // everything after the entrypoint, untouched
 
   bool operator==(const LaunchConfig&) const = default;

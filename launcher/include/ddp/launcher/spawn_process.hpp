@@ -36,9 +36,9 @@ class SpawnError : public std::runtime_error {
 
 // A forked child on its way to exec.
 struct SpawnedProcess {
-  pid_t pid = 0;           // also its process group and session id, once it has exec'd
-  std::string program;     // for the error message
-  UniqueFd exec_report;    // EOF once the exec happened; an errno when it failed
+  pid_t pid = 0;         // also its process group and session id, once it has exec'd
+  std::string program;   // for the error message
+  UniqueFd exec_report;  // EOF once the exec happened; an errno when it failed
 };
 
 // Forks; the child execs options.program. Returns at once, without waiting for the exec,

@@ -15,23 +15,22 @@ namespace ddp::launcher {
 // Who one worker is, in one round.
 struct WorkerIdentity {
   int local_rank = 0;
-  int restart_count = 0;   // TORCHELASTIC_RESTART_COUNT: rounds that followed a worker failure
-  std::string error_file;  // TORCHELASTIC_ERROR_FILE
+  int restart_count = 0;       // TORCHELASTIC_RESTART_COUNT: rounds that followed a worker failure
+  std::string error_file;      // TORCHELASTIC_ERROR_FILE
   elastic::WorkerRanks ranks;  // RANK WORLD_SIZE GROUP_RANK ...: elastic::worker_ranks(round)
 };
 
-// The contract variables for one worker (ranks from worker.ranks, not from config): RANK LOCAL_RANK WORLD_SIZE LOCAL_WORLD_SIZE
-// GROUP_RANK GROUP_WORLD_SIZE ROLE_RANK ROLE_NAME ROLE_WORLD_SIZE MASTER_ADDR MASTER_PORT
-// TORCHELASTIC_RESTART_COUNT TORCHELASTIC_MAX_RESTARTS TORCHELASTIC_RUN_ID
+// The contract variables for one worker (ranks from worker.ranks, not from config): RANK LOCAL_RANK
+// WORLD_SIZE LOCAL_WORLD_SIZE GROUP_RANK GROUP_WORLD_SIZE ROLE_RANK ROLE_NAME ROLE_WORLD_SIZE
+// MASTER_ADDR MASTER_PORT TORCHELASTIC_RESTART_COUNT TORCHELASTIC_MAX_RESTARTS TORCHELASTIC_RUN_ID
 // TORCHELASTIC_USE_AGENT_STORE TORCHELASTIC_ERROR_FILE TORCH_NCCL_ASYNC_ERROR_HANDLING.
 // base_env supplies TORCH_NCCL_ASYNC_ERROR_HANDLING when set there (default "1").
 // Beyond torchrun's contract: DDP_STORE_DIALECT=v2 when the agent hosts the store and
 // base_env does not set it, so libddp workers speak our store's newer dialect (MULTI_GET,
 // APPEND) instead of probing, which a 1.x-capable server answers in 1.x.
-std::map<std::string, std::string> worker_variables(const LaunchConfig& config,
-                                                    const MasterEndpoint& master,
-                                                    const WorkerIdentity& worker,
-                                                    const std::map<std::string, std::string>& base_env);
+std::map<std::string, std::string> worker_variables(
+    const LaunchConfig& config, const MasterEndpoint& master, const WorkerIdentity& worker,
+    const std::map<std::string, std::string>& base_env);
 
 // True when the agent should set OMP_NUM_THREADS=1 (unset, and more than one worker).
 bool needs_omp_default(const LaunchConfig& config,

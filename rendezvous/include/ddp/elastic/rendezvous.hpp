@@ -20,22 +20,22 @@ namespace ddp::elastic {
 
 // torchrun's --rdzv_conf keys, with its defaults.
 struct RendezvousTimeouts {
-  std::chrono::milliseconds join{std::chrono::seconds(600)};       // join_timeout / timeout
-  std::chrono::milliseconds last_call{std::chrono::seconds(30)};   // last_call_timeout
-  std::chrono::milliseconds close{std::chrono::seconds(30)};       // close_timeout
-  std::chrono::milliseconds keep_alive{std::chrono::seconds(5)};   // keep_alive_interval
-  int keep_alive_max_attempt = 3;                                  // keep_alive_max_attempt
-  std::chrono::milliseconds read{std::chrono::seconds(60)};        // read_timeout (store ops)
+  std::chrono::milliseconds join{std::chrono::seconds(600)};      // join_timeout / timeout
+  std::chrono::milliseconds last_call{std::chrono::seconds(30)};  // last_call_timeout
+  std::chrono::milliseconds close{std::chrono::seconds(30)};      // close_timeout
+  std::chrono::milliseconds keep_alive{std::chrono::seconds(5)};  // keep_alive_interval
+  int keep_alive_max_attempt = 3;                                 // keep_alive_max_attempt
+  std::chrono::milliseconds read{std::chrono::seconds(60)};       // read_timeout (store ops)
   // How long finish_round waits for the other nodes (torchrun's exit barrier timeout).
   std::chrono::milliseconds exit_barrier{std::chrono::seconds(300)};
 };
 
 // What one node brings to a round.
 struct NodeInfo {
-  std::string node_id;    // unique per agent process: "<host>_<pid>_<random>"
-  std::string host;       // for humans and reports (hostname or --local_addr)
-  std::string addr;       // address other nodes reach this node at (MASTER_ADDR if rank 0);
-                          // empty: the local address of the engine's store connection
+  std::string node_id;       // unique per agent process: "<host>_<pid>_<random>"
+  std::string host;          // for humans and reports (hostname or --local_addr)
+  std::string addr;          // address other nodes reach this node at (MASTER_ADDR if rank 0);
+                             // empty: the local address of the engine's store connection
   int local_world_size = 1;  // --nproc_per_node on this node
   std::string role = "default";
   std::optional<int> fixed_group_rank;  // static backend: --node_rank
@@ -52,24 +52,24 @@ struct Member {
 
 // A completed round, as seen by one node.
 struct RoundInfo {
-  int round = 0;            // 0, 1, 2, ... (every restart and membership change is a round)
-  int restart_count = 0;    // TORCHELASTIC_RESTART_COUNT: rounds that followed a worker failure
-  int group_rank = 0;       // GROUP_RANK of this node
+  int round = 0;                // 0, 1, 2, ... (every restart and membership change is a round)
+  int restart_count = 0;        // TORCHELASTIC_RESTART_COUNT: rounds that followed a worker failure
+  int group_rank = 0;           // GROUP_RANK of this node
   std::vector<Member> members;  // GROUP_WORLD_SIZE = members.size(), by group rank
-  std::string master_addr;  // MASTER_ADDR: the workers' store for this round
-  int master_port = 0;      // MASTER_PORT
+  std::string master_addr;      // MASTER_ADDR: the workers' store for this round
+  int master_port = 0;          // MASTER_PORT
 };
 
 // The ranks of one worker, computed from a RoundInfo as torchrun 2.x does
 // (torch/distributed/elastic/agent/server/api.py, _assign_worker_ranks).
 struct WorkerRanks {
-  int rank = 0;               // RANK: sum of local world sizes of lower group ranks + local rank
-  int world_size = 0;         // WORLD_SIZE
-  int role_rank = 0;          // ROLE_RANK: the same, counting only members with this role
-  int role_world_size = 0;    // ROLE_WORLD_SIZE
-  int local_world_size = 0;   // LOCAL_WORLD_SIZE
-  int group_rank = 0;         // GROUP_RANK
-  int group_world_size = 0;   // GROUP_WORLD_SIZE
+  int rank = 0;              // RANK: sum of local world sizes of lower group ranks + local rank
+  int world_size = 0;        // WORLD_SIZE
+  int role_rank = 0;         // ROLE_RANK: the same, counting only members with this role
+  int role_world_size = 0;   // ROLE_WORLD_SIZE
+  int local_world_size = 0;  // LOCAL_WORLD_SIZE
+  int group_rank = 0;        // GROUP_RANK
+  int group_world_size = 0;  // GROUP_WORLD_SIZE
 };
 WorkerRanks worker_ranks(const RoundInfo& round, int local_rank);
 
@@ -82,15 +82,15 @@ struct StopReason {
     kNodeLeft,      // an agent left on a signal (pre-emption)
   };
   Kind kind = Kind::kWorkerFailed;
-  std::string node_id;      // the node it happened on
+  std::string node_id;  // the node it happened on
   std::string host;
   // kWorkerFailed: the root cause, enough for every node's failure report.
   int rank = -1;
   int local_rank = -1;
   int pid = 0;
-  int exit_code = 0;        // exit code, or 0 when killed by a signal
-  int signal = 0;           // terminating signal, or 0
-  std::string message;      // from the torchelastic error file, if any; else empty
+  int exit_code = 0;    // exit code, or 0 when killed by a signal
+  int signal = 0;       // terminating signal, or 0
+  std::string message;  // from the torchelastic error file, if any; else empty
   std::string error_file;
 };
 std::string describe(const StopReason& reason);  // one line for humans
@@ -106,10 +106,10 @@ class RendezvousClosedError : public RendezvousError {  // the job already finis
 
 // Progress while waiting for a round, for the one-line "waiting for ..." notice.
 struct WaitStatus {
-  int joined = 0;           // nodes in the round so far
+  int joined = 0;  // nodes in the round so far
   int min_nodes = 0;
   int max_nodes = 0;
-  std::string endpoint;     // "host:port" of the rendezvous store
+  std::string endpoint;  // "host:port" of the rendezvous store
   std::chrono::milliseconds waited{0};
   bool wait_listed = false;  // a round runs without this node (full, or it is restarting into
                              // a larger world): it waits for the next round; joined is 0

@@ -15,13 +15,12 @@
 // StoreError (StoreTimeout for an expired wait) naming the endpoint, the operation and the
 // key. After a failure the connection is dropped and the next call reconnects.
 
+#include <boost/asio/io_context.hpp>
 #include <chrono>
 #include <cstdint>
 #include <mutex>
 #include <optional>
 #include <string>
-
-#include <boost/asio/io_context.hpp>
 
 #include "ddp/store/async_client.hpp"
 #include "ddp/store/client_options.hpp"

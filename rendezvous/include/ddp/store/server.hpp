@@ -9,13 +9,12 @@
 // queued on the io_context keep the server's internals alive until they ran or the
 // io_context is destroyed.
 
+#include <boost/asio/io_context.hpp>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
 #include <string_view>
-
-#include <boost/asio/io_context.hpp>
 
 #include "ddp/store/store.hpp"
 #include "ddp/store/wire_codec.hpp"
@@ -50,13 +49,13 @@ struct ServerOptions {
 
 // Counters for tests and monitoring; safe to read from any thread.
 struct ServerStats {
-  std::int64_t connections = 0;      // open now
-  std::int64_t waits = 0;            // WAIT requests not yet answered
-  std::int64_t keys = 0;             // keys stored
-  std::int64_t accepted = 0;         // connections accepted since start
-  std::int64_t rejected = 0;         // connections closed for a protocol violation
-  std::int64_t requests = 0;         // requests handled since start
-  std::int64_t stored_bytes = 0;     // keys, values and queued elements held
+  std::int64_t connections = 0;         // open now
+  std::int64_t waits = 0;               // WAIT requests not yet answered
+  std::int64_t keys = 0;                // keys stored
+  std::int64_t accepted = 0;            // connections accepted since start
+  std::int64_t rejected = 0;            // connections closed for a protocol violation
+  std::int64_t requests = 0;            // requests handled since start
+  std::int64_t stored_bytes = 0;        // keys, values and queued elements held
   std::int64_t queued_reply_bytes = 0;  // replies waiting for their clients' sockets
 };
 

@@ -68,23 +68,24 @@ inline constexpr std::uint8_t kWatchCallbackRegistered = 3;
 // What one request may carry. The defaults are PyTorch's (2.x libuv server) limits; the
 // total bounds a request of many keys or values.
 struct Limits {
-  std::size_t max_key_bytes = 8 * 1024;                // one key
-  std::size_t max_value_bytes = 8 * 1024 * 1024;       // one value
-  std::size_t max_keys_per_request = 128 * 1024;       // CHECK/WAIT/MULTI_GET/MULTI_SET count
-  std::size_t max_request_bytes = 64 * 1024 * 1024;    // everything in one request
-  std::size_t max_reply_bytes = 64 * 1024 * 1024;      // everything in one MULTI_GET reply
+  std::size_t max_key_bytes = 8 * 1024;              // one key
+  std::size_t max_value_bytes = 8 * 1024 * 1024;     // one value
+  std::size_t max_keys_per_request = 128 * 1024;     // CHECK/WAIT/MULTI_GET/MULTI_SET count
+  std::size_t max_request_bytes = 64 * 1024 * 1024;  // everything in one request
+  std::size_t max_reply_bytes = 64 * 1024 * 1024;    // everything in one MULTI_GET reply
 };
 
 // One decoded request. Reused from request to request: keys/values hold `key_count` /
 // `value_count` valid entries, so their capacity is kept between requests.
 struct Request {
   Command command = Command::GetNumKeys;
-  std::vector<std::string> keys;    // SET/GET/...: 1 key; CHECK/WAIT/MULTI_*: n keys
-  std::vector<std::string> values;  // SET/APPEND/QUEUE_PUSH: 1; COMPARE_SET: expected, desired; MULTI_SET: n
+  std::vector<std::string> keys;  // SET/GET/...: 1 key; CHECK/WAIT/MULTI_*: n keys
+  std::vector<std::string>
+      values;  // SET/APPEND/QUEUE_PUSH: 1; COMPARE_SET: expected, desired; MULTI_SET: n
   std::size_t key_count = 0;
   std::size_t value_count = 0;
-  std::int64_t delta = 0;           // ADD
-  std::uint32_t u32 = 0;            // VALIDATE magic, PING nonce
+  std::int64_t delta = 0;  // ADD
+  std::uint32_t u32 = 0;   // VALIDATE magic, PING nonce
 
   std::string_view key(std::size_t i = 0) const { return keys[i]; }
   std::string_view value(std::size_t i = 0) const { return values[i]; }
@@ -135,11 +136,11 @@ class RequestParser {
   Limits limits_;
   std::optional<Dialect> dialect_;
   bool sniffing_;
-  std::uint8_t sniffed_ = 0;   // bytes of the 2.x opening matched so far
+  std::uint8_t sniffed_ = 0;  // bytes of the 2.x opening matched so far
   Request request_;
   Step step_ = Step::Command;
   Field field_ = Field::None;
-  std::uint64_t count_ = 0;    // announced keys (or pairs) of CHECK/WAIT/MULTI_*
+  std::uint64_t count_ = 0;  // announced keys (or pairs) of CHECK/WAIT/MULTI_*
   std::size_t fields_done_ = 0;
   unsigned char scratch_[8] = {};
   std::size_t scratch_have_ = 0;
@@ -151,10 +152,11 @@ class RequestParser {
 
 // One decoded reply. Which fields are set depends on the command it answers.
 struct Reply {
-  std::int64_t number = 0;          // ADD, GETNUMKEYS, DELETE_KEY, QUEUE_LEN; QUEUE_POP's length
-  std::uint8_t code = 0;            // CHECK, WAIT, CANCEL_WAIT, WATCH_KEY
-  std::uint32_t u32 = 0;            // PING's nonce
-  std::vector<std::string> values;  // GET, COMPARE_SET: 1; MULTI_GET: one per key; QUEUE_POP: 0 or 1
+  std::int64_t number = 0;  // ADD, GETNUMKEYS, DELETE_KEY, QUEUE_LEN; QUEUE_POP's length
+  std::uint8_t code = 0;    // CHECK, WAIT, CANCEL_WAIT, WATCH_KEY
+  std::uint32_t u32 = 0;    // PING's nonce
+  std::vector<std::string>
+      values;  // GET, COMPARE_SET: 1; MULTI_GET: one per key; QUEUE_POP: 0 or 1
 };
 
 // False for the commands the server never answers (VALIDATE, SET, APPEND, MULTI_SET,
