@@ -61,7 +61,8 @@ TEST_CASE("worker_variables sets exactly torchrun's contract") {
                                      {{"TORCH_NCCL_ASYNC_ERROR_HANDLING", "0"}});
   CHECK(with_store.at("TORCHELASTIC_USE_AGENT_STORE") == "True");
   CHECK(with_store.at("TORCH_NCCL_ASYNC_ERROR_HANDLING") == "0");
-  CHECK(worker_variables(config, master, {0, 0, "e"}, {{"NCCL_ASYNC_ERROR_HANDLING", "0"}})
+  CHECK(worker_variables(config, master, identity(round, 0, 0, "e"),
+                         {{"NCCL_ASYNC_ERROR_HANDLING", "0"}})
             .at("NCCL_ASYNC_ERROR_HANDLING") == "0");
   CHECK(with_store.at("DDP_STORE_DIALECT") == "v2");  // libddp: our store's 2.x dialect
   auto chosen =
@@ -107,7 +108,7 @@ TEST_CASE("every variable given to workers is in the worker contract the runtime
   LaunchConfig config;
   config.nproc_per_node = 2;
   MasterEndpoint master{"127.0.0.1", 29500, true};
-  auto vars = worker_variables(config, master, {1, 0, "e"}, {});
+  auto vars = worker_variables(config, master, WorkerIdentity{1, 0, "e", {}}, {});
   const std::set<std::string> contract(std::begin(ddp::contract::kWorkerVariables),
                                        std::end(ddp::contract::kWorkerVariables));
   for (const auto& [name, value] : vars) {
