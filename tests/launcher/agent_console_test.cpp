@@ -24,8 +24,8 @@ namespace {
 void read_fd_until(int fd, const std::string& needle, std::string& text) {
   const auto deadline = std::chrono::steady_clock::now() + kProcessTimeout;
   while (needle.empty() || text.find(needle) == std::string::npos) {
-    const auto left = std::chrono::duration_cast<milliseconds>(deadline -
-                                                               std::chrono::steady_clock::now());
+    const auto left =
+        std::chrono::duration_cast<milliseconds>(deadline - std::chrono::steady_clock::now());
     INFO("waiting for " << (needle.empty() ? "EOF" : needle) << "; got: " << text);
     REQUIRE(left.count() > 0);
     pollfd readable{fd, POLLIN, 0};
@@ -73,10 +73,9 @@ TEST_CASE("a full console and a bad store client: a failing worker still stops t
 
   // Rank 0 says hello (with the store's port), waits for "go" and fails; rank 1 waits.
   const auto go = dir.path() / "go";
-  std::vector<std::string> argv =
-      ddprun({"--nproc_per_node=2", "--monitor_interval=0.1"},
-             {"--hello", "--ready", "--if-rank", "0", "--wait-for-file", go.string(), "--if-rank",
-              "0", "--exit", "3", "--wait"});
+  std::vector<std::string> argv = ddprun({"--nproc_per_node=2", "--monitor_interval=0.1"},
+                                         {"--hello", "--ready", "--if-rank", "0", "--wait-for-file",
+                                          go.string(), "--if-rank", "0", "--exit", "3", "--wait"});
   std::vector<char*> c_argv;
   for (auto& arg : argv) c_argv.push_back(arg.data());
   c_argv.push_back(nullptr);

@@ -50,18 +50,24 @@ inline std::vector<std::string> ddprun(const std::vector<std::string>& options,
 // The options of one node of a static job on 127.0.0.1:port.
 inline std::vector<std::string> static_node(int node_rank, int nnodes, int port,
                                             const std::string& addr = "127.0.0.1") {
-  return {"--nnodes=" + std::to_string(nnodes), "--node_rank=" + std::to_string(node_rank),
-          "--master_addr=" + addr, "--master_port=" + std::to_string(port),
-          "--nproc_per_node=1", "--monitor_interval=0.1"};
+  return {"--nnodes=" + std::to_string(nnodes),
+          "--node_rank=" + std::to_string(node_rank),
+          "--master_addr=" + addr,
+          "--master_port=" + std::to_string(port),
+          "--nproc_per_node=1",
+          "--monitor_interval=0.1"};
 }
 
 // The options of one node of a c10d job at endpoint:port with run id, nnodes "MIN:MAX".
 inline std::vector<std::string> c10d_node(const std::string& nnodes, int port,
                                           const std::string& run_id,
                                           const std::string& addr = "127.0.0.1") {
-  return {"--nnodes=" + nnodes, "--rdzv_backend=c10d",
-          "--rdzv_endpoint=" + addr + ":" + std::to_string(port), "--rdzv_id=" + run_id,
-          "--nproc_per_node=1", "--monitor_interval=0.1"};
+  return {"--nnodes=" + nnodes,
+          "--rdzv_backend=c10d",
+          "--rdzv_endpoint=" + addr + ":" + std::to_string(port),
+          "--rdzv_id=" + run_id,
+          "--nproc_per_node=1",
+          "--monitor_interval=0.1"};
 }
 
 inline nlohmann::json read_json(const std::filesystem::path& path) {

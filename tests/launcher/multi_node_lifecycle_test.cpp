@@ -20,7 +20,8 @@ double seconds_since(steady_clock::time_point start) {
 
 }  // namespace
 
-TEST_CASE("c10d: SIGTERM to one of 3 agents: it exits 143 and the other two finish in a world of 2") {
+TEST_CASE(
+    "c10d: SIGTERM to one of 3 agents: it exits 143 and the other two finish in a world of 2") {
   TempDir dir;
   const int port = free_port();
   // Every worker says hello and then waits for "go", which the test makes once the smaller
@@ -62,7 +63,7 @@ TEST_CASE("c10d: a node arriving after the job finished is told the rendezvous i
   ChildProcess store({bin_path("ddpstore").string(), "--host", "127.0.0.1", "--port", "0"});
   const std::string listening = store.wait_for_stdout_lines("listening on 127.0.0.1:", 1).at(0);
   const int port = std::stoi(listening.substr(listening.rfind(':') + 1));
-  auto options = c10d_node("2", port, "closed");
+  auto options = c10d_node("2", port, "finished-job");
   options.push_back("--rdzv_conf=is_host=0");
   ChildProcess a(ddprun(options, {"--hello"}));
   ChildProcess b(ddprun(options, {"--hello"}));
@@ -76,12 +77,13 @@ TEST_CASE("c10d: a node arriving after the job finished is told the rendezvous i
   INFO(late.out << late.err);
   CHECK(late.status != 0);
   CHECK(seconds_since(start) < 30);  // told at once, not after a join timeout
-  CHECK_THAT(late.err, Catch::Contains("rendezvous 'closed' at 127.0.0.1:" + std::to_string(port) +
-                                       " is closed: the job finished"));
+  CHECK_THAT(late.err, Catch::Contains("rendezvous 'finished-job' at 127.0.0.1:" +
+                                       std::to_string(port) + " is closed: the job finished"));
   CHECK_THAT(late.out, !Catch::Contains("hello from"));
 }
 
-TEST_CASE("workers failing only on their first attempt: every node succeeds with --max_restarts=1") {
+TEST_CASE(
+    "workers failing only on their first attempt: every node succeeds with --max_restarts=1") {
   const std::string backend = GENERATE("static", "c10d");
   INFO("backend " << backend);
   TempDir dir;
@@ -90,7 +92,10 @@ TEST_CASE("workers failing only on their first attempt: every node succeeds with
   // the job still counts one restart.
   const std::vector<std::string> worker = {"--env-json",
                                            (dir.path() / "env-{rank}-{restart}.json").string(),
-                                           "--if-restart-below", "1", "--exit", "3"};
+                                           "--if-restart-below",
+                                           "1",
+                                           "--exit",
+                                           "3"};
   auto options = [&](int node_rank) {
     auto o = backend == "static" ? static_node(node_rank, 2, port) : c10d_node("2", port, "once");
     o.push_back("--max_restarts=1");
@@ -132,9 +137,9 @@ TEST_CASE("static: while node 0 waits for its peer it says for what, then the jo
   const int port = free_port();
   ChildProcess first(ddprun(static_node(0, 2, port), {"--hello"}));
   // The first notice comes after a few seconds (then at most every 5 s).
-  first.wait_for_stderr("ddprun: waiting for 1 of 2 nodes at 127.0.0.1:" + std::to_string(port) +
-                            " (",
-                        milliseconds(20000));
+  first.wait_for_stderr(
+      "ddprun: waiting for 1 of 2 nodes at 127.0.0.1:" + std::to_string(port) + " (",
+      milliseconds(20000));
   ChildProcess second(ddprun(static_node(1, 2, port), {"--hello"}));
   for (auto* agent : {&first, &second}) {
     ProcessResult r = agent->wait(kJobTimeout);

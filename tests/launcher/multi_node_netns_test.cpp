@@ -1,9 +1,9 @@
 // Two nodes that are really two hosts: network namespaces A and B (tests/support/netns_pair),
 // each with its own address, one ddprun agent in each. Static: node 0 in A hosts the store at
 // A's address; c10d: the endpoint is in A, A joins first, and every worker's MASTER_ADDR is
-// the address that A's agent (group rank 0) advertised. Skipped, saying why, where namespaces cannot be made.
+// the address that A's agent (group rank 0) advertised. Skipped, saying why, where namespaces
+// cannot be made.
 #include <catch2/catch.hpp>
-#include <set>
 
 #include "multi_node_harness.hpp"
 #include "netns_pair.hpp"

@@ -3,8 +3,6 @@
 // static and with c10d rendezvous. Skipped, saying why, where torch cannot be imported.
 #include <catch2/catch.hpp>
 #include <map>
-#include <memory>
-#include <set>
 
 #include "multi_node_harness.hpp"
 
@@ -25,12 +23,12 @@ std::vector<std::string> node_command(const std::string& launcher, const std::st
   }
   argv.insert(argv.end(), {"--nnodes=2", "--nproc_per_node=2"});
   if (backend == "static") {
-    argv.insert(argv.end(), {"--node_rank=" + std::to_string(node_rank),
-                             "--master_addr=127.0.0.1", "--master_port=" + std::to_string(port)});
+    argv.insert(argv.end(), {"--node_rank=" + std::to_string(node_rank), "--master_addr=127.0.0.1",
+                             "--master_port=" + std::to_string(port)});
   } else {
-    argv.insert(argv.end(), {"--rdzv_backend=c10d",
-                             "--rdzv_endpoint=127.0.0.1:" + std::to_string(port),
-                             "--rdzv_id=torch-" + launcher});
+    argv.insert(argv.end(),
+                {"--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:" + std::to_string(port),
+                 "--rdzv_id=torch-" + launcher});
   }
   argv.push_back(source_path("tests/launcher/python/torch_allreduce.py").string());
   return argv;
