@@ -96,7 +96,7 @@ std::string help_text() {
 }
 
 std::string version_text() {
-  return "ddprun " DDP_VERSION " (torchrun-compatible launcher; single node)\n";
+  return "ddprun " DDP_VERSION " (torchrun-compatible launcher)\n";
 }
 
 }  // namespace ddp::launcher
