@@ -73,6 +73,8 @@ void ScopedEnvironment::save(const std::string& name) {
   saved_[name] = value ? std::optional<std::string>(value) : std::nullopt;
 }
 
+bool sanitized_build() { return DDP_TEST_TIME_FACTOR > 1; }
+
 std::chrono::milliseconds build_timeout(std::chrono::milliseconds base) {
   return base * DDP_TEST_TIME_FACTOR;
 }

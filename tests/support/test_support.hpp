@@ -23,6 +23,8 @@ bool torch_available();
 // of it under sanitizers (slower code, and `ctest -j` shares the cores), so a wait meant to
 // succeed does not time out there by accident.
 std::chrono::milliseconds build_timeout(std::chrono::milliseconds base);
+// True in the AddressSanitizer + UndefinedBehaviorSanitizer build of the tests.
+bool sanitized_build();
 
 // The exit status (or -1 when killed) and the stdout + stderr of a shell command.
 struct ShellResult {
