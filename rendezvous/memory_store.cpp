@@ -1,13 +1,17 @@
 #include "ddp/store/memory_store.hpp"
 
 #include "ddp/store/store_util.hpp"
+#include "store_table.hpp"
 
 namespace ddp::store {
+
+MemoryStore::MemoryStore() : table_(std::make_unique<StoreTable>()) {}
+MemoryStore::~MemoryStore() = default;
 
 void MemoryStore::set(const std::string& key, std::string_view value) {
   {
     std::lock_guard lock(mutex_);
-    data_[key] = std::string(value);
+    table_->set(key, std::string(value));
   }
   changed_.notify_all();
 }
@@ -15,26 +19,18 @@ void MemoryStore::set(const std::string& key, std::string_view value) {
 std::string MemoryStore::get(const std::string& key) {
   std::unique_lock lock(mutex_);
   wait_locked(lock, {key}, timeout());
-  return data_.find(key)->second;
+  return *table_->find(key);
 }
 
 std::int64_t MemoryStore::add(const std::string& key, std::int64_t delta) {
-  std::int64_t value = 0;
+  std::optional<std::int64_t> value;
   {
     std::lock_guard lock(mutex_);
-    auto it = data_.find(key);
-    if (it != data_.end()) {
-      auto current = parse_counter(it->second);
-      if (!current) throw StoreError("add: key '" + key + "' does not hold an integer");
-      value = *current;
-    }
-    // Wraps on overflow like the server's ADD instead of being undefined.
-    value = static_cast<std::int64_t>(static_cast<std::uint64_t>(value) +
-                                      static_cast<std::uint64_t>(delta));
-    data_[key] = std::to_string(value);
+    value = table_->add(key, delta);
   }
+  if (!value) throw StoreError("add: key '" + key + "' does not hold an integer");
   changed_.notify_all();
-  return value;
+  return *value;
 }
 
 std::string MemoryStore::compare_set(const std::string& key, std::string_view expected,
@@ -42,15 +38,7 @@ std::string MemoryStore::compare_set(const std::string& key, std::string_view ex
   std::string result;
   {
     std::lock_guard lock(mutex_);
-    auto it = data_.find(key);
-    if (it == data_.end()) {
-      if (!expected.empty()) return std::string(expected);
-      result = data_[key] = std::string(desired);
-    } else if (it->second == expected) {
-      result = it->second = std::string(desired);
-    } else {
-      return it->second;
-    }
+    result = table_->compare_set(key, std::string(expected), std::string(desired));
   }
   changed_.notify_all();
   return result;
@@ -68,18 +56,18 @@ void MemoryStore::wait(const std::vector<std::string>& keys, std::chrono::millis
 
 bool MemoryStore::delete_key(const std::string& key) {
   std::lock_guard lock(mutex_);
-  return data_.erase(key) > 0;
+  return table_->erase(key);
 }
 
 std::int64_t MemoryStore::num_keys() {
   std::lock_guard lock(mutex_);
-  return static_cast<std::int64_t>(data_.size());
+  return static_cast<std::int64_t>(table_->size());
 }
 
 void MemoryStore::append(const std::string& key, std::string_view value) {
   {
     std::lock_guard lock(mutex_);
-    data_[key].append(value);
+    table_->append(key, value);
   }
   changed_.notify_all();
 }
@@ -89,7 +77,7 @@ std::vector<std::string> MemoryStore::multi_get(const std::vector<std::string>& 
   wait_locked(lock, keys, timeout());
   std::vector<std::string> values;
   values.reserve(keys.size());
-  for (const auto& key : keys) values.push_back(data_.find(key)->second);
+  for (const auto& key : keys) values.push_back(*table_->find(key));
   return values;
 }
 
@@ -98,14 +86,14 @@ void MemoryStore::multi_set(const std::vector<std::string>& keys,
   if (keys.size() != values.size()) throw StoreError("multi_set: keys and values differ in count");
   {
     std::lock_guard lock(mutex_);
-    for (std::size_t i = 0; i < keys.size(); ++i) data_[keys[i]] = values[i];
+    for (std::size_t i = 0; i < keys.size(); ++i) table_->set(keys[i], std::string(values[i]));
   }
   changed_.notify_all();
 }
 
 bool MemoryStore::has_all_locked(const std::vector<std::string>& keys) const {
   for (const auto& key : keys) {
-    if (data_.find(key) == data_.end()) return false;
+    if (!table_->find(key)) return false;
   }
   return true;
 }
@@ -116,7 +104,7 @@ void MemoryStore::wait_locked(std::unique_lock<std::mutex>& lock,
   if (changed_.wait_for(lock, timeout, [&] { return has_all_locked(keys); })) return;
   std::vector<std::string> missing;
   for (const auto& key : keys) {
-    if (data_.find(key) == data_.end()) missing.push_back(key);
+    if (!table_->find(key)) missing.push_back(key);
   }
   throw StoreTimeout("memory store: timed out after " + std::to_string(timeout.count()) +
                      " ms waiting for " + describe_keys(missing));

@@ -1,17 +1,23 @@
 #pragma once
 // An in-process store for tests and for ranks run as threads: the same semantics as the TCP
-// store, without sockets. Thread-safe.
+// store, without sockets, because it keeps its keys in the server's own StoreTable (one
+// implementation of c10d's SET, ADD, COMPARE_SET, APPEND and DELETE). Thread-safe.
 
 #include <condition_variable>
-#include <map>
+#include <memory>
 #include <mutex>
 
 #include "ddp/store/store.hpp"
 
 namespace ddp::store {
 
+class StoreTable;
+
 class MemoryStore : public Store {
  public:
+  MemoryStore();
+  ~MemoryStore() override;
+
   void set(const std::string& key, std::string_view value) override;
   std::string get(const std::string& key) override;
   std::int64_t add(const std::string& key, std::int64_t delta) override;
@@ -35,7 +41,7 @@ class MemoryStore : public Store {
 
   std::mutex mutex_;
   std::condition_variable changed_;
-  std::map<std::string, std::string, std::less<>> data_;
+  std::unique_ptr<StoreTable> table_;  // guarded by mutex_
 };
 
 }  // namespace ddp::store
