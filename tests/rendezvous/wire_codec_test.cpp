@@ -119,7 +119,7 @@ TEST_CASE("command tables match both dialects' byte values") {
   CHECK_FALSE(decode_command(Dialect::V2, 17));
 }
 
-TEST_CASE("1.13 set example from store-protocol.md, byte-exact, fed byte by byte") {
+TEST_CASE("a 1.13 SET request, byte-exact, fed byte by byte") {
   const std::string wire = hex_bytes(
       {0x00, 0x03, 0, 0, 0, 0, 0, 0, 0, 0x2f, 0x6b, 0x31, 0x02, 0, 0, 0, 0, 0, 0, 0, 0x76, 0x31});
   std::string encoded;

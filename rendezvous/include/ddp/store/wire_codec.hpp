@@ -3,7 +3,8 @@
 // reply parsers and the encoders for requests and replies. Pure functions and objects, no sockets:
 // the server, the client, the benchmarks and the fuzzer all share this file.
 //
-// Facts: /work/shared/store-protocol.md. Every length read from the wire is checked against
+// Facts: PyTorch's torch/csrc/distributed/c10d/TCPStore*.cpp (1.13 and 2.x), summed up in
+// docs/store.md "What it serves". Every length read from the wire is checked against
 // Limits before anything is allocated for it, and strings grow only as their bytes arrive.
 
 #include <cstddef>
