@@ -1,54 +1,17 @@
 // Several ddprun agents on loopback forming one job: global ranks through the rendezvous, a
 // worker failure on one node restarting every node, restarts exhausted reported on every node.
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <catch2/catch.hpp>
 #include <csignal>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 
-#include "process_harness.hpp"
-#include "test_support.hpp"
+#include "multi_node_harness.hpp"
 
 using namespace ddp::test;
 using nlohmann::json;
 
 namespace {
-
-constexpr milliseconds kJobTimeout{60000};
-
-// A port the kernel reports free on loopback (bound and released).
-int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  REQUIRE(fd >= 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
-  socklen_t size = sizeof addr;
-  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &size) == 0);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
-
-std::vector<std::string> ddprun(std::vector<std::string> options,
-                                std::vector<std::string> worker_args) {
-  std::vector<std::string> argv = {bin_path("ddprun").string()};
-  argv.insert(argv.end(), options.begin(), options.end());
-  argv.push_back(bin_path("ddp-sample-worker").string());
-  argv.insert(argv.end(), worker_args.begin(), worker_args.end());
-  return argv;
-}
-
-json read_json(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  INFO("reading " << path);
-  REQUIRE(in.good());
-  return json::parse(in);
-}
 
 // Starts one agent per option list, all at once, and waits for every one to exit.
 std::vector<ProcessResult> run_agents(const std::vector<std::vector<std::string>>& commands) {
@@ -60,12 +23,7 @@ std::vector<ProcessResult> run_agents(const std::vector<std::vector<std::string>
 }
 
 std::vector<std::string> c10d(int port, const std::string& run_id) {
-  return {"--nnodes=2",
-          "--rdzv_backend=c10d",
-          "--rdzv_endpoint=127.0.0.1:" + std::to_string(port),
-          "--rdzv_id=" + run_id,
-          "--nproc_per_node=1",
-          "--monitor_interval=0.1"};
+  return c10d_node("2", port, run_id);
 }
 
 }  // namespace
