@@ -95,8 +95,6 @@ std::string help_text() {
   return out.str();
 }
 
-std::string version_text() {
-  return "ddprun " DDP_VERSION " (torchrun-compatible launcher)\n";
-}
+std::string version_text() { return "ddprun " DDP_VERSION " (torchrun-compatible launcher)\n"; }
 
 }  // namespace ddp::launcher
