@@ -1,7 +1,11 @@
 # Detects the CUDA toolkit and NCCL. CUDA is optional: with DDP_WITH_CUDA=AUTO the build
-# uses it when both are found and works without them otherwise. We only link the CUDA
-# runtime API and NCCL from C++; no .cu files, so no CUDA compiler is needed.
+# uses it when both are found and works without them otherwise.
+#   DDP_HAVE_CUDA          the CUDA runtime and NCCL are linked (the NCCL backend)
+#   DDP_HAVE_CUDA_KERNELS  nvcc was found too: CUDA is an enabled language, and libddp's
+#                          16-bit compression kernels and the CUDA trainer are built
+# nvcc sits in the toolkit's bin/, usually not on PATH: we look there ourselves.
 set(DDP_HAVE_CUDA OFF)
+set(DDP_HAVE_CUDA_KERNELS OFF)
 if(NOT DDP_WITH_CUDA STREQUAL "OFF")
   if(NOT CUDAToolkit_ROOT AND EXISTS /usr/local/cuda)
     set(CUDAToolkit_ROOT /usr/local/cuda)
@@ -19,5 +23,33 @@ if(NOT DDP_WITH_CUDA STREQUAL "OFF")
     message(FATAL_ERROR "DDP_WITH_CUDA=ON but the CUDA toolkit or NCCL was not found")
   else()
     message(STATUS "ddp: CUDA or NCCL not found: building without the NCCL backend")
+  endif()
+endif()
+
+if(DDP_HAVE_CUDA)
+  if(NOT CMAKE_CUDA_COMPILER AND NOT DEFINED ENV{CUDACXX} AND CUDAToolkit_NVCC_EXECUTABLE
+     AND EXISTS "${CUDAToolkit_NVCC_EXECUTABLE}")
+    set(CMAKE_CUDA_COMPILER "${CUDAToolkit_NVCC_EXECUTABLE}")
+  endif()
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    # sm_90 code for H100/H200 plus compute_90 PTX that newer GPUs compile at load time. One
+    # architecture keeps the build short; pass -DCMAKE_CUDA_ARCHITECTURES=... for others.
+    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+      set(CMAKE_CUDA_ARCHITECTURES 90)
+    endif()
+    enable_language(CUDA)
+    set(CMAKE_CUDA_STANDARD 17)
+    set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+    set(DDP_HAVE_CUDA_KERNELS ON)
+    message(STATUS "ddp: nvcc ${CMAKE_CUDA_COMPILER_VERSION} found: CUDA kernels enabled "
+                   "(architectures ${CMAKE_CUDA_ARCHITECTURES})")
+  elseif(DDP_WITH_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "DDP_WITH_CUDA=ON but no CUDA compiler (nvcc) was found: set "
+                        "CMAKE_CUDA_COMPILER=/path/to/nvcc")
+  else()
+    message(STATUS "ddp: no nvcc: the NCCL backend is built without its CUDA kernels "
+                   "(no 16-bit compression on NCCL, no CUDA trainer)")
   endif()
 endif()

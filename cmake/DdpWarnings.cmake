@@ -13,9 +13,13 @@ if(CMAKE_CXX_COMPILER_ID STREQUAL "GNU" AND CMAKE_CXX_COMPILER_VERSION VERSION_G
 endif()
 
 # ddp_strict(target): our own code builds with -Wall -Wextra (and -Werror under DDP_WERROR).
+# CUDA sources get the same through nvcc: its own warnings, and the host compiler's.
 function(ddp_strict target)
-  target_compile_options(${target} PRIVATE -Wall -Wextra ${DDP_GCC12_FALSE_WARNINGS})
+  target_compile_options(${target} PRIVATE
+    $<$<COMPILE_LANGUAGE:CXX>:-Wall -Wextra ${DDP_GCC12_FALSE_WARNINGS}>
+    $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra>)
   if(DDP_WERROR)
-    target_compile_options(${target} PRIVATE -Werror)
+    target_compile_options(${target} PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-Werror>
+      $<$<COMPILE_LANGUAGE:CUDA>:-Werror=all-warnings -Xcompiler=-Werror>)
   endif()
 endfunction()

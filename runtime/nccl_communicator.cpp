@@ -4,9 +4,13 @@
 #include <condition_variable>
 #include <cstring>
 #include <mutex>
+#include <thread>
 
 #include "backends.hpp"
 #include "promise_work.hpp"
+#if defined(DDP_HAVE_CUDA_KERNELS)
+#include "wire_kernels.hpp"
+#endif
 
 namespace ddp::detail {
 
@@ -52,6 +56,41 @@ ncclRedOp_t nccl_op(ReduceOp op) {
       return ncclMax;
   }
   return ncclSum;
+}
+
+// Waits for a non-blocking communicator's pending operation (init, an enqueue, finalize) to
+// settle. NCCL offers no waitable handle for that state, only ncclCommGetAsyncError, so this
+// polls it: a yield first, then sleeps growing to 1 ms (init takes milliseconds to seconds;
+// an enqueue usually settles at the first look). Returns ncclSuccess, the communicator's
+// error, or ncclInProgress when `deadline` passed first.
+ncclResult_t settle(ncclComm_t comm, NcclClock::time_point deadline) {
+  using std::chrono::microseconds;
+  microseconds pause{0};
+  for (;;) {
+    ncclResult_t state = ncclInProgress;
+    const ncclResult_t status = ncclCommGetAsyncError(comm, &state);
+    if (status != ncclSuccess) return status;
+    if (state != ncclInProgress) return state;
+    if (NcclClock::now() >= deadline) return ncclInProgress;
+    if (pause.count() == 0) {
+      std::this_thread::yield();
+    } else {
+      std::this_thread::sleep_for(pause);
+    }
+    pause = std::min(pause * 2 + microseconds(10), microseconds(1000));
+  }
+}
+
+// NCCL's own words on the last failure of `comm`, as " (...)" or "".
+std::string last_error(ncclComm_t comm) {
+  const char* text = comm != nullptr ? ncclGetLastError(comm) : nullptr;
+  return text != nullptr && *text != '\0' ? std::string(" (") + text + ")" : "";
+}
+
+std::chrono::milliseconds remaining(NcclClock::time_point deadline) {
+  const auto left =
+      std::chrono::duration_cast<std::chrono::milliseconds>(deadline - NcclClock::now());
+  return std::max(left, std::chrono::milliseconds(0));
 }
 
 bool is_device_memory(const void* p) {
@@ -105,6 +144,10 @@ void CUDART_CB complete_promise(void* data) {
 
 void NcclCommState::abort(const std::string& reason) {
   std::lock_guard lock(mutex);
+  abort_locked(reason);
+}
+
+void NcclCommState::abort_locked(const std::string& reason) {
   if (comm == nullptr || !aborted_because.empty()) return;
   ncclCommAbort(comm);
   aborted_because = reason;
@@ -134,6 +177,7 @@ NcclCommunicator::NcclCommunicator(std::shared_ptr<store::Store> store, const La
       timeout_(options.timeout),
       policy_(check) {
   const std::string me = "rank " + std::to_string(rank_) + " of " + std::to_string(world_size_);
+  const auto deadline = NcclClock::now() + options.init_timeout;
   try {
     int count = 0;
     cuda_check(cudaGetDeviceCount(&count), "counting CUDA devices");
@@ -141,8 +185,8 @@ NcclCommunicator::NcclCommunicator(std::shared_ptr<store::Store> store, const La
     device_ = options.cuda_device >= 0 ? options.cuda_device : env.local_rank % count;
     cuda_check(cudaSetDevice(device_), "selecting CUDA device " + std::to_string(device_));
     cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "creating a stream");
-    wait_for_all_ranks(options.init_timeout);
-    init_communicator(options);
+    wait_for_all_ranks(deadline, options.init_timeout);
+    init_communicator(options, deadline, options.init_timeout);
     std::lock_guard lock(state_->mutex);
     state_->comm = comm_;
   } catch (const InitError&) {
@@ -181,12 +225,26 @@ void NcclCommunicator::release() noexcept {
     if (!state_->aborted_because.empty()) {
       drained = false;
     } else if (drained) {
-      ncclCommDestroy(comm_);
+      // Non-blocking: finalize flushes and settles in the background; destroy is then local.
+      // A finalize that does not settle in time means a peer is gone: abort instead.
+      const ncclResult_t flushed = ncclCommFinalize(comm_);
+      if ((flushed == ncclSuccess || flushed == ncclInProgress) &&
+          settle(comm_, NcclClock::now() + timeout_) == ncclSuccess) {
+        ncclCommDestroy(comm_);
+      } else {
+        ncclCommAbort(comm_);
+        drained = false;
+      }
     } else {
       ncclCommAbort(comm_);
     }
     state_->comm = nullptr;
     comm_ = nullptr;
+  }
+  if (wire_ != nullptr) {
+    cudaFreeAsync(wire_, stream_);  // after whatever still reads it
+    wire_ = nullptr;
+    wire_bytes_ = 0;
   }
   if (stream_ != nullptr) {
     if (drained) cudaStreamSynchronize(stream_);
@@ -196,30 +254,43 @@ void NcclCommunicator::release() noexcept {
   last_.reset();
 }
 
+std::string NcclCommunicator::ranks_without(const std::string& prefix, int& absent) {
+  std::string missing;
+  int shown = 0;
+  absent = 0;
+  for (int r = 0; r < world_size_; ++r) {
+    if (store_->check({prefix + std::to_string(r)})) continue;
+    ++absent;
+    if (shown++ < 16) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+  }
+  if (absent > 16) missing += " (and " + std::to_string(absent - 16) + " more)";
+  return missing;
+}
+
 // Every rank announces itself, then waits for all others: a rank that never comes is named
-// instead of leaving ncclCommInitRank hanging.
-void NcclCommunicator::wait_for_all_ranks(std::chrono::milliseconds timeout) {
+// instead of leaving NCCL's init waiting for it.
+void NcclCommunicator::wait_for_all_ranks(NcclClock::time_point deadline,
+                                          std::chrono::milliseconds timeout) {
   store_->set("arrived/" + std::to_string(rank_), "1");
   std::vector<std::string> keys;
   for (int r = 0; r < world_size_; ++r) keys.push_back("arrived/" + std::to_string(r));
   try {
-    store_->wait(keys, timeout);
+    store_->wait(keys, remaining(deadline));
   } catch (const store::StoreTimeout&) {
-    std::string missing;
-    int shown = 0, absent = 0;
-    for (int r = 0; r < world_size_; ++r) {
-      if (store_->check({keys[r]})) continue;
-      ++absent;
-      if (shown++ < 16) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-    }
-    if (absent > 16) missing += " (and " + std::to_string(absent - 16) + " more)";
+    int absent = 0;
+    const std::string missing = ranks_without("arrived/", absent);
     throw InitError("rank " + std::to_string(rank_) + ": NCCL init timed out after " +
                     std::to_string(timeout.count()) + " ms: " + std::to_string(absent) +
                     " ranks never arrived: " + missing);
   }
 }
 
-void NcclCommunicator::init_communicator(const InitOptions& options) {
+void NcclCommunicator::init_communicator(const InitOptions& options,
+                                         NcclClock::time_point deadline,
+                                         std::chrono::milliseconds timeout) {
+  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+  config.blocking = 0;  // init returns at once; finish_init waits with our deadline
+  const std::string called = "init_called/" + std::to_string(rank_);
   if (world_size_ <= options.nccl_scalable_threshold) {
     ncclUniqueId id{};
     if (rank_ == 0) {
@@ -228,7 +299,9 @@ void NcclCommunicator::init_communicator(const InitOptions& options) {
     }
     const std::string bytes = store_->get("unique_id");
     std::memcpy(id.internal, bytes.data(), std::min(bytes.size(), sizeof id.internal));
-    nccl_check(ncclCommInitRank(&comm_, world_size_, id, rank_), "ncclCommInitRank");
+    store_->set(called, "1");
+    finish_init(ncclCommInitRankConfig(&comm_, world_size_, id, rank_, &config), deadline,
+                timeout);
     return;
   }
   // Several roots, spread evenly: root i is rank i * world / roots and makes unique id i.
@@ -249,9 +322,51 @@ void NcclCommunicator::init_communicator(const InitOptions& options) {
     std::memcpy(ids[i].internal, values[i].data(),
                 std::min(values[i].size(), sizeof ids[i].internal));
   }
-  ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-  nccl_check(ncclCommInitRankScalable(&comm_, world_size_, rank_, roots, ids.data(), &config),
-             "ncclCommInitRankScalable with " + std::to_string(roots) + " roots");
+  store_->set(called, "1");
+  finish_init(ncclCommInitRankScalable(&comm_, world_size_, rank_, roots, ids.data(), &config),
+              deadline, timeout);
+}
+
+void NcclCommunicator::finish_init(ncclResult_t first, NcclClock::time_point deadline,
+                                   std::chrono::milliseconds timeout) {
+  const std::string me = "rank " + std::to_string(rank_);
+  ncclResult_t status = first;
+  if (comm_ != nullptr && (first == ncclSuccess || first == ncclInProgress)) {
+    status = settle(comm_, deadline);
+  }
+  if (status == ncclSuccess && comm_ != nullptr) return;
+  const std::string detail = last_error(comm_);
+  if (comm_ != nullptr) ncclCommAbort(comm_);  // frees the half-built communicator
+  comm_ = nullptr;
+  if (status != ncclInProgress) {
+    throw InitError(me + ": NCCL communicator init failed: " + ncclGetErrorString(status) +
+                    detail);
+  }
+  int absent = 0;
+  const std::string missing = ranks_without("init_called/", absent);
+  std::string message = me + ": NCCL init timed out after " + std::to_string(timeout.count()) +
+                        " ms and was aborted: ";
+  if (absent > 0) {
+    message += std::to_string(absent) + " ranks never called NCCL's init: " + missing;
+  } else {
+    message +=
+        "every rank called NCCL's init but the communicator did not connect (check that the "
+        "nodes reach each other, NCCL_SOCKET_IFNAME; NCCL_DEBUG=INFO shows NCCL's view)";
+  }
+  throw InitError(message);
+}
+
+void NcclCommunicator::enqueued(ncclResult_t status, const std::string& what) {
+  if (status == ncclInProgress) status = settle(comm_, NcclClock::now() + timeout_);
+  if (status == ncclSuccess) return;
+  const std::string detail = last_error(comm_);
+  if (status == ncclInProgress) {
+    const std::string reason = what + " was not enqueued within " +
+                               std::to_string(timeout_.count()) + " ms";
+    state_->abort_locked(reason);
+    throw CommError(reason + where(rank_));
+  }
+  throw CommError(what + ": NCCL error: " + ncclGetErrorString(status) + detail + where(rank_));
 }
 
 void NcclCommunicator::check_call(const CallDescriptor& call) {
@@ -325,17 +440,16 @@ void* NcclCommunicator::pinned(std::size_t bytes, std::size_t slot) {
 
 Work NcclCommunicator::allreduce(void* data, std::size_t count, DType dtype, ReduceOp op,
                                  const CollectiveOptions& options) {
-  CallDescriptor call{CallKind::Allreduce, dtype, count, static_cast<std::int64_t>(op)};
   if (options.wire_dtype && *options.wire_dtype != dtype) {
-    throw Unsupported("allreduce through " + std::string(to_string(*options.wire_dtype)) +
-                      ": compression is not available on NCCL yet" + where(rank_));
+    return allreduce_compressed(data, count, op, *options.wire_dtype, options);
   }
+  CallDescriptor call{CallKind::Allreduce, dtype, count, static_cast<std::int64_t>(op)};
   const std::size_t bytes = count * size_of(dtype);
   if (is_device_memory(data)) {
     return launch(call, options.after_stream, [&] {
       if (count == 0) return;
-      nccl_check(ncclAllReduce(data, data, count, nccl_type(dtype), nccl_op(op), comm_, stream_),
-                 call.str());
+      enqueued(ncclAllReduce(data, data, count, nccl_type(dtype), nccl_op(op), comm_, stream_),
+               call.str());
     });
   }
   void* device = staging(bytes, 0);
@@ -344,14 +458,65 @@ Work NcclCommunicator::allreduce(void* data, std::size_t count, DType dtype, Red
   Work work = launch(call, options.after_stream, [&] {
     if (count == 0) return;
     cuda_check(cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, stream_), call.str());
-    nccl_check(ncclAllReduce(device, device, count, nccl_type(dtype), nccl_op(op), comm_, stream_),
-               call.str());
+    enqueued(ncclAllReduce(device, device, count, nccl_type(dtype), nccl_op(op), comm_, stream_),
+             call.str());
     cuda_check(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, stream_), call.str());
   });
   work.wait(timeout_);  // host memory: complete before returning, as the caller may reuse it
   if (bytes != 0) std::memcpy(data, host, bytes);
   return work;
 }
+
+#if defined(DDP_HAVE_CUDA_KERNELS)
+Work NcclCommunicator::allreduce_compressed(void* data, std::size_t count, ReduceOp op,
+                                            DType wire, const CollectiveOptions& options) {
+  if (wire != DType::F16 && wire != DType::BF16) {
+    throw Unsupported(std::string("allreduce of f32 through ") + to_string(wire) +
+                      ": only f16 or bf16" + where(rank_));
+  }
+  if (!is_device_memory(data)) {
+    throw Unsupported(std::string("allreduce through ") + to_string(wire) +
+                      ": compression on NCCL needs device memory" + where(rank_));
+  }
+  CallDescriptor call{CallKind::Allreduce, wire, count, static_cast<std::int64_t>(op)};
+  const WireType type = wire == DType::F16 ? WireType::F16 : WireType::BF16;
+  const float scale = op == ReduceOp::Avg ? 1.0f / static_cast<float>(world_size_) : 1.0f;
+  // Min and max commute with the narrowing; sum and the pre-divided average are sums.
+  const ncclRedOp_t reduce = op == ReduceOp::Avg ? ncclSum : nccl_op(op);
+  auto* values = static_cast<float*>(data);
+  return launch(call, options.after_stream, [&] {
+    if (count == 0) return;
+    void* buffer = wire_buffer(count * size_of(wire));
+    cuda_check(narrow_on_stream(values, buffer, count, type, scale, stream_),
+               call.str() + ": narrowing f32 to " + to_string(wire));
+    enqueued(ncclAllReduce(buffer, buffer, count, nccl_type(wire), reduce, comm_, stream_),
+             call.str());
+    cuda_check(widen_on_stream(buffer, values, count, type, 1.0f, stream_),
+               call.str() + ": widening " + to_string(wire) + " to f32");
+  });
+}
+
+void* NcclCommunicator::wire_buffer(std::size_t bytes) {
+  if (wire_bytes_ >= bytes) return wire_;
+  if (wire_ != nullptr) cuda_check(cudaFreeAsync(wire_, stream_), "freeing the wire buffer");
+  wire_ = nullptr;
+  wire_bytes_ = 0;
+  cuda_check(cudaMallocAsync(&wire_, bytes, stream_),
+             "allocating a " + std::to_string(bytes) + "-byte wire buffer on device " +
+                 std::to_string(device_));
+  wire_bytes_ = bytes;
+  return wire_;
+}
+#else
+Work NcclCommunicator::allreduce_compressed(void*, std::size_t, ReduceOp, DType wire,
+                                            const CollectiveOptions&) {
+  throw Unsupported("allreduce through " + std::string(to_string(wire)) +
+                    ": libddp was built without nvcc, so NCCL has no compression kernels" +
+                    where(rank_));
+}
+
+void* NcclCommunicator::wire_buffer(std::size_t) { return nullptr; }
+#endif
 
 Work NcclCommunicator::broadcast(void* data, std::size_t count, DType dtype, int root,
                                  const CollectiveOptions& options) {
@@ -369,8 +534,8 @@ Work NcclCommunicator::broadcast(void* data, std::size_t count, DType dtype, int
     if (!on_device) {
       cuda_check(cudaMemcpyAsync(buffer, host, bytes, cudaMemcpyHostToDevice, stream_), call.str());
     }
-    nccl_check(ncclBroadcast(buffer, buffer, count, nccl_type(dtype), root, comm_, stream_),
-               call.str());
+    enqueued(ncclBroadcast(buffer, buffer, count, nccl_type(dtype), root, comm_, stream_),
+             call.str());
     if (!on_device) {
       cuda_check(cudaMemcpyAsync(host, buffer, bytes, cudaMemcpyDeviceToHost, stream_), call.str());
     }
@@ -388,8 +553,8 @@ Work NcclCommunicator::allgather(const void* in, void* out, std::size_t count, D
   const std::size_t bytes = count * size_of(dtype);
   return staged(call, options.after_stream, in, bytes, out, bytes * world_size_,
                 [&](const void* src, void* dst) {
-                  nccl_check(ncclAllGather(src, dst, count, nccl_type(dtype), comm_, stream_),
-                             call.str());
+                  enqueued(ncclAllGather(src, dst, count, nccl_type(dtype), comm_, stream_),
+                           call.str());
                 });
 }
 
@@ -399,9 +564,9 @@ Work NcclCommunicator::reduce_scatter(const void* in, void* out, std::size_t cou
   const std::size_t bytes = count * size_of(dtype);
   return staged(call, options.after_stream, in, bytes * world_size_, out, bytes,
                 [&](const void* src, void* dst) {
-                  nccl_check(ncclReduceScatter(src, dst, count, nccl_type(dtype), nccl_op(op),
-                                               comm_, stream_),
-                             call.str());
+                  enqueued(ncclReduceScatter(src, dst, count, nccl_type(dtype), nccl_op(op),
+                                             comm_, stream_),
+                           call.str());
                 });
 }
 
@@ -446,7 +611,7 @@ Work NcclCommunicator::barrier() {
   // A one-element all-reduce, waited for on the host.
   void* scratch = staging(sizeof(float), 1);
   Work work = launch(CallDescriptor{}, nullptr, [&] {
-    nccl_check(ncclAllReduce(scratch, scratch, 1, ncclFloat32, ncclSum, comm_, stream_), "barrier");
+    enqueued(ncclAllReduce(scratch, scratch, 1, ncclFloat32, ncclSum, comm_, stream_), "barrier");
   });
   work.wait(timeout_);
   return work;
@@ -459,6 +624,9 @@ std::shared_ptr<void> NcclCommunicator::allocate(std::size_t bytes) {
              "allocating " + std::to_string(bytes) + " bytes on device " + std::to_string(device_));
   std::shared_ptr<void> owned(p, [](void* q) { cudaFree(q); });
   cuda_check(cudaMemset(p, 0, bytes), "zeroing device memory");
+  // cudaMemset is queued on the legacy default stream, which the non-blocking streams the
+  // buffer is used on do not wait for: finish it before the buffer is handed out.
+  cuda_check(cudaStreamSynchronize(nullptr), "zeroing device memory");
   return owned;
 }
 

@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <chrono>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -19,6 +20,8 @@
 
 namespace ddp::detail {
 
+using NcclClock = std::chrono::steady_clock;
+
 // Shared by a communicator and its Work handles. The first host wait that runs out of time
 // aborts the communicator (ncclCommAbort ends kernels stuck on a lost peer, as PyTorch's
 // watchdog does); every later call then fails with that reason. Thread-safe: `mutex` also
@@ -29,13 +32,16 @@ struct NcclCommState {
   std::string aborted_because;  // non-empty once aborted
   // Aborts once; the first reason is kept.
   void abort(const std::string& reason);
+  // The same with `mutex` already held.
+  void abort_locked(const std::string& reason);
 };
 
 class NcclCommunicator : public Communicator {
  public:
-  // Picks the device, waits (up to options.init_timeout) until every rank has arrived in the
-  // store (InitError naming the missing ranks otherwise), exchanges the unique id(s) and
-  // builds the communicator. `store` is a view private to this communicator.
+  // Picks the device, waits until every rank has arrived in the store, exchanges the unique
+  // id(s) and builds a non-blocking communicator, all within options.init_timeout: past it,
+  // InitError naming the ranks that never arrived or never called NCCL's init (the
+  // half-built communicator is aborted). `store` is a view private to this communicator.
   NcclCommunicator(std::shared_ptr<store::Store> store, const LaunchEnv& env,
                    const InitOptions& options, MismatchCheck check);
   ~NcclCommunicator() override;
@@ -62,8 +68,20 @@ class NcclCommunicator : public Communicator {
   // Waits (up to timeout_) for the last queued operation; destroys the communicator, or
   // aborts it when that operation never finished (a lost peer); frees the stream. Idempotent.
   void release() noexcept;
-  void wait_for_all_ranks(std::chrono::milliseconds timeout);
-  void init_communicator(const InitOptions& options);
+  void wait_for_all_ranks(NcclClock::time_point deadline, std::chrono::milliseconds timeout);
+  void init_communicator(const InitOptions& options, NcclClock::time_point deadline,
+                         std::chrono::milliseconds timeout);
+  // Waits until the communicator's pending init settles; aborts it and throws InitError when
+  // it fails or `deadline` passes. `first` is what the init call returned.
+  void finish_init(ncclResult_t first, NcclClock::time_point deadline,
+                   std::chrono::milliseconds timeout);
+  // The ranks whose key `prefix`<rank> is not in the store, as "1, 3 (and 2 more)"; sets
+  // `absent` to their number.
+  std::string ranks_without(const std::string& prefix, int& absent);
+  // Checks what an NCCL call on the (non-blocking) communicator returned: ncclInProgress is
+  // waited out (up to timeout_). state_->mutex must be held; on a timeout the communicator is
+  // aborted. Throws CommError naming `what` on failure.
+  void enqueued(ncclResult_t status, const std::string& what);
   // Cross-rank comparison through the store (NCCL has no cheap host-side collective).
   void check_call(const CallDescriptor& call);
   // Orders the communication stream after `after` and returns a Work completing with what
@@ -75,6 +93,14 @@ class NcclCommunicator : public Communicator {
   template <typename Collective>
   Work staged(const CallDescriptor& call, void* after, const void* in, std::size_t in_bytes,
               void* out, std::size_t out_bytes, Collective&& collective);
+  // allreduce of F32 device memory through a 16-bit wire type: narrowed (pre-divided by the
+  // world size for Avg, as PyTorch's fp16 compression hook does, so a sum cannot overflow
+  // f16) into wire_buffer(), summed in 16 bits, widened back in place; all on stream_.
+  Work allreduce_compressed(void* data, std::size_t count, ReduceOp op, DType wire,
+                            const CollectiveOptions& options);
+  // The 16-bit wire buffer, at least `bytes`, for work queued on stream_ next. It grows with
+  // stream-ordered allocation (the old one is freed after the work already queued on it).
+  void* wire_buffer(std::size_t bytes);
   // A device buffer of at least `bytes` for staging host memory (grows, never shrinks).
   void* staging(std::size_t bytes, std::size_t slot);
   // Pinned host memory of at least `bytes` (grows, never shrinks): the host end of staged
@@ -96,6 +122,8 @@ class NcclCommunicator : public Communicator {
   std::shared_ptr<NcclCommState> state_ = std::make_shared<NcclCommState>();
   std::shared_ptr<void> staging_[2];
   std::size_t staging_bytes_[2] = {0, 0};
+  void* wire_ = nullptr;  // see wire_buffer(); freed in release()
+  std::size_t wire_bytes_ = 0;
   std::shared_ptr<void> pinned_[2];
   std::size_t pinned_bytes_[2] = {0, 0};
 };

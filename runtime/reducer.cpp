@@ -53,10 +53,12 @@ Reducer::Reducer(Context& context, std::vector<Parameter> parameters, ReducerOpt
     throw ReducerError(std::string("compression to ") + to_string(*options_.compression) +
                        ": only f16 or bf16");
   }
+#if !defined(DDP_HAVE_CUDA_KERNELS)
   if (options_.compression && context_.backend() == Backend::Nccl) {
     throw ReducerError(std::string("compression to ") + to_string(*options_.compression) +
-                       " is not available with the nccl backend yet");
+                       " with the nccl backend needs libddp built with nvcc (CUDA kernels)");
   }
+#endif
   std::vector<std::size_t> sizes;
   for (const auto& p : parameters_) sizes.push_back(p.value.size());
   buckets_ = plan_buckets(sizes, options_.first_bucket_mb, options_.bucket_cap_mb);

@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <numeric>
+#include <optional>
 #include <random>
 
 #include "ddp/runtime.hpp"
@@ -252,13 +253,15 @@ struct ScriptedComm : ddp::Communicator {
   ddp::Backend kind = ddp::Backend::Gloo;
   std::vector<std::string> script;  // per allreduce call: "ok", "fail" (Work), "throw" (call)
   std::vector<std::shared_ptr<ScriptedWork>> issued;
+  std::vector<std::optional<ddp::DType>> wires;  // per allreduce call: its wire type
   std::size_t calls = 0;
 
   ddp::Backend backend() const override { return kind; }
   int rank() const override { return 0; }
   int world_size() const override { return 1; }
   ddp::Work allreduce(void*, std::size_t, ddp::DType, ddp::ReduceOp,
-                      const ddp::CollectiveOptions&) override {
+                      const ddp::CollectiveOptions& options) override {
+    wires.push_back(options.wire_dtype);
     const std::string what = calls < script.size() ? script[calls] : "ok";
     ++calls;
     if (what == "throw") throw ddp::Unsupported("scripted synchronous failure");
@@ -340,7 +343,24 @@ TEST_CASE("misuse: wait_bucket of a bucket that does not exist is a ReducerError
   });
 }
 
-TEST_CASE("misuse: compression on a backend without it fails at construction") {
+#if defined(DDP_HAVE_CUDA_KERNELS)
+TEST_CASE("compression on nccl hands the wire type to every bucket's all-reduce") {
+  auto owned = std::make_unique<ScriptedComm>();
+  owned->kind = ddp::Backend::Nccl;
+  ScriptedComm& comm = *owned;
+  Context ctx = scripted_context(std::move(owned));
+  Model model = make_model({4, 4}, 0.0f);
+  ddp::ReducerOptions options = one_gradient_per_bucket();
+  options.compression = ddp::DType::F16;
+  Reducer reducer(ctx, model.parameters(), options);
+  reducer.mark_ready(1);
+  reducer.mark_ready(0);
+  reducer.finalize();
+  REQUIRE(comm.wires.size() == 2);
+  for (const auto& wire : comm.wires) REQUIRE(wire == ddp::DType::F16);
+}
+#else
+TEST_CASE("misuse: compression on nccl without CUDA kernels fails at construction") {
   auto owned = std::make_unique<ScriptedComm>();
   owned->kind = ddp::Backend::Nccl;
   Context ctx = scripted_context(std::move(owned));
@@ -349,6 +369,7 @@ TEST_CASE("misuse: compression on a backend without it fails at construction") {
   options.compression = ddp::DType::BF16;
   REQUIRE_THROWS_WITH(Reducer(ctx, model.parameters(), options), Catch::Contains("nccl"));
 }
+#endif
 
 TEST_CASE("misuse: compression on some ranks only fails at construction on every rank") {
   std::atomic<int> failures{0};

@@ -33,7 +33,7 @@ struct ReducerOptions {
   double first_bucket_mb = 1.0;  // cap of bucket 0 (the last parameters: it starts first)
   double bucket_cap_mb = 25.0;   // cap of every later bucket
   // F16 or BF16: all-reduce the gradients in 16 bits (half the traffic); unset: fp32.
-  // Gloo only for now: with NCCL the constructor throws ReducerError.
+  // NCCL: through libddp's CUDA kernels (ReducerError when it was built without nvcc).
   std::optional<DType> compression;
   bool broadcast_parameters = true;  // copy rank 0's parameters to every rank at construction
   void* compute_stream = nullptr;    // GPU: the cudaStream_t backward runs on (nullptr: default)
