@@ -285,8 +285,7 @@ void NcclCommunicator::wait_for_all_ranks(NcclClock::time_point deadline,
   }
 }
 
-void NcclCommunicator::init_communicator(const InitOptions& options,
-                                         NcclClock::time_point deadline,
+void NcclCommunicator::init_communicator(const InitOptions& options, NcclClock::time_point deadline,
                                          std::chrono::milliseconds timeout) {
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
   config.blocking = 0;  // init returns at once; finish_init waits with our deadline
@@ -300,8 +299,7 @@ void NcclCommunicator::init_communicator(const InitOptions& options,
     const std::string bytes = store_->get("unique_id");
     std::memcpy(id.internal, bytes.data(), std::min(bytes.size(), sizeof id.internal));
     store_->set(called, "1");
-    finish_init(ncclCommInitRankConfig(&comm_, world_size_, id, rank_, &config), deadline,
-                timeout);
+    finish_init(ncclCommInitRankConfig(&comm_, world_size_, id, rank_, &config), deadline, timeout);
     return;
   }
   // Several roots, spread evenly: root i is rank i * world / roots and makes unique id i.
@@ -339,8 +337,7 @@ void NcclCommunicator::finish_init(ncclResult_t first, NcclClock::time_point dea
   if (comm_ != nullptr) ncclCommAbort(comm_);  // frees the half-built communicator
   comm_ = nullptr;
   if (status != ncclInProgress) {
-    throw InitError(me + ": NCCL communicator init failed: " + ncclGetErrorString(status) +
-                    detail);
+    throw InitError(me + ": NCCL communicator init failed: " + ncclGetErrorString(status) + detail);
   }
   int absent = 0;
   const std::string missing = ranks_without("init_called/", absent);
@@ -361,8 +358,8 @@ void NcclCommunicator::enqueued(ncclResult_t status, const std::string& what) {
   if (status == ncclSuccess) return;
   const std::string detail = last_error(comm_);
   if (status == ncclInProgress) {
-    const std::string reason = what + " was not enqueued within " +
-                               std::to_string(timeout_.count()) + " ms";
+    const std::string reason =
+        what + " was not enqueued within " + std::to_string(timeout_.count()) + " ms";
     state_->abort_locked(reason);
     throw CommError(reason + where(rank_));
   }
@@ -468,8 +465,8 @@ Work NcclCommunicator::allreduce(void* data, std::size_t count, DType dtype, Red
 }
 
 #if defined(DDP_HAVE_CUDA_KERNELS)
-Work NcclCommunicator::allreduce_compressed(void* data, std::size_t count, ReduceOp op,
-                                            DType wire, const CollectiveOptions& options) {
+Work NcclCommunicator::allreduce_compressed(void* data, std::size_t count, ReduceOp op, DType wire,
+                                            const CollectiveOptions& options) {
   if (wire != DType::F16 && wire != DType::BF16) {
     throw Unsupported(std::string("allreduce of f32 through ") + to_string(wire) +
                       ": only f16 or bf16" + where(rank_));
@@ -501,9 +498,9 @@ void* NcclCommunicator::wire_buffer(std::size_t bytes) {
   if (wire_ != nullptr) cuda_check(cudaFreeAsync(wire_, stream_), "freeing the wire buffer");
   wire_ = nullptr;
   wire_bytes_ = 0;
-  cuda_check(cudaMallocAsync(&wire_, bytes, stream_),
-             "allocating a " + std::to_string(bytes) + "-byte wire buffer on device " +
-                 std::to_string(device_));
+  cuda_check(cudaMallocAsync(&wire_, bytes, stream_), "allocating a " + std::to_string(bytes) +
+                                                          "-byte wire buffer on device " +
+                                                          std::to_string(device_));
   wire_bytes_ = bytes;
   return wire_;
 }
@@ -562,12 +559,12 @@ Work NcclCommunicator::reduce_scatter(const void* in, void* out, std::size_t cou
                                       ReduceOp op, const CollectiveOptions& options) {
   CallDescriptor call{CallKind::ReduceScatter, dtype, count, static_cast<std::int64_t>(op)};
   const std::size_t bytes = count * size_of(dtype);
-  return staged(call, options.after_stream, in, bytes * world_size_, out, bytes,
-                [&](const void* src, void* dst) {
-                  enqueued(ncclReduceScatter(src, dst, count, nccl_type(dtype), nccl_op(op),
-                                             comm_, stream_),
-                           call.str());
-                });
+  return staged(
+      call, options.after_stream, in, bytes * world_size_, out, bytes,
+      [&](const void* src, void* dst) {
+        enqueued(ncclReduceScatter(src, dst, count, nccl_type(dtype), nccl_op(op), comm_, stream_),
+                 call.str());
+      });
 }
 
 // Out of place: device buffers are used as they are; host ones go through pinned memory

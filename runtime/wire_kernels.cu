@@ -68,8 +68,8 @@ cudaError_t widen_on_stream(const void* wire, float* dst, std::size_t count, Wir
                             float scale, cudaStream_t stream) {
   if (count == 0) return cudaSuccess;
   if (type == WireType::F16) {
-    widen_kernel<<<blocks_for(count), kThreads, 0, stream>>>(static_cast<const __half*>(wire),
-                                                             dst, count, scale);
+    widen_kernel<<<blocks_for(count), kThreads, 0, stream>>>(static_cast<const __half*>(wire), dst,
+                                                             count, scale);
   } else {
     widen_kernel<<<blocks_for(count), kThreads, 0, stream>>>(
         static_cast<const __nv_bfloat16*>(wire), dst, count, scale);

@@ -37,6 +37,9 @@ int main(int argc, char** argv) {
   app.add_flag("--print_losses", config.print_losses, "Rank 0 prints every step's loss");
   app.add_option("--dump_init", config.dump_init,
                  "Write the initial weights (float32, fc1.weight first) to FILE and exit");
+  app.add_flag("--skip_allreduce", config.skip_allreduce,
+               "Benchmark hook, one rank only: no gradient all-reduce (the Reducer's overhead)")
+      ->group("");
   app.add_option("--crash_at_step", config.crash_at_step,
                  "Test hook: the last rank kills itself at this step on the first attempt")
       ->group("");

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -12,25 +13,80 @@
 #include <vector>
 
 #include "checkpoint.hpp"
+#include "cuda_trainer.hpp"
 #include "ddp/runtime.hpp"
 #include "error_file.hpp"
+#include "job_common.hpp"
 #include "mlp.hpp"
 #include "progress.hpp"
 #include "sgd.hpp"
 
 namespace fmnist {
 
+std::vector<std::size_t> sizes_of(Mlp& model) {
+  std::vector<std::size_t> sizes;
+  for (const auto& p : model.parameters()) sizes.push_back(p.value.size());
+  return sizes;
+}
+
+std::uint32_t load_newest(const TrainConfig& config, Mlp& model, Sgd& sgd, Progress& out) {
+  const auto sizes = sizes_of(model);
+  std::vector<std::size_t> expected = sizes;
+  expected.insert(expected.end(), sizes.begin(), sizes.end());
+  for (const auto& path : list_checkpoints(config.checkpoint_dir)) {
+    try {
+      Checkpoint ck = read_checkpoint(path, expected);
+      auto params = model.parameters();
+      for (std::size_t i = 0; i < params.size(); ++i) {
+        std::copy(ck.tensors[i].begin(), ck.tensors[i].end(), params[i].value.begin());
+        sgd.buffers()[i] = std::move(ck.tensors[params.size() + i]);
+      }
+      out.note("resuming from " + path.string() + " (" + std::to_string(ck.epochs_done) +
+               " epochs done)");
+      return ck.epochs_done;
+    } catch (const CheckpointError& e) {
+      out.note(std::string("skipping checkpoint: ") + e.what());
+    }
+  }
+  return 0;
+}
+
+void save(const TrainConfig& config, std::uint32_t epochs_done, Mlp& model, Sgd& sgd) {
+  std::vector<std::span<const float>> tensors;
+  for (const auto& p : model.parameters()) tensors.emplace_back(p.value);
+  for (const auto& b : sgd.buffers()) tensors.emplace_back(b);
+  write_checkpoint(config.checkpoint_dir, epochs_done, tensors);
+}
+
+void maybe_crash(const TrainConfig& config, const ddp::Context& ctx, long global_step) {
+  if (global_step == config.crash_at_step && ctx.env().restart_count == 0 &&
+      ctx.rank() == ctx.world_size() - 1) {
+    std::fprintf(stderr, "train_fashion_mnist: rank %d crashing at step %ld (--crash_at_step)\n",
+                 ctx.rank(), global_step);
+    std::raise(SIGKILL);
+  }
+}
+
+long first_step_after(std::uint32_t epochs_done, std::size_t samples_per_rank, int batch_size) {
+  const auto batch = static_cast<std::size_t>(batch_size);
+  return static_cast<long>(epochs_done) * static_cast<long>((samples_per_rank + batch - 1) / batch);
+}
+
+std::string epoch_summary(int epoch, int epochs, double train_loss, const Evaluation& eval,
+                          double seconds, double samples_per_second) {
+  char line[256];
+  std::snprintf(line, sizeof line,
+                "epoch %d/%d: train loss %.4f, test loss %.4f, test accuracy %.2f%% "
+                "(%zu/%zu), %.1f s, %.0f samples/s",
+                epoch + 1, epochs, train_loss, eval.loss,
+                100.0 * static_cast<double>(eval.correct) / static_cast<double>(eval.total),
+                eval.correct, eval.total, seconds, samples_per_second);
+  return line;
+}
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-constexpr int kEvalBatch = 500;
-
-struct Evaluation {
-  double loss = 0;  // mean over the test images
-  std::size_t correct = 0;
-  std::size_t total = 0;
-};
 
 // Test loss and accuracy over the whole test split: each rank evaluates every world-th image
 // from its rank on, and the counts are summed across ranks.
@@ -59,43 +115,6 @@ Evaluation evaluate(ddp::Context& ctx, Mlp& model, const Split& test) {
   ctx.allreduce(std::span<double>(sums, 3), ddp::ReduceOp::Sum);
   return {sums[2] > 0 ? sums[0] / sums[2] : 0.0, static_cast<std::size_t>(sums[1]),
           static_cast<std::size_t>(sums[2])};
-}
-
-std::vector<std::size_t> sizes_of(Mlp& model) {
-  std::vector<std::size_t> sizes;
-  for (const auto& p : model.parameters()) sizes.push_back(p.value.size());
-  return sizes;
-}
-
-// Rank 0 loads the newest readable checkpoint into the model and optimizer; skips (with a
-// note) ones that fail to read. Returns the epochs it holds (0: none).
-std::uint32_t load_newest(const TrainConfig& config, Mlp& model, Sgd& sgd, Progress& out) {
-  const auto sizes = sizes_of(model);
-  std::vector<std::size_t> expected = sizes;
-  expected.insert(expected.end(), sizes.begin(), sizes.end());
-  for (const auto& path : list_checkpoints(config.checkpoint_dir)) {
-    try {
-      Checkpoint ck = read_checkpoint(path, expected);
-      auto params = model.parameters();
-      for (std::size_t i = 0; i < params.size(); ++i) {
-        std::copy(ck.tensors[i].begin(), ck.tensors[i].end(), params[i].value.begin());
-        sgd.buffers()[i] = std::move(ck.tensors[params.size() + i]);
-      }
-      out.note("resuming from " + path.string() + " (" + std::to_string(ck.epochs_done) +
-               " epochs done)");
-      return ck.epochs_done;
-    } catch (const CheckpointError& e) {
-      out.note(std::string("skipping checkpoint: ") + e.what());
-    }
-  }
-  return 0;
-}
-
-void save(const TrainConfig& config, std::uint32_t epochs_done, Mlp& model, Sgd& sgd) {
-  std::vector<std::span<const float>> tensors;
-  for (const auto& p : model.parameters()) tensors.emplace_back(p.value);
-  for (const auto& b : sgd.buffers()) tensors.emplace_back(b);
-  write_checkpoint(config.checkpoint_dir, epochs_done, tensors);
 }
 
 void dump_initial_weights(Mlp& model, const std::filesystem::path& path) {
@@ -139,7 +158,6 @@ class Job {
  private:
   std::uint32_t resume();
   double train_epoch(int epoch, long& global_step);
-  void maybe_crash(long global_step) const;
 
   const TrainConfig& config_;
   ddp::Context& ctx_;
@@ -170,6 +188,7 @@ std::uint32_t Job::resume() {
   options.timeout = config_.timeout;
   reducer_ =
       std::make_unique<ddp::Reducer>(ctx_, std::move(params), options);  // broadcasts weights
+  reducer_->set_sync(!config_.skip_allreduce);
   if (done > 0) {
     for (auto& b : sgd_.buffers()) ctx_.broadcast(std::span<float>(b));
   }
@@ -179,15 +198,6 @@ std::uint32_t Job::resume() {
   }
   model_.set_gradients(grads_);
   return static_cast<std::uint32_t>(done);
-}
-
-void Job::maybe_crash(long global_step) const {
-  if (global_step == config_.crash_at_step && ctx_.env().restart_count == 0 &&
-      ctx_.rank() == ctx_.world_size() - 1) {
-    std::fprintf(stderr, "train_fashion_mnist: rank %d crashing at step %ld (--crash_at_step)\n",
-                 ctx_.rank(), global_step);
-    std::raise(SIGKILL);
-  }
 }
 
 // One epoch on this rank's share; returns the mean training loss across ranks.
@@ -201,7 +211,7 @@ double Job::train_epoch(int epoch, long& global_step) {
   double loss_sum = 0;
   std::size_t steps = 0;
   for (std::size_t start = 0; start < order.size(); start += batch_size, ++global_step) {
-    maybe_crash(global_step);
+    maybe_crash(config_, ctx_, global_step);
     const std::size_t n = std::min(batch_size, order.size() - start);
     batch.fill(data_.train, std::span(order).subspan(start, n));
     model_.forward(batch.images.data(), static_cast<int>(n));
@@ -224,29 +234,27 @@ double Job::train_epoch(int epoch, long& global_step) {
 int Job::run() {
   const std::uint32_t done = resume();
   const std::size_t samples_per_epoch = sampler_.total_size();
-  long global_step =
-      static_cast<long>(done) * static_cast<long>((sampler_.size() + config_.batch_size - 1) /
-                                                  static_cast<std::size_t>(config_.batch_size));
+  long global_step = first_step_after(done, sampler_.size(), config_.batch_size);
   for (int epoch = static_cast<int>(done); epoch < config_.epochs; ++epoch) {
     const auto start = Clock::now();
     const double train_loss = train_epoch(epoch, global_step);
     const double train_seconds = std::chrono::duration<double>(Clock::now() - start).count();
     const Evaluation eval = evaluate(ctx_, model_, data_.test);
     const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-    char line[256];
-    std::snprintf(line, sizeof line,
-                  "epoch %d/%d: train loss %.4f, test loss %.4f, test accuracy %.2f%% "
-                  "(%zu/%zu), %.1f s, %.0f samples/s",
-                  epoch + 1, config_.epochs, train_loss, eval.loss,
-                  100.0 * static_cast<double>(eval.correct) / static_cast<double>(eval.total),
-                  eval.correct, eval.total, seconds,
-                  static_cast<double>(samples_per_epoch) / train_seconds);
-    out_.end_epoch(line);
+    out_.end_epoch(epoch_summary(epoch, config_.epochs, train_loss, eval, seconds,
+                                 static_cast<double>(samples_per_epoch) / train_seconds));
     if (ctx_.rank() == 0 && !config_.checkpoint_dir.empty()) {
       save(config_, static_cast<std::uint32_t>(epoch + 1), model_, sgd_);
     }
   }
   return 0;
+}
+
+// LOCAL_WORLD_SIZE as the launcher sets it; 1 when run without one.
+int ranks_on_this_node() {
+  const char* value = std::getenv("LOCAL_WORLD_SIZE");
+  const int n = value != nullptr ? std::atoi(value) : 1;
+  return n > 0 ? n : 1;
 }
 
 Dataset load(const TrainConfig& config) {
@@ -262,10 +270,12 @@ Dataset load(const TrainConfig& config) {
 
 int run_training(const TrainConfig& config) {
   openblas_set_num_threads(config.threads);
-  if (config.device == Device::Cuda) {
-    std::fprintf(stderr,
-                 "train_fashion_mnist: --device cuda: the CUDA trainer is not part of this "
-                 "build yet; use --device cpu\n");
+  std::string why_not_cuda;
+  const bool cuda =
+      config.device != Device::Cpu && cuda_trainer_usable(ranks_on_this_node(), why_not_cuda);
+  if (config.device == Device::Cuda && !cuda) {
+    std::fprintf(stderr, "train_fashion_mnist: --device cuda: %s; use --device cpu\n",
+                 why_not_cuda.c_str());
     return 2;
   }
   if (!config.dump_init.empty()) {
@@ -276,9 +286,14 @@ int run_training(const TrainConfig& config) {
   try {
     Dataset data = load(config);  // before init: a missing file fails fast on every rank
     ddp::InitOptions options;
-    options.backend = ddp::Backend::Gloo;  // the CPU trainer
+    options.backend = cuda ? ddp::Backend::Nccl : ddp::Backend::Gloo;
     options.timeout = config.timeout;
     ddp::Context ctx = ddp::init(options);
+    if (config.skip_allreduce && ctx.world_size() > 1) {
+      throw std::invalid_argument(
+          "--skip_allreduce is a benchmark hook for one rank: ranks would diverge");
+    }
+    if (cuda) return run_cuda_job(config, ctx, std::move(data));
     Job job(config, ctx, std::move(data));
     return job.run();
   } catch (const std::exception& e) {

@@ -21,9 +21,9 @@ struct TrainConfig {
   int batch_size = 128;                              // images per rank per step
   double lr = 0.05;                                  // SGD learning rate
   double momentum = 0.9;                             // SGD momentum
-  int epochs = 3;                        // passes over the training set, counting resumed ones
-  Device device = Device::Auto;          // auto: CUDA when built with it and a GPU is visible
-  std::uint64_t seed = 0;                // initial weights and the sampler's shuffle
+  int epochs = 3;                // passes over the training set, counting resumed ones
+  Device device = Device::Auto;  // auto: CUDA when built with it and this node has a GPU per rank
+  std::uint64_t seed = 0;        // initial weights and the sampler's shuffle
   std::filesystem::path checkpoint_dir;  // "": no checkpoints, no resume
   std::size_t train_limit = 0;           // use the first N training images (0: all)
   std::size_t test_limit = 0;            // evaluate on the first N test images (0: all)
@@ -34,6 +34,8 @@ struct TrainConfig {
       std::chrono::duration_cast<std::chrono::seconds>(ddp::kDefaultCollectiveTimeout);
   bool print_losses = false;        // rank 0 prints "step S loss L" for every step (its batch)
   std::filesystem::path dump_init;  // write the initial weights here (raw float32) and exit
+  bool skip_allreduce = false;      // benchmark hook (one rank): the Reducer does not
+                                    // communicate, to measure its overhead per step
   long crash_at_step = -1;          // test hook: on the first attempt the last rank kills
                                     // itself (SIGKILL) before this global step
 };

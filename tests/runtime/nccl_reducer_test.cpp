@@ -102,13 +102,13 @@ TEST_CASE("nccl reducer: compression rounds to the wire type, to nearest") {
     DeviceFloats data(values);
     ddp::CollectiveOptions options;
     options.wire_dtype = wire;
-    ctx.communicator().allreduce(data.data, values.size(), ddp::DType::F32, ddp::ReduceOp::Avg,
-                                 options).wait(std::chrono::seconds(60));
+    ctx.communicator()
+        .allreduce(data.data, values.size(), ddp::DType::F32, ddp::ReduceOp::Avg, options)
+        .wait(std::chrono::seconds(60));
     const auto out = to_host(data.span());
     for (std::size_t i = 0; i < values.size(); ++i) {
-      const float expected = wire == ddp::DType::F16
-                                 ? ddp::to_float(ddp::to_float16(values[i]))
-                                 : ddp::to_float(ddp::to_bfloat16(values[i]));
+      const float expected = wire == ddp::DType::F16 ? ddp::to_float(ddp::to_float16(values[i]))
+                                                     : ddp::to_float(ddp::to_bfloat16(values[i]));
       INFO("wire " << ddp::to_string(wire) << ", value " << values[i]);
       CHECK(out[i] == expected);
     }
