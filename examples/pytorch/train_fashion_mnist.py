@@ -4,8 +4,9 @@
 Same model (784 -> 512 -> ReLU -> 512 -> ReLU -> 10), same initial weights (drawn from the
 same SplitMix64 stream, or loaded from a file the C++ trainer dumped with --dump_init), same
 data order (libddp's DistributedSampler permutation, reimplemented below), same
-hyper-parameters and SGD with momentum; DistributedDataParallel over Gloo. Runs unchanged
-under ddprun and torchrun:
+hyper-parameters and SGD with momentum; DistributedDataParallel over Gloo (--device cpu, the
+default) or NCCL (--device cuda: one GPU per rank, PyTorch 2.x). Runs unchanged under
+ddprun and torchrun:
 
     build/bin/ddprun --standalone --nproc_per_node=2 examples/pytorch/train_fashion_mnist.py
     scripts/torchrun-py311 --standalone --nproc_per_node=2 examples/pytorch/train_fashion_mnist.py
@@ -40,6 +41,8 @@ def parse_args():
     p.add_argument("--train_limit", type=int, default=0, help="first N training images (0: all)")
     p.add_argument("--test_limit", type=int, default=0, help="first N test images (0: all)")
     p.add_argument("--threads", type=int, default=1, help="torch threads per rank")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu",
+                   help="cpu: Gloo; cuda: NCCL, the GPU of this rank's LOCAL_RANK")
     p.add_argument("--print_losses", action="store_true", help="rank 0 prints every step's loss")
     p.add_argument("--init", help="initial weights from train_fashion_mnist --dump_init FILE")
     return p.parse_args()
@@ -160,14 +163,14 @@ def evaluate(model, x, y, rank, world):
         labels = y[rank::world]
         sums = torch.tensor([F.cross_entropy(logits, labels, reduction="sum").item(),
                              (logits.argmax(1) == labels).sum().item(), len(labels)],
-                            dtype=torch.float64)
+                            dtype=torch.float64, device=x.device)
     dist.all_reduce(sums)
     return sums[0].item() / sums[2].item(), int(sums[1].item()), int(sums[2].item())
 
 
 def train_epoch(ddp_model, opt, train, args, epoch, rank, world, step):
     x, y = train
-    order = torch.tensor(sampler_indices(len(y), world, rank, args.seed, epoch))
+    order = torch.tensor(sampler_indices(len(y), world, rank, args.seed, epoch)).to(x.device)
     total, losses = len(order), []
     for start in range(0, total, args.batch_size):
         idx = order[start:start + args.batch_size]
@@ -175,21 +178,28 @@ def train_epoch(ddp_model, opt, train, args, epoch, rank, world, step):
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        losses.append(loss.item())
+        # On a GPU .item() waits for the step; keep the loss on the device unless it is printed
+        # (the C++ trainer also reads its losses back only now and then).
+        losses.append(loss.item() if x.device.type == "cpu" or args.print_losses
+                      else loss.detach())
         if args.print_losses and rank == 0:
             print(f"step {step} loss {losses[-1]:.9g}", flush=True)
         step += 1
-    mean = torch.tensor([sum(losses) / max(len(losses), 1)], dtype=torch.float64)
+    losses = [float(v) for v in losses]
+    mean = torch.tensor([sum(losses) / max(len(losses), 1)], dtype=torch.float64,
+                        device=x.device)
     dist.all_reduce(mean)
     return mean.item() / world, total * world, step
 
 
-def train(args, rank, world):
-    train_split = load_split(args.data, "train", args.train_limit)
-    test_split = load_split(args.data, "t10k", args.test_limit)
+def train(args, rank, world, device):
+    train_split = [t.to(device) for t in load_split(args.data, "train", args.train_limit)]
+    test_split = [t.to(device) for t in load_split(args.data, "t10k", args.test_limit)]
     model = Mlp()
     initialise(model, args.seed, args.init)
-    ddp_model = DistributedDataParallel(model)  # broadcasts rank 0's weights
+    model.to(device)
+    # Broadcasts rank 0's weights.
+    ddp_model = DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
     opt = torch.optim.SGD(ddp_model.parameters(), lr=args.lr, momentum=args.momentum)
     step = 0
     for epoch in range(args.epochs):
@@ -208,8 +218,16 @@ def train(args, rank, world):
 def main():
     args = parse_args()
     torch.set_num_threads(args.threads)
-    dist.init_process_group("gloo")
-    train(args, dist.get_rank(), dist.get_world_size())
+    if args.device == "cuda":
+        if not torch.cuda.is_available():
+            sys.exit("train_fashion_mnist.py: --device cuda: PyTorch sees no CUDA device")
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+        dist.init_process_group("nccl")
+    else:
+        device = torch.device("cpu")
+        dist.init_process_group("gloo")
+    train(args, dist.get_rank(), dist.get_world_size(), device)
     # The DDP model is gone with train()'s frame. Left to interpreter shutdown, its process
     # group's destructor joins a Gloo thread that waits for the GIL: PyTorch 1.13 on
     # Python 3.11 then hangs at exit now and then.
