@@ -112,12 +112,14 @@ __global__ void cross_entropy_kernel(const float* logits, const std::int32_t* la
   }
 }
 
+// Rounded multiplies and adds, not fused ones (nvcc would contract a * b + c into an FMA):
+// the same float operations as Sgd::step on the CPU, so both give the same bits.
 __global__ void sgd_kernel(float* param, const float* grad, float* buf, std::size_t n, float lr,
                            float momentum) {
   for (std::size_t i = first_index(); i < n; i += grid_stride()) {
-    const float b = momentum * buf[i] + grad[i];
+    const float b = __fadd_rn(__fmul_rn(momentum, buf[i]), grad[i]);
     buf[i] = b;
-    param[i] -= lr * b;
+    param[i] = __fsub_rn(param[i], __fmul_rn(lr, b));
   }
 }
 
