@@ -7,8 +7,8 @@ namespace fmnist {
 
 bool cuda_trainer_usable(int, std::string& why) {
   why =
-      "this build has no CUDA trainer (configure with the CUDA toolkit's nvcc: "
-      "-DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc)";
+      "this build has no CUDA trainer (it needs the CUDA toolkit with NCCL and nvcc at configure "
+      "time, e.g. -DCMAKE_CUDA_COMPILER=/usr/local/cuda/bin/nvcc, and DDP_WITH_CUDA not OFF)";
   return false;
 }
 
