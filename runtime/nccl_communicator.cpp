@@ -354,7 +354,8 @@ void NcclCommunicator::finish_init(ncclResult_t first, NcclClock::time_point dea
 }
 
 void NcclCommunicator::enqueued(ncclResult_t status, const std::string& what) {
-  if (status == ncclInProgress) status = settle(comm_, NcclClock::now() + timeout_);
+  const bool waited = status == ncclInProgress;
+  if (waited) status = settle(comm_, NcclClock::now() + timeout_);
   if (status == ncclSuccess) return;
   const std::string detail = last_error(comm_);
   if (status == ncclInProgress) {
@@ -363,7 +364,12 @@ void NcclCommunicator::enqueued(ncclResult_t status, const std::string& what) {
     state_->abort_locked(reason);
     throw CommError(reason + where(rank_));
   }
-  throw CommError(what + ": NCCL error: " + ncclGetErrorString(status) + detail + where(rank_));
+  const std::string reason = what + ": NCCL error: " + ncclGetErrorString(status) + detail;
+  // An error found while waiting is the communicator's own (asynchronous) state: it is
+  // unusable now, so abort it and let every later call fail with this reason. An error
+  // returned at once (an invalid argument) leaves it intact.
+  if (waited) state_->abort_locked(reason);
+  throw CommError(reason + where(rank_));
 }
 
 void NcclCommunicator::check_call(const CallDescriptor& call) {
