@@ -129,22 +129,23 @@ TEST_CASE("nccl reducer: compressed buckets are queued while backward runs, no h
   options.bucket_cap_mb = 4;
   ddp::Reducer reducer(ctx, {{"a", {params.data, n}}, {"b", {params.data + n, n}}}, options);
   REQUIRE(reducer.buckets().size() == 2);
-  // "Backward": a long queue of device copies on the compute stream, then the gradients.
+  // "Backward": a long queue of device copies on the compute stream, then the gradients,
+  // copied device to device (set up first: nothing below may make the host wait).
+  DeviceFloats ones(std::vector<float>(n, 1.0f));
   void* scratch = nullptr;
   const std::size_t scratch_bytes = 256u << 20;
   REQUIRE(cudaMalloc(&scratch, 2 * scratch_bytes) == cudaSuccess);
+  cudaEvent_t backward_done = nullptr;
+  REQUIRE(cudaEventCreate(&backward_done) == cudaSuccess);
   for (int k = 0; k < 200; ++k) {
     REQUIRE(cudaMemcpyAsync(static_cast<char*>(scratch) + scratch_bytes, scratch, scratch_bytes,
                             cudaMemcpyDeviceToDevice, compute) == cudaSuccess);
   }
-  DeviceFloats ones(std::vector<float>(n, 1.0f));  // device to device: the host never waits
   for (std::size_t i = 2; i-- > 0;) {
     REQUIRE(cudaMemcpyAsync(reducer.grad(i).data(), ones.data, n * sizeof(float),
                             cudaMemcpyDeviceToDevice, compute) == cudaSuccess);
     reducer.mark_ready(i);
   }
-  cudaEvent_t backward_done = nullptr;
-  REQUIRE(cudaEventCreate(&backward_done) == cudaSuccess);
   REQUIRE(cudaEventRecord(backward_done, compute) == cudaSuccess);
   CHECK(cudaEventQuery(backward_done) == cudaErrorNotReady);  // the host never waited
   reducer.finalize();
