@@ -296,6 +296,7 @@ void NcclCommunicator::init_communicator(const InitOptions& options, NcclClock::
       nccl_check(ncclGetUniqueId(&id), "ncclGetUniqueId");
       store_->set("unique_id", std::string_view(id.internal, sizeof id.internal));
     }
+    wait_for_ids({"unique_id"}, deadline, timeout);
     const std::string bytes = store_->get("unique_id");
     std::memcpy(id.internal, bytes.data(), std::min(bytes.size(), sizeof id.internal));
     store_->set(called, "1");
@@ -314,6 +315,7 @@ void NcclCommunicator::init_communicator(const InitOptions& options, NcclClock::
       store_->set(keys.back(), std::string_view(id.internal, sizeof id.internal));
     }
   }
+  wait_for_ids(keys, deadline, timeout);
   const auto values = store_->multi_get(keys);
   std::vector<ncclUniqueId> ids(roots);
   for (int i = 0; i < roots; ++i) {
@@ -323,6 +325,19 @@ void NcclCommunicator::init_communicator(const InitOptions& options, NcclClock::
   store_->set(called, "1");
   finish_init(ncclCommInitRankScalable(&comm_, world_size_, rank_, roots, ids.data(), &config),
               deadline, timeout);
+}
+
+void NcclCommunicator::wait_for_ids(const std::vector<std::string>& keys,
+                                    NcclClock::time_point deadline,
+                                    std::chrono::milliseconds timeout) {
+  try {
+    store_->wait(keys, remaining(deadline));
+  } catch (const store::StoreTimeout&) {
+    throw InitError("rank " + std::to_string(rank_) + ": NCCL init timed out after " +
+                    std::to_string(timeout.count()) +
+                    " ms: NCCL's unique id never appeared in the store (the rank that makes it, "
+                    "rank 0 or a root of a large world, stopped before publishing it)");
+  }
 }
 
 void NcclCommunicator::finish_init(ncclResult_t first, NcclClock::time_point deadline,

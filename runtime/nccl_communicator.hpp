@@ -12,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <vector>
 
 #include "call_check.hpp"
 #include "ddp/communicator.hpp"
@@ -71,6 +72,10 @@ class NcclCommunicator : public Communicator {
   void wait_for_all_ranks(NcclClock::time_point deadline, std::chrono::milliseconds timeout);
   void init_communicator(const InitOptions& options, NcclClock::time_point deadline,
                          std::chrono::milliseconds timeout);
+  // Waits until the unique id key(s) are in the store, up to `deadline` (InitError naming
+  // them otherwise).
+  void wait_for_ids(const std::vector<std::string>& keys, NcclClock::time_point deadline,
+                    std::chrono::milliseconds timeout);
   // Waits until the communicator's pending init settles; aborts it and throws InitError when
   // it fails or `deadline` passes. `first` is what the init call returned.
   void finish_init(ncclResult_t first, NcclClock::time_point deadline,
