@@ -30,7 +30,6 @@ target_link_libraries(fmnist_trainer PUBLIC ddp::runtime ${ZLIB_LIBRARIES} ${OPE
 ddp_strict(fmnist_trainer)
 # The matrix products are BLAS's; the element-wise loops (ReLU, SGD) should vectorise.
 target_compile_options(fmnist_trainer PRIVATE $<$<COMPILE_LANGUAGE:CXX>:-O3>)
-set_target_properties(fmnist_trainer PROPERTIES CUDA_RUNTIME_LIBRARY Shared)
 
 add_executable(train_fashion_mnist train_fashion_mnist/main.cpp)
 target_link_libraries(train_fashion_mnist PRIVATE fmnist_trainer CLI11::CLI11)

@@ -39,6 +39,9 @@ if(DDP_HAVE_CUDA)
     if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
       set(CMAKE_CUDA_ARCHITECTURES 90)
     endif()
+    # The shared CUDA runtime, as CUDA::cudart (NCCL's link) is: with CMake's default (the
+    # static one) for targets with .cu files, a program would carry two CUDA runtimes.
+    set(CMAKE_CUDA_RUNTIME_LIBRARY Shared)
     enable_language(CUDA)
     set(CMAKE_CUDA_STANDARD 17)
     set(CMAKE_CUDA_STANDARD_REQUIRED ON)
