@@ -74,6 +74,30 @@ class DeviceBuffer {
   std::size_t size_ = 0;
 };
 
+// n elements of T in pinned (page-locked) host memory, freed with the object. Copies from the
+// device into pageable memory block the host until the stream reaches them, with no
+// timeout; into pinned memory they are asynchronous, and wait_stream bounds the wait.
+template <typename T>
+class PinnedBuffer {
+ public:
+  explicit PinnedBuffer(std::size_t n, const std::string& what) : size_(n) {
+    void* p = nullptr;
+    check(cudaMallocHost(&p, (n == 0 ? 1 : n) * sizeof(T)), "cudaMallocHost for " + what);
+    data_ = static_cast<T*>(p);
+  }
+  ~PinnedBuffer() { cudaFreeHost(data_); }
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+
+  T* data() const { return data_; }
+  std::size_t size() const { return size_; }
+  T& operator[](std::size_t i) const { return data_[i]; }
+
+ private:
+  T* data_ = nullptr;
+  std::size_t size_ = 0;
+};
+
 // A non-blocking CUDA stream (it does not wait for the legacy default stream), destroyed with
 // the object.
 class Stream {

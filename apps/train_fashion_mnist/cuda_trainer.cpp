@@ -78,7 +78,8 @@ class CudaJob {
         test_(upload(data_.test, "test", stream_.get(), timeout_)),
         batch_images_(static_cast<std::size_t>(max_batch_) * kPixels, "batch images"),
         batch_labels_(static_cast<std::size_t>(max_batch_), "batch labels"),
-        eval_sums_(2, "evaluation sums") {}
+        eval_sums_(2, "evaluation sums"),
+        eval_sums_host_(2, "evaluation sums") {}
 
   int run();
 
@@ -111,7 +112,8 @@ class CudaJob {
   cuda::DeviceBuffer<std::int32_t> batch_labels_;
   cuda::DeviceBuffer<double> losses_;  // per step of the epoch
   cuda::DeviceBuffer<double> eval_sums_;
-  std::vector<double> losses_host_;
+  cuda::PinnedBuffer<double> eval_sums_host_;
+  std::unique_ptr<cuda::PinnedBuffer<double>> losses_host_;  // per step of the epoch
   std::unique_ptr<ddp::Reducer> reducer_;
   std::vector<std::span<float>> params_, grads_;
 };
@@ -158,7 +160,7 @@ std::uint32_t CudaJob::resume() {
 
 void CudaJob::read_losses(std::size_t from, std::size_t to) {
   if (to <= from) return;
-  cuda::check(cudaMemcpyAsync(losses_host_.data() + from, losses_.data() + from,
+  cuda::check(cudaMemcpyAsync(losses_host_->data() + from, losses_.data() + from,
                               (to - from) * sizeof(double), cudaMemcpyDeviceToHost, stream_.get()),
               "copying the step losses to the host");
   cuda::wait_stream(stream_.get(), timeout_, "training steps up to " + std::to_string(to));
@@ -172,8 +174,11 @@ double CudaJob::train_epoch(int epoch, long& global_step) {
   const auto world = static_cast<std::size_t>(ctx_.world_size());
   const auto batch_size = static_cast<std::size_t>(config_.batch_size);
   const std::size_t steps = (order.size() + batch_size - 1) / batch_size;
-  if (losses_.size() < steps) losses_ = cuda::DeviceBuffer<double>(steps, "step losses");
-  losses_host_.assign(steps, 0.0);
+  if (losses_.size() < steps) {
+    losses_ = cuda::DeviceBuffer<double>(steps, "step losses");
+    losses_host_ = std::make_unique<cuda::PinnedBuffer<double>>(steps, "step losses");
+  }
+  const double* losses = losses_host_->data();
   out_.start_epoch(epoch, config_.epochs, order.size() * world);
   std::size_t read = 0;  // steps whose loss is on the host
   for (std::size_t step = 0; step < steps; ++step, ++global_step) {
@@ -195,16 +200,15 @@ double CudaJob::train_epoch(int epoch, long& global_step) {
       for (; read <= step; ++read) {
         if (config_.print_losses && ctx_.rank() == 0) {
           std::printf("step %ld loss %.9g\n", global_step - static_cast<long>(step - read),
-                      losses_host_[read]);
+                      losses[read]);
         }
       }
-      const double sum = std::accumulate(losses_host_.begin(), losses_host_.begin() + read, 0.0);
+      const double sum = std::accumulate(losses, losses + read, 0.0);
       out_.update((start + n) * world, sum / static_cast<double>(read));
     }
   }
-  double mean = steps ? std::accumulate(losses_host_.begin(), losses_host_.end(), 0.0) /
-                            static_cast<double>(steps)
-                      : 0.0;
+  double mean =
+      steps ? std::accumulate(losses, losses + steps, 0.0) / static_cast<double>(steps) : 0.0;
   ctx_.allreduce(std::span<double>(&mean, 1), ddp::ReduceOp::Avg);
   return mean;
 }
@@ -225,16 +229,19 @@ Evaluation CudaJob::evaluate() {
                                      stream_.get()),
                 "evaluate_batch kernel");
   }
-  double sums[3] = {0, 0, static_cast<double>(test_count_)};  // loss sum, correct, count
-  cuda::check(cudaMemcpyAsync(sums, eval_sums_.data(), 2 * sizeof(double), cudaMemcpyDeviceToHost,
-                              stream_.get()),
+  cuda::check(cudaMemcpyAsync(eval_sums_host_.data(), eval_sums_.data(), 2 * sizeof(double),
+                              cudaMemcpyDeviceToHost, stream_.get()),
               "copying the evaluation sums to the host");
   cuda::wait_stream(stream_.get(), timeout_, "evaluation");
+  // loss sum, correct, count
+  double sums[3] = {eval_sums_host_[0], eval_sums_host_[1], static_cast<double>(test_count_)};
   ctx_.allreduce(std::span<double>(sums, 3), ddp::ReduceOp::Sum);
   return {sums[2] > 0 ? sums[0] / sums[2] : 0.0, static_cast<std::size_t>(sums[1]),
           static_cast<std::size_t>(sums[2])};
 }
 
+// Runs after evaluate() drained the stream, so the copies into pageable memory (which block
+// the host until done) wait for nothing but themselves.
 void CudaJob::save_checkpoint(std::uint32_t epochs_done) {
   model_.download(host_model_.parameters(), timeout_);
   sgd_.download(host_sgd_.buffers(), timeout_);
