@@ -155,9 +155,9 @@ class EtcdBackend final : public RunBackend {
 
   std::string dead_text() const override {
     const auto& t = settings_.timeouts;
-    return "its etcd lease expired (no keep-alive for " + seconds_text(heartbeat_budget(t)) +
+    return "its etcd lease expired, no keep-alive for " + seconds_text(heartbeat_budget(t)) +
            ": keep_alive_interval " + seconds_text(t.keep_alive) + " x keep_alive_max_attempt " +
-           std::to_string(t.keep_alive_max_attempt) + ")";
+           std::to_string(t.keep_alive_max_attempt);
   }
 
   // etcd may be back soon (a member restarts, a leader is elected): give it the join timeout.

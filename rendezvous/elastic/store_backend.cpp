@@ -89,9 +89,9 @@ class StoreBackend final : public RunBackend {
 
   std::string dead_text() const override {
     const auto& t = settings_.timeouts;
-    return "no heartbeat for " + seconds_text(heartbeat_budget(t)) + " (keep_alive_interval " +
+    return "no heartbeat for " + seconds_text(heartbeat_budget(t)) + ": keep_alive_interval " +
            seconds_text(t.keep_alive) + " x keep_alive_max_attempt " +
-           std::to_string(t.keep_alive_max_attempt) + ")";
+           std::to_string(t.keep_alive_max_attempt);
   }
 
   std::chrono::milliseconds failure_budget() const override {
