@@ -88,7 +88,7 @@ TEST_CASE("etcd: kill -9 of the agent hosting the workers' store: the others re-
   std::vector<std::unique_ptr<ChildProcess>> agents;
   for (int i = 0; i < 3; ++i) {
     agents.push_back(std::make_unique<ChildProcess>(
-        ddprun(etcd_node(etcd, "2:3", "host-lost", kFastConf + ",last_call_timeout=0.2"),
+        ddprun(etcd_node(etcd, "2:3", "host-lost", kFastConf + ",last_call_timeout=5"),
                worker)));
   }
   const std::size_t host = rank_zero_agent(agents, 3);
