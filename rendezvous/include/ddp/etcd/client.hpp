@@ -48,11 +48,11 @@ struct ClientOptions {
 class EtcdError : public store::StoreError {
  public:
   enum class Kind {
-    kUnreachable,  // no member answered (each endpoint and its error are in what())
-    kNoQuorum,     // members answer but cannot serve (no leader, request timed out)
-    kRefused,      // TLS handshake or certificate failed, auth failed, permission denied
-    kLeaseExpired, // keep_alive on a lease etcd no longer has
-    kProtocol,     // an answer we could not understand
+    kUnreachable,   // no member answered (each endpoint and its error are in what())
+    kNoQuorum,      // members answer but cannot serve (no leader, request timed out)
+    kRefused,       // TLS handshake or certificate failed, auth failed, permission denied
+    kLeaseExpired,  // keep_alive on a lease etcd no longer has
+    kProtocol,      // an answer we could not understand
   };
   EtcdError(Kind kind, const std::string& what) : store::StoreError(what), kind_(kind) {}
   Kind kind() const { return kind_; }
@@ -77,8 +77,8 @@ struct RangeResult {
 };
 
 struct TxnResult {
-  bool succeeded = false;       // the compare held and the put was made
-  std::int64_t revision = 0;    // header.revision after the transaction
+  bool succeeded = false;           // the compare held and the put was made
+  std::int64_t revision = 0;        // header.revision after the transaction
   std::optional<KeyValue> current;  // when it did not: the key as it is now (empty: missing)
 };
 

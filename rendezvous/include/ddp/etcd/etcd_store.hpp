@@ -5,6 +5,7 @@
 // there first; get and wait watch from the revision they read, never poll.
 
 #include <chrono>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -26,6 +27,7 @@ class EtcdStore : public store::Store {
                           std::string_view desired) override;
   bool check(const std::vector<std::string>& keys) override;
   void wait(const std::vector<std::string>& keys, std::chrono::milliseconds timeout) override;
+  using store::Store::wait;  // wait(keys): with timeout()
   bool delete_key(const std::string& key) override;
   std::int64_t num_keys() override;  // keys under the prefix
   void append(const std::string& key, std::string_view value) override;
@@ -46,6 +48,16 @@ class EtcdStore : public store::Store {
   Client& client() { return client_; }
 
  private:
+  // Reads keys until every one exists (watching from the revision read in between), then
+  // their values. wake: the wake_on_delete() prefix also ends the wait. StoreTimeout after
+  // timeout.
+  std::vector<std::string> read_when_present(const std::vector<std::string>& keys,
+                                             std::chrono::milliseconds timeout, bool wake);
+  // Watches from revision `from` until each of missing has been put.
+  void watch_until_set(const std::vector<std::string>& missing, std::int64_t from,
+                       std::chrono::steady_clock::time_point deadline,
+                       std::chrono::milliseconds timeout, bool wake);
+
   Client client_;
   std::string prefix_;
   std::string wake_prefix_;  // empty: none
