@@ -48,7 +48,7 @@ std::size_t rank_zero_agent(std::vector<std::unique_ptr<ChildProcess>>& agents, 
 }  // namespace
 
 TEST_CASE("etcd: 3 agents x 2 workers run one PyTorch gloo job through a 3-member etcd") {
-  if (!EtcdCluster::available()) return skip(EtcdCluster::unavailable_reason());
+  if (!EtcdCluster::available()) return skip(EtcdCluster::kMissing);
   if (!torch_available()) return skip("PyTorch with Gloo cannot be imported by " + torch_python());
   EtcdCluster etcd;
   std::vector<std::unique_ptr<ChildProcess>> agents;
@@ -78,7 +78,7 @@ TEST_CASE("etcd: 3 agents x 2 workers run one PyTorch gloo job through a 3-membe
 }
 
 TEST_CASE("etcd: kill -9 of the agent hosting the workers' store: the others re-form and finish") {
-  if (!EtcdCluster::available()) return skip(EtcdCluster::unavailable_reason());
+  if (!EtcdCluster::available()) return skip(EtcdCluster::kMissing);
   EtcdCluster etcd;
   TempDir dir;
   // The workers wait until the test saw the new round (a lost node is not a restart: the
@@ -113,7 +113,7 @@ TEST_CASE("etcd: kill -9 of the agent hosting the workers' store: the others re-
 }
 
 TEST_CASE("etcd: the job goes on without one member; without two the agents say etcd lost its quorum") {
-  if (!EtcdCluster::available()) return skip(EtcdCluster::unavailable_reason());
+  if (!EtcdCluster::available()) return skip(EtcdCluster::kMissing);
   EtcdCluster etcd;
   TempDir dir;
   const std::vector<std::string> worker = {"--ready", "--wait-for-file",
@@ -167,10 +167,13 @@ TEST_CASE("etcd: unreachable at start is a clear error within the join timeout")
 }
 
 TEST_CASE("etcd: TLS with the cluster's CA and a client certificate works; a wrong CA is refused") {
-  if (!EtcdCluster::available()) return skip(EtcdCluster::unavailable_reason());
-  EtcdCluster etcd(3, EtcdCluster::Tls::kOn);
-  const std::string certs = ",cacert=" + etcd.ca_cert() + ",cert=" + etcd.client_cert() +
-                            ",key=" + etcd.client_key();
+  if (!EtcdCluster::available()) return skip(EtcdCluster::kMissing);
+  EtcdClusterOptions tls;
+  tls.tls = true;
+  EtcdCluster etcd(tls);
+  const EtcdTlsFiles& files = etcd.tls_files();
+  const std::string certs = ",cacert=" + files.ca.string() + ",cert=" +
+                            files.client_cert.string() + ",key=" + files.client_key.string();
   std::vector<std::unique_ptr<ChildProcess>> agents;
   for (int i = 0; i < 2; ++i) {
     agents.push_back(std::make_unique<ChildProcess>(
@@ -183,8 +186,8 @@ TEST_CASE("etcd: TLS with the cluster's CA and a client certificate works; a wro
     CHECK_THAT(r.out, Catch::Contains(" of 2 ("));
   }
 
-  const std::string wrong = ",cacert=" + etcd.wrong_ca_cert() + ",cert=" + etcd.client_cert() +
-                            ",key=" + etcd.client_key();
+  const std::string wrong = ",cacert=" + files.other_ca.string() + ",cert=" +
+                            files.client_cert.string() + ",key=" + files.client_key.string();
   ProcessResult r = run_process(
       ddprun(etcd_node(etcd, "2", "tls-wrong", kFastConf + ",join_timeout=5" + wrong), {"--hello"}),
       {}, {}, kJobTimeout);
