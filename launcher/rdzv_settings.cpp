@@ -122,10 +122,13 @@ RdzvConf parse_rdzv_conf(const std::map<std::string, std::string>& conf) {
     } else if (key == "is_host") {
       out.is_host = bool_value(key, value);
     } else if (key == "protocol") {
-      if (lower(value) != "http" && lower(value) != "https") throw bad_pair(key, value, "http or https");
+      if (lower(value) != "http" && lower(value) != "https")
+        throw bad_pair(key, value, "http or https");
       out.etcd.tls = lower(value) == "https";
     } else if (key == "cacert" || key == "cert" || key == "key") {
-      std::string& path = key == "cacert" ? out.etcd.cacert : key == "cert" ? out.etcd.cert : out.etcd.key;
+      std::string& path = key == "cacert" ? out.etcd.cacert
+                          : key == "cert" ? out.etcd.cert
+                                          : out.etcd.key;
       path = pem_path(key, value);
     } else if (key == "user") {
       out.etcd.user = value;
@@ -207,9 +210,8 @@ elastic::RendezvousSettings rendezvous_settings(const LaunchConfig& config, cons
       }
       if (store.host.empty()) store = member;
       const bool v6 = member.host.find(':') != std::string::npos;
-      endpoints += (endpoints.empty() ? "" : ",") +
-                   (v6 ? "[" + member.host + "]" : member.host) + ":" +
-                   std::to_string(member.port);
+      endpoints += (endpoints.empty() ? "" : ",") + (v6 ? "[" + member.host + "]" : member.host) +
+                   ":" + std::to_string(member.port);
     }
     settings.etcd = conf.etcd;
     settings.etcd.endpoints = endpoints;
@@ -217,8 +219,9 @@ elastic::RendezvousSettings rendezvous_settings(const LaunchConfig& config, cons
       settings.etcd.tls = true;  // certificates given: the members speak https
     }
     if (conf.etcd.cert.empty() != conf.etcd.key.empty()) {
-      throw UsageError("--rdzv_conf: cert and key go together (the client certificate and its "
-                       "private key)");
+      throw UsageError(
+          "--rdzv_conf: cert and key go together (the client certificate and its "
+          "private key)");
     }
   } else {
     if (config.rdzv_endpoint.empty()) {

@@ -310,7 +310,7 @@ std::string stop_reason_text(const StopReason& reason) {
     case StopReason::Kind::kNodeLost:
       if (reason.node_id.empty()) {
         return reason.message.empty() ? "the rendezvous store at " + node + " was lost"
-                                       : reason.message;
+                                      : reason.message;
       }
       return "node " + node + " stopped answering (" +
              (reason.message.empty() ? std::string("its heartbeat went stale") : reason.message) +

@@ -173,8 +173,8 @@ class EtcdBackend final : public RunBackend {
 
  private:
   std::unique_ptr<etcd::EtcdStore> make_store(const etcd::ClientOptions& options) const {
-    auto store = std::make_unique<etcd::EtcdStore>(
-        options, RunKeys::run_prefix(settings_.run_id), settings_.timeouts.read);
+    auto store = std::make_unique<etcd::EtcdStore>(options, RunKeys::run_prefix(settings_.run_id),
+                                                   settings_.timeouts.read);
     store->wake_on_delete(keys().heartbeats());
     return store;
   }

@@ -1,12 +1,12 @@
 #pragma once
 // next_round's work, on the engine's round thread: join (or open, or wait for) the next
 // round and wait, in slices, until it closes. Each slice also removes nodes the backend calls
-// dead (stale heartbeat, expired lease) and closes the round when it is due (whoever sees it first does the CAS).
+// dead (stale heartbeat, expired lease) and closes the round when it is due (whoever sees it first
+// does the CAS).
 
 #include <functional>
-#include <optional>
-
 #include <memory>
+#include <optional>
 
 #include "ddp/elastic/round_state.hpp"
 #include "ddp/store/store.hpp"

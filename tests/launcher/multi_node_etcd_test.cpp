@@ -23,13 +23,10 @@ const std::string kFastConf = "keep_alive_interval=0.25,keep_alive_max_attempt=4
 std::vector<std::string> etcd_node(const EtcdCluster& etcd, const std::string& nnodes,
                                    const std::string& run_id, const std::string& conf = kFastConf,
                                    int nproc = 1) {
-  return {"--nnodes=" + nnodes,
-          "--rdzv_backend=etcd",
-          "--rdzv_endpoint=" + etcd.endpoints(),
-          "--rdzv_id=" + run_id,
-          "--rdzv_conf=" + conf,
-          "--nproc_per_node=" + std::to_string(nproc),
-          "--monitor_interval=0.1"};
+  return {
+      "--nnodes=" + nnodes,    "--rdzv_backend=etcd", "--rdzv_endpoint=" + etcd.endpoints(),
+      "--rdzv_id=" + run_id,   "--rdzv_conf=" + conf, "--nproc_per_node=" + std::to_string(nproc),
+      "--monitor_interval=0.1"};
 }
 
 // The agent among `agents` whose worker printed "hello from rank 0 of <world>".
@@ -88,8 +85,7 @@ TEST_CASE("etcd: kill -9 of the agent hosting the workers' store: the others re-
   std::vector<std::unique_ptr<ChildProcess>> agents;
   for (int i = 0; i < 3; ++i) {
     agents.push_back(std::make_unique<ChildProcess>(
-        ddprun(etcd_node(etcd, "2:3", "host-lost", kFastConf + ",last_call_timeout=5"),
-               worker)));
+        ddprun(etcd_node(etcd, "2:3", "host-lost", kFastConf + ",last_call_timeout=5"), worker)));
   }
   const std::size_t host = rank_zero_agent(agents, 3);
   agents[host]->signal(SIGKILL);
@@ -112,7 +108,9 @@ TEST_CASE("etcd: kill -9 of the agent hosting the workers' store: the others re-
   CHECK(masters[0] == masters[1]);  // one new host serves the workers' store for both
 }
 
-TEST_CASE("etcd: the job goes on without one member; without two the agents say etcd lost its quorum") {
+TEST_CASE(
+    "etcd: the job goes on without one member, and without two the agents say etcd lost its "
+    "quorum") {
   if (!EtcdCluster::available()) return skip(EtcdCluster::kMissing);
   EtcdCluster etcd;
   TempDir dir;
@@ -155,25 +153,26 @@ TEST_CASE("etcd: the job goes on without one member; without two the agents say 
 TEST_CASE("etcd: unreachable at start is a clear error within the join timeout") {
   const std::string endpoints =
       "127.0.0.1:" + std::to_string(free_port()) + ",127.0.0.1:" + std::to_string(free_port());
-  ProcessResult r = run_process(
-      ddprun({"--nnodes=2", "--rdzv_backend=etcd", "--rdzv_endpoint=" + endpoints,
-              "--rdzv_id=nobody", "--rdzv_conf=join_timeout=2"},
-             {"--exit", "0"}),
-      {}, {}, kJobTimeout);
+  ProcessResult r =
+      run_process(ddprun({"--nnodes=2", "--rdzv_backend=etcd", "--rdzv_endpoint=" + endpoints,
+                          "--rdzv_id=nobody", "--rdzv_conf=join_timeout=2"},
+                         {"--exit", "0"}),
+                  {}, {}, kJobTimeout);
   INFO(r.err);
   CHECK(r.status == 1);
   CHECK_THAT(r.err, Catch::Contains("could not reach etcd at " + endpoints));
   CHECK_THAT(r.err, Catch::Contains("are the etcd members running"));
 }
 
-TEST_CASE("etcd: TLS with the cluster's CA and a client certificate works; a wrong CA is refused") {
+TEST_CASE(
+    "etcd: TLS with the cluster CA and a client certificate works, and a wrong CA is refused") {
   if (!EtcdCluster::available()) return skip(EtcdCluster::kMissing);
   EtcdClusterOptions tls;
   tls.tls = true;
   EtcdCluster etcd(tls);
   const EtcdTlsFiles& files = etcd.tls_files();
-  const std::string certs = ",cacert=" + files.ca.string() + ",cert=" +
-                            files.client_cert.string() + ",key=" + files.client_key.string();
+  const std::string certs = ",cacert=" + files.ca.string() + ",cert=" + files.client_cert.string() +
+                            ",key=" + files.client_key.string();
   std::vector<std::unique_ptr<ChildProcess>> agents;
   for (int i = 0; i < 2; ++i) {
     agents.push_back(std::make_unique<ChildProcess>(
@@ -186,8 +185,9 @@ TEST_CASE("etcd: TLS with the cluster's CA and a client certificate works; a wro
     CHECK_THAT(r.out, Catch::Contains(" of 2 ("));
   }
 
-  const std::string wrong = ",cacert=" + files.other_ca.string() + ",cert=" +
-                            files.client_cert.string() + ",key=" + files.client_key.string();
+  const std::string wrong = ",cacert=" + files.other_ca.string() +
+                            ",cert=" + files.client_cert.string() +
+                            ",key=" + files.client_key.string();
   ProcessResult r = run_process(
       ddprun(etcd_node(etcd, "2", "tls-wrong", kFastConf + ",join_timeout=5" + wrong), {"--hello"}),
       {}, {}, kJobTimeout);

@@ -176,9 +176,13 @@ TEST_CASE("etcd: the members at --rdzv_endpoint (port 2379), TLS and auth from -
   CHECK(tls.etcd.user == "ddp");
   CHECK(tls.etcd.password == "pw");
   CHECK(parse_rdzv_conf({{"protocol", "https"}}).etcd.tls);
-  CHECK_THAT(usage_error([] { parse_rdzv_conf({{"protocol", "ftp"}}); }),
+  CHECK_THAT(usage_error([] {
+               parse_rdzv_conf({{"protocol", "ftp"}});
+             }),
              Catch::Contains("protocol=ftp"));
-  CHECK_THAT(usage_error([] { parse_rdzv_conf({{"cacert", "/nonexistent/ca.pem"}}); }),
+  CHECK_THAT(usage_error([] {
+               parse_rdzv_conf({{"cacert", "/nonexistent/ca.pem"}});
+             }),
              Catch::Contains("cacert=/nonexistent/ca.pem") && Catch::Contains("PEM"));
   RdzvConf half = parse_rdzv_conf({{"cert", pem}});
   CHECK_THAT(usage_error([&] { rendezvous_settings(config, half, {}); }),

@@ -175,7 +175,7 @@ struct RendezvousSettings {
   std::string store_host;          // the rendezvous store (hosted by some agent); etcd: the
                                    // host of the first endpoint (for local addresses)
   int store_port = 0;
-  EtcdSettings etcd;               // etcd only
+  EtcdSettings etcd;  // etcd only
   int min_nodes = 1;
   int max_nodes = 1;
   RendezvousTimeouts timeouts;
