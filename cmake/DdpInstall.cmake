@@ -32,7 +32,7 @@ install(FILES ${PROJECT_BINARY_DIR}/ddpConfig.cmake ${PROJECT_BINARY_DIR}/ddpCon
   DESTINATION ${DDP_INSTALL_CMAKEDIR})
 
 # pkg-config: static libraries, so every dependency is listed in Libs.
-set(DDP_PC_LIBS "-lddp_runtime -lddp_rendezvous -lgloo -pthread")
+set(DDP_PC_LIBS "-lddp_runtime -lddp_rendezvous -lgloo -lssl -lcrypto -pthread")
 if(DDP_HAVE_CUDA)
   string(APPEND DDP_PC_LIBS " ${NCCL_LIBRARY} -L${CUDAToolkit_LIBRARY_DIR} -lcudart")
 endif()

@@ -164,12 +164,7 @@ void parse_rendezvous(const RawOptions& raw, LaunchConfig& config) {
 // further when the agent builds its rendezvous (rdzv_settings.hpp).
 void check_rendezvous(const RawOptions& raw, LaunchConfig& config) {
   const std::string& backend = config.rdzv_backend;
-  if (backend == "etcd" || backend == "etcd-v2") {
-    throw NotImplementedError("--rdzv_backend=" + backend +
-                              ": the etcd rendezvous is not implemented yet (static and "
-                              "c10d are)");
-  }
-  if (backend != "static" && backend != "c10d") {
+  if (backend != "static" && backend != "c10d" && backend != "etcd" && backend != "etcd-v2") {
     throw UsageError("--rdzv_backend=" + backend +
                      ": unknown rendezvous backend (static, c10d, etcd, etcd-v2)");
   }

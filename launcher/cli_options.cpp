@@ -26,14 +26,17 @@ constexpr std::array kOptions = {
                "Single-node job with its own rendezvous: picks a free port and a fresh run id; "
                "--rdzv_* options are ignored."},
     OptionSpec{"rdzv_backend", "", true, false, "NAME", "static", kRdzv,
-               "static or c10d. etcd and etcd-v2 are not implemented yet."},
+               "static, c10d, or etcd (etcd-v2 is the same: etcd's v3 API)."},
     OptionSpec{"rdzv_endpoint", "", true, false, "HOST[:PORT]", "", kRdzv,
-               "Rendezvous store (c10d: default port 29400; its host's agent serves it).", true},
+               "Rendezvous store (c10d: default port 29400; its host's agent serves it), or "
+               "the etcd members' HOST:PORT[,HOST:PORT...] (default port 2379).",
+               true},
     OptionSpec{"rdzv_id", "", true, false, "ID", "none", kRdzv,
                "Job id, given to workers as TORCHELASTIC_RUN_ID."},
     OptionSpec{"rdzv_conf", "", true, false, "K=V,...", "", kRdzv,
                "Rendezvous settings: join_timeout, last_call_timeout, close_timeout, "
-               "keep_alive_interval, keep_alive_max_attempt, read_timeout, timeout, is_host.",
+               "keep_alive_interval, keep_alive_max_attempt, read_timeout, timeout, is_host; "
+               "etcd: protocol, cacert, cert, key, user, password.",
                true},
     OptionSpec{"master_addr", "", true, false, "ADDR", "127.0.0.1", kRdzv,
                "MASTER_ADDR given to workers."},

@@ -10,6 +10,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <set>
 
 #include "ddp/launcher/cli.hpp"
@@ -53,6 +54,16 @@ bool bool_value(const std::string& key, const std::string& value) {
   throw bad_pair(key, value, "1 or 0 (true/false, yes/no)");
 }
 
+// A PEM file named by --rdzv_conf: it must be a readable file.
+std::string pem_path(const std::string& key, const std::string& value) {
+  std::error_code error;
+  if (value.empty() || !std::filesystem::is_regular_file(value, error) ||
+      ::access(value.c_str(), R_OK) != 0) {
+    throw bad_pair(key, value, "a readable PEM file");
+  }
+  return value;
+}
+
 // The addresses of this machine's interfaces, as text.
 std::set<std::string> interface_addresses() {
   std::set<std::string> addresses;
@@ -71,6 +82,21 @@ std::set<std::string> interface_addresses() {
   }
   ::freeifaddrs(list);
   return addresses;
+}
+
+bool is_etcd(const std::string& backend) { return backend == "etcd" || backend == "etcd-v2"; }
+
+// "a:1,b:2" -> {"a:1", "b:2"}; empty entries are dropped.
+std::vector<std::string> split_endpoints(const std::string& text) {
+  std::vector<std::string> out;
+  std::size_t start = 0;
+  while (start <= text.size()) {
+    std::size_t comma = text.find(',', start);
+    if (comma == std::string::npos) comma = text.size();
+    if (comma > start) out.push_back(text.substr(start, comma - start));
+    start = comma + 1;
+  }
+  return out;
 }
 
 }  // namespace
@@ -95,6 +121,19 @@ RdzvConf parse_rdzv_conf(const std::map<std::string, std::string>& conf) {
       t.read = seconds_value(key, value);
     } else if (key == "is_host") {
       out.is_host = bool_value(key, value);
+    } else if (key == "protocol") {
+      if (lower(value) != "http" && lower(value) != "https")
+        throw bad_pair(key, value, "http or https");
+      out.etcd.tls = lower(value) == "https";
+    } else if (key == "cacert" || key == "cert" || key == "key") {
+      std::string& path = key == "cacert" ? out.etcd.cacert
+                          : key == "cert" ? out.etcd.cert
+                                          : out.etcd.key;
+      path = pem_path(key, value);
+    } else if (key == "user") {
+      out.etcd.user = value;
+    } else if (key == "password") {
+      out.etcd.password = value;
     } else {
       out.unknown_keys.push_back(key);
     }
@@ -105,7 +144,8 @@ RdzvConf parse_rdzv_conf(const std::map<std::string, std::string>& conf) {
 std::string unknown_rdzv_conf_warning(const std::string& key) {
   return "ddprun: warning: --rdzv_conf " + key +
          ": unknown key, ignored (known: join_timeout, last_call_timeout, close_timeout, "
-         "keep_alive_interval, keep_alive_max_attempt, read_timeout, timeout, is_host)";
+         "keep_alive_interval, keep_alive_max_attempt, read_timeout, timeout, is_host; for etcd: "
+         "protocol, cacert, cert, key, user, password)";
 }
 
 bool is_multi_node(const LaunchConfig& config) { return config.max_nodes > 1; }
@@ -155,6 +195,34 @@ elastic::RendezvousSettings rendezvous_settings(const LaunchConfig& config, cons
                 ? HostPort{config.master_addr, port}
                 : parse_host_port("--rdzv_endpoint", config.rdzv_endpoint, port);
     self.fixed_group_rank = config.node_rank;
+  } else if (is_etcd(config.rdzv_backend)) {
+    if (config.rdzv_endpoint.empty()) {
+      throw UsageError("--rdzv_backend=" + config.rdzv_backend +
+                       " needs --rdzv_endpoint=HOST:PORT[,HOST:PORT...], the client addresses "
+                       "of the etcd members");
+    }
+    std::string endpoints;
+    for (const std::string& text : split_endpoints(config.rdzv_endpoint)) {
+      HostPort member = parse_host_port("--rdzv_endpoint", text, kDefaultEtcdPort);
+      if (member.host.empty() || member.port == 0) {
+        throw UsageError("--rdzv_endpoint=" + config.rdzv_endpoint + ": '" + text +
+                         "' is not an etcd member's HOST:PORT");
+      }
+      if (store.host.empty()) store = member;
+      const bool v6 = member.host.find(':') != std::string::npos;
+      endpoints += (endpoints.empty() ? "" : ",") + (v6 ? "[" + member.host + "]" : member.host) +
+                   ":" + std::to_string(member.port);
+    }
+    settings.etcd = conf.etcd;
+    settings.etcd.endpoints = endpoints;
+    if (!settings.etcd.tls && (!conf.etcd.cacert.empty() || !conf.etcd.cert.empty())) {
+      settings.etcd.tls = true;  // certificates given: the members speak https
+    }
+    if (conf.etcd.cert.empty() != conf.etcd.key.empty()) {
+      throw UsageError(
+          "--rdzv_conf: cert and key go together (the client certificate and its "
+          "private key)");
+    }
   } else {
     if (config.rdzv_endpoint.empty()) {
       throw UsageError(
@@ -178,6 +246,7 @@ bool hosts_rendezvous_store(const LaunchConfig& config, const RdzvConf& conf,
                             const elastic::RendezvousSettings& settings,
                             const std::function<bool(const std::string&)>& is_local) {
   if (config.rdzv_backend == "static") return config.node_rank == 0;
+  if (is_etcd(config.rdzv_backend)) return false;  // etcd keeps the state
   if (conf.is_host) return *conf.is_host;
   return is_local(settings.store_host);
 }

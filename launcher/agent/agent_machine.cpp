@@ -308,8 +308,13 @@ std::string stop_reason_text(const StopReason& reason) {
       return "rank " + std::to_string(reason.rank) + " on " + node + ": " +
              failure_from(reason).describe_exit();
     case StopReason::Kind::kNodeLost:
-      if (reason.node_id.empty()) return "the rendezvous store at " + node + " was lost";
-      return "node " + node + " stopped answering (its heartbeat went stale)";
+      if (reason.node_id.empty()) {
+        return reason.message.empty() ? "the rendezvous store at " + node + " was lost"
+                                      : reason.message;
+      }
+      return "node " + node + " stopped answering (" +
+             (reason.message.empty() ? std::string("its heartbeat went stale") : reason.message) +
+             ")";
     case StopReason::Kind::kNodeJoined:
       return "node " + node + " waits to join";
     case StopReason::Kind::kNodeLeft:

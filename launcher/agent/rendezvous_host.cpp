@@ -53,8 +53,9 @@ RendezvousHost::RendezvousHost(boost::asio::io_context& io, const LaunchConfig& 
     return;
   }
   elastic::RendezvousSettings settings = rendezvous_settings(config, conf, std::move(self));
+  settings.notice = options_.notice;
   agent_store_ = true;
-  worker_stores_ = settings.backend == "c10d";
+  worker_stores_ = settings.backend != "static";
   if (launcher::hosts_rendezvous_store(config, conf, settings, is_local_host)) {
     host_rendezvous_store(settings.store_host, settings.store_port);
   }

@@ -4,7 +4,6 @@
 #include <utility>
 
 #include "ddp/elastic/state_backend.hpp"
-#include "ddp/store/store_util.hpp"
 
 namespace ddp::elastic {
 namespace {
@@ -27,7 +26,7 @@ RoundJoiner::RoundJoiner(const StoreSession& session, store::Store& store, Parti
       self_(std::move(self)),
       last_round_(last_round),
       on_wait_(std::move(on_wait)),
-      monitor_(session.heartbeat_budget()) {}
+      liveness_(session.backend->observer()) {}
 
 RoundInfo RoundJoiner::run() {
   start_ = Clock::now();
@@ -38,8 +37,8 @@ RoundInfo RoundJoiner::run() {
     session_.check_cancel();
     try {
       if (!prepared) {
-        // Our heartbeat key exists before we appear in the state, so others can watch it.
-        store_.add(session_.keys.heartbeat(self_.node_id), 1);
+        // We count as alive before we appear in the state, so others can watch us.
+        session_.backend->announce(store_, self_.node_id);
         if (last_round_) {
           auto asked = make_stop(StopReason::Kind::kNodeLeft, self_.node_id, self_.host,
                                  "it asked for a new round");
@@ -113,23 +112,15 @@ bool RoundJoiner::tend(const RoundState& state, const std::optional<std::string>
   StoreStateBackend backend(store_, session_.keys.state());
   auto ids = nodes_to_watch(state);
   ids.erase(std::remove(ids.begin(), ids.end(), self_.node_id), ids.end());
-  auto now = Clock::now();
-  if (!ids.empty()) {
-    std::vector<std::string> keys;
-    for (const auto& id : ids) keys.push_back(session_.keys.heartbeat(id));
-    auto counters = store_.multi_get(keys);
-    for (std::size_t i = 0; i < ids.size(); ++i) {
-      monitor_.observe(ids[i], store::parse_counter(counters[i]).value_or(0), now);
-    }
-    auto dead = monitor_.stale(ids, now);
-    if (!dead.empty()) {
-      RoundState next = state;
-      for (const auto& id : dead) next = remove_node(next, id).value_or(next);
-      session_.check_cancel();
-      backend.set_state(encode_state(next), token);  // won or lost: read again either way
-      return true;
-    }
+  auto dead = liveness_->dead(store_, ids);
+  if (!dead.empty()) {
+    RoundState next = state;
+    for (const auto& id : dead) next = remove_node(next, id).value_or(next);
+    session_.check_cancel();
+    backend.set_state(encode_state(next), token);  // won or lost: read again either way
+    return true;
   }
+  auto now = Clock::now();
   if (close_due(state, session_.rules, last_call_.observe(state, session_.rules, now))) {
     session_.check_cancel();
     if (backend.set_state(encode_state(close_round(state, session_.rules)), token).won) {
@@ -198,9 +189,8 @@ void RoundJoiner::time_out(const RoundState& state) {
 void RoundJoiner::store_failed(const std::string& what) {
   auto now = Clock::now();
   if (!failing_since_) failing_since_ = now;
-  if (now - *failing_since_ < session_.heartbeat_budget()) return;
-  throw RendezvousError("lost the rendezvous store at " + session_.endpoint + ": " + what +
-                        "; did the agent hosting it (node 0, or the --rdzv_endpoint host) exit?");
+  if (now - *failing_since_ < session_.backend->failure_budget()) return;
+  throw RendezvousError(session_.backend->lost_text(what));
 }
 
 }  // namespace ddp::elastic

@@ -1,12 +1,13 @@
 #pragma once
 // next_round's work, on the engine's round thread: join (or open, or wait for) the next
-// round and wait, in slices, until it closes. Each slice also removes nodes whose heartbeat
-// went stale and closes the round when it is due (whoever sees it first does the CAS).
+// round and wait, in slices, until it closes. Each slice also removes nodes the backend calls
+// dead (stale heartbeat, expired lease) and closes the round when it is due (whoever sees it first
+// does the CAS).
 
 #include <functional>
+#include <memory>
 #include <optional>
 
-#include "ddp/elastic/heartbeat_monitor.hpp"
 #include "ddp/elastic/round_state.hpp"
 #include "ddp/store/store.hpp"
 #include "store_session.hpp"
@@ -36,7 +37,7 @@ class RoundJoiner {
   void wait_slice(const RoundState& state);
   void notice(const RoundState& state);
   [[noreturn]] void time_out(const RoundState& state);
-  // Store failures are retried for the heartbeat budget, then reported as a lost store.
+  // Failures are retried for the backend's failure budget, then reported as a lost store.
   void store_failed(const std::string& what);
 
   const StoreSession& session_;
@@ -45,7 +46,7 @@ class RoundJoiner {
   std::optional<int> last_round_;
   std::optional<RoundEnd> last_end_;
   std::function<void(WaitStatus)> on_wait_;
-  HeartbeatMonitor monitor_;
+  std::unique_ptr<LivenessObserver> liveness_;
   LastCallTimer last_call_;
   Clock::time_point start_;
   Clock::time_point deadline_;

@@ -2,9 +2,6 @@
 
 #include <algorithm>
 
-#include "ddp/elastic/heartbeat_monitor.hpp"
-#include "ddp/store/store_util.hpp"
-
 namespace ddp::elastic {
 namespace {
 
@@ -40,26 +37,8 @@ void report_lost(const StoreSession& session, store::Store& store, const RoundIn
   for (const auto& member : round.members) {
     if (member.node_id == dead.front()) lost.host = member.host;
   }
-  const auto& t = session.settings.timeouts;
-  lost.message = "no heartbeat for " + seconds_text(session.heartbeat_budget()) +
-                 " (keep_alive_interval " + seconds_text(t.keep_alive) +
-                 " x keep_alive_max_attempt " + std::to_string(t.keep_alive_max_attempt) + ")";
+  lost.message = session.backend->dead_text();
   session.end_round(store, round.round, RoundEnd{false, lost});
-}
-
-// The members that are silent for the heartbeat budget, as this observer sees them.
-std::vector<std::string> silent_members(const StoreSession& session, store::Store& store,
-                                        const std::vector<std::string>& others,
-                                        HeartbeatMonitor& monitor) {
-  if (others.empty()) return {};
-  std::vector<std::string> keys;
-  for (const auto& id : others) keys.push_back(session.keys.heartbeat(id));
-  auto counters = store.multi_get(keys);
-  auto now = Clock::now();
-  for (std::size_t i = 0; i < others.size(); ++i) {
-    monitor.observe(others[i], store::parse_counter(counters[i]).value_or(0), now);
-  }
-  return monitor.stale(others, now);
 }
 
 }  // namespace
@@ -70,7 +49,8 @@ std::optional<StopReason> watch_until_end(const StoreSession& session, store::St
   for (const auto& member : round.members) {
     if (member.node_id != self_id) others.push_back(member.node_id);
   }
-  HeartbeatMonitor monitor(session.heartbeat_budget());
+  auto liveness = session.backend->observer();
+  const auto budget = session.backend->failure_budget();
   std::optional<Clock::time_point> failing_since;
   while (true) {
     session.check_cancel();
@@ -79,17 +59,21 @@ std::optional<StopReason> watch_until_end(const StoreSession& session, store::St
         if (end->finished) return std::nullopt;
         return end->reason;
       }
+      if (failing_since) session.notice("ddprun: " + session.endpoint + " answers again");
       failing_since.reset();
-      auto dead = silent_members(session, store, others, monitor);
+      auto dead = liveness->dead(store, others);
       if (!dead.empty()) report_lost(session, store, round, dead);
     } catch (const store::StoreError& e) {
       auto now = Clock::now();
-      if (!failing_since) failing_since = now;
-      if (now - *failing_since >= session.heartbeat_budget()) {
+      if (!failing_since) {
+        failing_since = now;
+        session.notice("ddprun: " + session.endpoint + " does not answer (" + e.what() +
+                       "); the workers keep running while ddprun retries for " +
+                       seconds_text(budget) + ", then stops them");
+      }
+      if (now - *failing_since >= budget) {
         auto lost = make_stop(StopReason::Kind::kNodeLost, "", session.settings.store_host);
-        lost.message = session.endpoint + " did not answer for " +
-                       seconds_text(session.heartbeat_budget()) + " (" + e.what() +
-                       "); did the agent hosting it exit?";
+        lost.message = session.backend->lost_text(e.what());
         return lost;
       }
     }

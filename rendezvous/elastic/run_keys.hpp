@@ -1,7 +1,9 @@
 #pragma once
-// The store keys of one run, all under /ddprun/<run_id>/ so that runs never mix:
+// The keys of one run, all under /ddprun/<run_id>/ so that runs never mix (on etcd, the
+// connection adds that prefix itself and the keys are relative to it):
 //   state              the RoundState as JSON, changed only with compare-and-set
-//   hb/<node_id>       heartbeat counter: the node ADDs 1 every keep_alive_interval
+//   hb/<node_id>       the node is alive: a counter it ADDs 1 to every keep_alive_interval
+//                      (store), or a key bound to its lease (etcd)
 //   round_<r>/closed   SET once round r closed (joiners WAIT on it)
 //   round_<r>/end      how running round r ended, first writer wins (compare_set from ""):
 //                      a StopReason, or {"finished":true} once the exit barrier passed
@@ -13,10 +15,14 @@ namespace ddp::elastic {
 
 class RunKeys {
  public:
-  explicit RunKeys(const std::string& run_id) : prefix_("/ddprun/" + run_id + "/") {}
+  // "/ddprun/<run_id>/": where a run's keys live.
+  static std::string run_prefix(const std::string& run_id) { return "/ddprun/" + run_id + "/"; }
+  // Keys that start with `prefix` (run_prefix(run_id), or "" where the store adds it).
+  explicit RunKeys(std::string prefix) : prefix_(std::move(prefix)) {}
 
   std::string state() const { return prefix_ + "state"; }
-  std::string heartbeat(const std::string& node_id) const { return prefix_ + "hb/" + node_id; }
+  std::string heartbeats() const { return prefix_ + "hb/"; }  // every node's, by prefix
+  std::string heartbeat(const std::string& node_id) const { return heartbeats() + node_id; }
   std::string closed(int round) const { return round_key(round, "closed"); }
   std::string end(int round) const { return round_key(round, "end"); }
   std::string done(int round) const { return round_key(round, "done"); }

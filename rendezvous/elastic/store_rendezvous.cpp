@@ -33,8 +33,9 @@ std::string random_node_id(const std::string& host) {
 
 void validate(RendezvousSettings& settings) {
   const std::string& backend = settings.backend;
-  if (backend != "static" && backend != "c10d") {
-    throw RendezvousError("unknown rendezvous backend '" + backend + "' (static or c10d)");
+  if (backend != "static" && backend != "c10d" && backend != "etcd" && backend != "etcd-v2") {
+    throw RendezvousError("unknown rendezvous backend '" + backend +
+                          "' (static, c10d, etcd or etcd-v2)");
   }
   if (settings.min_nodes < 1 || settings.max_nodes < settings.min_nodes) {
     throw RendezvousError("--nnodes=" + std::to_string(settings.min_nodes) + ":" +
@@ -150,11 +151,9 @@ class StoreRendezvous final : public Rendezvous {
     const NodeInfo& self = session_.settings.self;
     try {
       auto bound = std::min(session_.settings.timeouts.close, kLeaveTimeout);
-      auto options = session_.client_options(bound);
-      options.timeout = bound;
-      store::Client store(options);
+      auto store = session_.backend->connect_once(bound);
       std::optional<int> running;
-      session_.modify(store, [&](const std::optional<RoundState>& current) {
+      session_.modify(*store, [&](const std::optional<RoundState>& current) {
         running.reset();
         if (!current) return std::optional<RoundState>();
         if (current->phase == Phase::kRunning && is_participant(*current, self.node_id)) {
@@ -164,8 +163,9 @@ class StoreRendezvous final : public Rendezvous {
       });
       if (running) {
         auto left = make_stop(StopReason::Kind::kNodeLeft, self.node_id, self.host);
-        session_.end_round(store, *running, RoundEnd{false, left});
+        session_.end_round(*store, *running, RoundEnd{false, left});
       }
+      session_.backend->retire(*store, self.node_id);
     } catch (const std::exception&) {
       // Best effort: the others notice the silent heartbeat instead.
     }
@@ -203,7 +203,7 @@ class StoreRendezvous final : public Rendezvous {
   }
 
   // The client of the calling task thread, connected on first use (until deadline).
-  store::Store& client(std::unique_ptr<store::Client>& slot, Clock::time_point deadline) {
+  store::Store& client(std::unique_ptr<store::Store>& slot, Clock::time_point deadline) {
     if (!slot) slot = session_.connect(deadline);
     return *slot;
   }
@@ -224,16 +224,17 @@ class StoreRendezvous final : public Rendezvous {
                        worker_store_port};
   }
 
-  // ADDs 1 to hb/<node_id> every keep_alive_interval until stop_heartbeats().
+  // One heartbeat (a counter ADD, or an etcd lease renewal) every keep_alive_interval until
+  // stop_heartbeats().
   void heartbeat_loop() {
-    std::unique_ptr<store::Client> store;
-    const std::string key = session_.keys.heartbeat(session_.settings.self.node_id);
+    std::unique_ptr<store::Store> store;
+    const std::string& node_id = session_.settings.self.node_id;
     std::unique_lock lock(heartbeat_mutex_);
     while (!heartbeat_stop_) {
       lock.unlock();
       try {
-        if (!store) store = std::make_unique<store::Client>(session_.client_options(kConnectSlice));
-        store->add(key, 1);
+        if (!store) store = session_.backend->connect_once(kConnectSlice);
+        session_.backend->beat(*store, node_id);
       } catch (const store::StoreError&) {
         // The round and watch threads report a lost store; keep trying until stopped.
       }
@@ -260,8 +261,8 @@ class StoreRendezvous final : public Rendezvous {
   int stop_delivered_for_ = -1;
   std::string resolved_addr_;  // round thread only
   // Each used by its own thread only (a Client serialises its calls).
-  std::unique_ptr<store::Client> round_client_;
-  std::unique_ptr<store::Client> watch_client_;
+  std::unique_ptr<store::Store> round_client_;
+  std::unique_ptr<store::Store> watch_client_;
   std::mutex heartbeat_mutex_;
   std::condition_variable heartbeat_wake_;
   bool heartbeat_stop_ = false;

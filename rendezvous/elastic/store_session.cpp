@@ -9,49 +9,34 @@
 
 namespace ddp::elastic {
 
+namespace {
+
+std::unique_ptr<RunBackend> backend_of(const RendezvousSettings& settings) {
+  if (settings.backend == "etcd" || settings.backend == "etcd-v2") {
+    return make_etcd_backend(settings);
+  }
+  return make_store_backend(settings);
+}
+
+}  // namespace
+
 StoreSession::StoreSession(RendezvousSettings s)
     : settings(std::move(s)),
       rules(rules_of(settings)),
-      keys(settings.run_id),
-      endpoint(settings.store_host + ":" + std::to_string(settings.store_port)) {}
+      backend(backend_of(settings)),
+      keys(backend->keys()),
+      endpoint(backend->where()) {}
+
+std::chrono::milliseconds heartbeat_budget(const RendezvousTimeouts& timeouts) {
+  return timeouts.keep_alive * std::max(1, timeouts.keep_alive_max_attempt);
+}
 
 std::chrono::milliseconds StoreSession::heartbeat_budget() const {
-  return settings.timeouts.keep_alive * std::max(1, settings.timeouts.keep_alive_max_attempt);
+  return elastic::heartbeat_budget(settings.timeouts);
 }
 
 std::chrono::milliseconds StoreSession::slice() const {
   return std::clamp(settings.timeouts.keep_alive, std::chrono::milliseconds(1), kMaxWaitSlice);
-}
-
-store::ClientOptions StoreSession::client_options(std::chrono::milliseconds connect_timeout) const {
-  store::ClientOptions options;
-  options.host = settings.store_host;
-  options.port = static_cast<std::uint16_t>(settings.store_port);
-  options.dialect = store::Dialect::V2;
-  options.connect_timeout = connect_timeout;
-  options.timeout = settings.timeouts.read;
-  return options;
-}
-
-std::unique_ptr<store::Client> StoreSession::connect(Clock::time_point deadline) const {
-  auto start = Clock::now();
-  std::string last_error = "no attempt made";
-  while (true) {
-    check_cancel();
-    try {
-      // Each attempt (and each later reconnect) tries for kConnectSlice, so that a dead store
-      // is retried with back-off, never in a tight loop, and cancellation is seen in time.
-      return std::make_unique<store::Client>(client_options(kConnectSlice));
-    } catch (const store::StoreError& e) {
-      last_error = e.what();
-    }
-    if (Clock::now() >= deadline) break;
-  }
-  auto tried = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
-  throw RendezvousError("could not reach the rendezvous store at " + endpoint + " for " +
-                        seconds_text(tried) + " (" + last_error +
-                        "); is the agent of node 0 (the host of --master_addr or "
-                        "--rdzv_endpoint) running, and is that address reachable from here?");
 }
 
 std::optional<RoundState> StoreSession::modify(

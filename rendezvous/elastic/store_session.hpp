@@ -1,7 +1,7 @@
 #pragma once
-// What every thread of the store rendezvous shares: the settings, the run's keys, the
-// cancellation flag, and the ways to reach the store and change the state. Private to
-// rendezvous/elastic/.
+// What every thread of the rendezvous engine shares: the settings, the backend (a c10d store
+// or etcd), the run's keys, the cancellation flag, and the ways to reach the state and change
+// it. Private to rendezvous/elastic/.
 
 #include <atomic>
 #include <chrono>
@@ -12,7 +12,8 @@
 
 #include "ddp/elastic/rendezvous.hpp"
 #include "ddp/elastic/round_state.hpp"
-#include "ddp/store/client.hpp"
+#include "ddp/store/store.hpp"
+#include "run_backend.hpp"
 #include "run_keys.hpp"
 
 namespace ddp::elastic {
@@ -33,8 +34,9 @@ struct StoreSession {
 
   RendezvousSettings settings;
   RoundRules rules;
+  std::unique_ptr<RunBackend> backend;  // chosen by settings.backend
   RunKeys keys;
-  std::string endpoint;  // "host:port" of the rendezvous store
+  std::string endpoint;  // where the state lives, for messages (backend->where())
   std::atomic<bool> cancel{false};
 
   // keep_alive_interval x keep_alive_max_attempt: when a silent node counts as dead.
@@ -46,11 +48,15 @@ struct StoreSession {
     if (cancel.load()) throw Cancelled{};
   }
 
-  // A client of the rendezvous store, retrying with back-off until deadline; then a
-  // RendezvousError naming the endpoint, how long it tried and the last error.
-  std::unique_ptr<store::Client> connect(Clock::time_point deadline) const;
-  // Options of such a client with its connect timeout (also used when it reconnects).
-  store::ClientOptions client_options(std::chrono::milliseconds connect_timeout) const;
+  // A connection for one engine thread, retrying with back-off until deadline; then a
+  // RendezvousError naming where the state lives, how long it tried and the last error.
+  std::unique_ptr<store::Store> connect(Clock::time_point deadline) const {
+    return backend->connect(deadline, cancel);
+  }
+  // Sends a line to the console, when the agent gave a way to.
+  void notice(const std::string& line) const {
+    if (settings.notice) settings.notice(line);
+  }
 
   // Reads the state, applies change (empty result: nothing to write) and writes it back with
   // compare-and-set, again until it wins. Returns the state written, or empty.
@@ -69,5 +75,8 @@ std::string local_address_towards(const std::string& host, int port);
 
 // "12 s", "1.5 s"
 std::string seconds_text(std::chrono::milliseconds duration);
+
+// keep_alive_interval x keep_alive_max_attempt: when a silent node counts as dead.
+std::chrono::milliseconds heartbeat_budget(const RendezvousTimeouts& timeouts);
 
 }  // namespace ddp::elastic

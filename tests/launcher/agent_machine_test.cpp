@@ -257,6 +257,12 @@ TEST_CASE("stop reasons in one line") {
   lost.node_id.clear();  // no node: the store itself
   lost.host = "10.0.0.1";
   CHECK(stop_reason_text(lost) == "the rendezvous store at 10.0.0.1 was lost");
+  lost.message = "lost etcd at e1:2379: no leader";  // the engine says what was lost
+  CHECK(stop_reason_text(lost) == "lost etcd at e1:2379: no leader");
+  lost.node_id = "node-b";
+  lost.host = "host-b";
+  lost.message = "its etcd lease expired";
+  CHECK(stop_reason_text(lost) == "node host-b stopped answering (its etcd lease expired)");
   StopReason killed = worker_failed("node-b", "host-b", 5, 0);
   killed.signal = SIGKILL;
   CHECK(stop_reason_text(killed) == "rank 5 on host-b: signal SIGKILL (9)");

@@ -311,8 +311,7 @@ TEST_CASE("bad input is a UsageError naming the option") {
   CHECK_THAT(usage_error({"x"}, fake), Catch::Contains("PET_STANDALONE=yes"));
 }
 
-TEST_CASE(
-    "multi-node options are parsed and backends ddprun lacks are refused as not implemented") {
+TEST_CASE("multi-node options are parsed and options ddprun lacks are refused as not implemented") {
   LaunchConfig two = parse({"--nnodes=2", "--node_rank=1", "--master_addr=10.0.0.1", "x"});
   CHECK(two.min_nodes == 2);
   CHECK(two.max_nodes == 2);
@@ -324,8 +323,12 @@ TEST_CASE(
   CHECK(elastic.rdzv_endpoint == "node7.example:29400");
   CHECK_THAT(usage_error({"--standalone", "--nnodes=2", "x"}), Catch::Contains("--standalone"));
   CHECK_THAT(usage_error({"--nnodes=2", "--node_rank=2", "x"}), Catch::Contains("--node_rank"));
-  CHECK_THAT(not_implemented({"--rdzv_backend=etcd", "x"}), Catch::Contains("etcd"));
-  CHECK_THAT(not_implemented({"--rdzv_backend=etcd-v2", "x"}), Catch::Contains("not implemented"));
+  LaunchConfig etcd = parse(
+      {"--nnodes=2:3", "--rdzv_backend=etcd", "--rdzv_endpoint=10.0.0.1:2379,10.0.0.2:2379", "x"});
+  CHECK(etcd.rdzv_backend == "etcd");
+  CHECK(etcd.rdzv_endpoint == "10.0.0.1:2379,10.0.0.2:2379");
+  CHECK(parse({"--rdzv_backend=etcd-v2", "x"}).rdzv_backend == "etcd-v2");
+  CHECK_THAT(usage_error({"--rdzv_backend=zookeeper", "x"}), Catch::Contains("etcd-v2"));
   CHECK_THAT(not_implemented({"--logs_specs=my.Specs", "x"}), Catch::Contains("--logs_specs"));
   // A c10d rendezvous with one node is a single-node job.
   CHECK(parse({"--rdzv_backend=c10d", "--rdzv_endpoint=localhost:29400", "x"}).max_nodes == 1);

@@ -4,6 +4,8 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <cstdio>
+#include <filesystem>
 
 #include "ddp/launcher/cli.hpp"
 
@@ -148,6 +150,47 @@ TEST_CASE(
   LaunchConfig zero = nodes(2, 2, "c10d");
   zero.rdzv_endpoint = "localhost:0";
   CHECK_THAT(usage_error([&] { rendezvous_settings(zero, {}, {}); }), Catch::Contains("port"));
+}
+
+TEST_CASE("etcd: the members at --rdzv_endpoint (port 2379), TLS and auth from --rdzv_conf") {
+  LaunchConfig config = nodes(2, 3, "etcd");
+  config.rdzv_endpoint = "e1,e2:12379,[::1]:2381";
+  auto s = rendezvous_settings(config, {}, {});
+  CHECK(s.etcd.endpoints == "e1:2379,e2:12379,[::1]:2381");
+  CHECK(s.store_host == "e1");  // the route to the first member finds this node's address
+  CHECK(s.store_port == kDefaultEtcdPort);
+  CHECK_FALSE(s.etcd.tls);
+  CHECK_FALSE(hosts_rendezvous_store(config, {}, s, [](const std::string&) { return true; }));
+
+  // PEM files must exist; giving certificates means https.
+  char dir[] = "/tmp/ddp_rdzv_conf_XXXXXX";
+  REQUIRE(::mkdtemp(dir));
+  const std::string pem = std::string(dir) + "/ca.pem";
+  std::FILE* file = std::fopen(pem.c_str(), "w");
+  REQUIRE(file);
+  std::fclose(file);
+  RdzvConf conf = parse_rdzv_conf({{"cacert", pem}, {"user", "ddp"}, {"password", "pw"}});
+  auto tls = rendezvous_settings(config, conf, {});
+  CHECK(tls.etcd.tls);
+  CHECK(tls.etcd.cacert == pem);
+  CHECK(tls.etcd.user == "ddp");
+  CHECK(tls.etcd.password == "pw");
+  CHECK(parse_rdzv_conf({{"protocol", "https"}}).etcd.tls);
+  CHECK_THAT(usage_error([] {
+               parse_rdzv_conf({{"protocol", "ftp"}});
+             }),
+             Catch::Contains("protocol=ftp"));
+  CHECK_THAT(usage_error([] {
+               parse_rdzv_conf({{"cacert", "/nonexistent/ca.pem"}});
+             }),
+             Catch::Contains("cacert=/nonexistent/ca.pem") && Catch::Contains("PEM"));
+  RdzvConf half = parse_rdzv_conf({{"cert", pem}});
+  CHECK_THAT(usage_error([&] { rendezvous_settings(config, half, {}); }),
+             Catch::Contains("cert and key"));
+  std::filesystem::remove_all(dir);
+
+  CHECK_THAT(usage_error([] { rendezvous_settings(nodes(2, 2, "etcd-v2"), {}, {}); }),
+             Catch::Contains("--rdzv_endpoint"));
 }
 
 TEST_CASE("this machine's names and addresses are local and another host's are not") {

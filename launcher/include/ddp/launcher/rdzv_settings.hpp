@@ -16,18 +16,21 @@ namespace ddp::launcher {
 
 inline constexpr int kDefaultMasterPort = 29500;  // torchrun's --master_port default
 inline constexpr int kDefaultC10dPort = 29400;    // torchrun's c10d --rdzv_endpoint port
+inline constexpr int kDefaultEtcdPort = 2379;     // etcd's client port
 
 // --rdzv_conf, parsed.
 struct RdzvConf {
   elastic::RendezvousTimeouts timeouts;
   std::optional<bool> is_host;            // is_host=1|0: host the c10d store or not
+  elastic::EtcdSettings etcd;             // protocol, cacert, cert, key, user, password
   std::vector<std::string> unknown_keys;  // warned about, otherwise ignored
 };
 
 // Reads the keys join_timeout, last_call_timeout, close_timeout, keep_alive_interval,
 // read_timeout, timeout (seconds; timeout is join_timeout when that is not given),
-// keep_alive_max_attempt (a count) and is_host (1/0, true/false, yes/no). Throws UsageError
-// naming --rdzv_conf and the pair for a value it cannot read.
+// keep_alive_max_attempt (a count), is_host (1/0, true/false, yes/no), and for etcd protocol
+// (http or https), cacert, cert, key (PEM files that must exist), user and password. Throws
+// UsageError naming --rdzv_conf and the pair for a value it cannot read.
 RdzvConf parse_rdzv_conf(const std::map<std::string, std::string>& conf);
 // The warning printed for each unknown key.
 std::string unknown_rdzv_conf_warning(const std::string& key);
@@ -46,12 +49,14 @@ HostPort parse_host_port(const std::string& option, const std::string& text, int
 
 // The engine's settings. static: the store at --rdzv_endpoint or --master_addr:--master_port
 // (default 29500), min = max = --nnodes, fixed group rank --node_rank. c10d: the store at
-// --rdzv_endpoint (default port 29400; required), MIN:MAX from --nnodes. Throws UsageError.
+// --rdzv_endpoint (default port 29400; required), MIN:MAX from --nnodes. etcd, etcd-v2: the
+// members at --rdzv_endpoint=HOST:PORT[,HOST:PORT...] (default port 2379; required), MIN:MAX
+// from --nnodes, TLS and auth from --rdzv_conf. Throws UsageError.
 elastic::RendezvousSettings rendezvous_settings(const LaunchConfig& config, const RdzvConf& conf,
                                                 elastic::NodeInfo self);
 
 // Whether this agent serves the rendezvous store: static: node rank 0; c10d: is_host when
-// given, else when the endpoint's host is this machine (is_local_host).
+// given, else when the endpoint's host is this machine (is_local_host); etcd: never.
 bool hosts_rendezvous_store(const LaunchConfig& config, const RdzvConf& conf,
                             const elastic::RendezvousSettings& settings,
                             const std::function<bool(const std::string&)>& is_local_host);

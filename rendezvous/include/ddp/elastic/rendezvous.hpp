@@ -156,12 +156,26 @@ class Rendezvous {
 };
 
 // How an agent meets the others through a c10d store (the static and c10d backends).
+// --rdzv_backend=etcd: the etcd cluster that keeps the rendezvous state.
+struct EtcdSettings {
+  std::string endpoints;  // "host:port[,host:port...]": the members' client addresses
+  bool tls = false;       // protocol=https
+  std::string cacert;     // PEM paths (TLS)
+  std::string cert;
+  std::string key;
+  std::string user;  // etcd auth
+  std::string password;
+};
+
 struct RendezvousSettings {
   std::string backend = "static";  // "static": min = max = --nnodes, group rank = node_rank,
-                                   // the workers use the rendezvous store; "c10d": dynamic
+                                   // the workers use the rendezvous store; "c10d": dynamic;
+                                   // "etcd" (or "etcd-v2"): dynamic, the state in etcd
   std::string run_id = "none";     // --rdzv_id: every key lives under /ddprun/<run_id>/
-  std::string store_host;          // the rendezvous store (hosted by some agent)
+  std::string store_host;          // the rendezvous store (hosted by some agent); etcd: the
+                                   // host of the first endpoint (for local addresses)
   int store_port = 0;
+  EtcdSettings etcd;  // etcd only
   int min_nodes = 1;
   int max_nodes = 1;
   RendezvousTimeouts timeouts;
@@ -169,6 +183,9 @@ struct RendezvousSettings {
   // How often on_wait is called while a node waits for a round (the first time after one
   // interval, so a quick rendezvous prints nothing).
   std::chrono::milliseconds wait_notice_interval{std::chrono::seconds(3)};
+  // A line for the console (warnings such as etcd losing its quorum); may be empty. Called
+  // on the engine's threads.
+  std::function<void(const std::string&)> notice;
 };
 
 // The engine over a TCP store: connects (retrying with back-off until timeouts.join, then a

@@ -1,0 +1,75 @@
+#pragma once
+// What differs between the rendezvous backends, behind one interface: where a run's keys live
+// (a c10d store served by an agent, or etcd), how an engine thread reaches them, how a node
+// shows that it lives, and how the others learn that it died. The round logic, the join loop
+// and the watch run unchanged on every backend. Private to rendezvous/elastic/.
+//
+// store (static, c10d): hb/<node_id> is a counter the node ADDs every keep_alive_interval;
+//   an observer calls a node dead when its counter did not move for the heartbeat budget.
+// etcd: hb/<node_id> is bound to the node's lease, renewed every keep_alive_interval with a
+//   TTL of the heartbeat budget; when the node dies, etcd deletes the key, every waiting
+//   watch wakes, and an observer calls a node dead when its key is gone.
+
+#include <atomic>
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "ddp/elastic/rendezvous.hpp"
+#include "ddp/store/store.hpp"
+#include "run_keys.hpp"
+
+namespace ddp::elastic {
+
+// One observer per thread that judges liveness (it may keep what it saw before).
+class LivenessObserver {
+ public:
+  virtual ~LivenessObserver() = default;
+  // The ids among node_ids that are dead now. Throws StoreError when the store does.
+  virtual std::vector<std::string> dead(store::Store& store,
+                                        const std::vector<std::string>& node_ids) = 0;
+};
+
+class RunBackend {
+ public:
+  virtual ~RunBackend() = default;
+
+  // Where the state lives, for messages: "H:P" or "etcd at H1:P1,H2:P2".
+  virtual std::string where() const = 0;
+  // The keys of the run, as this backend's connections name them.
+  virtual RunKeys keys() const = 0;
+
+  // A connection for one engine thread, retried with back-off until deadline (cancel looked
+  // at between attempts); then a RendezvousError naming where() and how long it tried.
+  virtual std::unique_ptr<store::Store> connect(std::chrono::steady_clock::time_point deadline,
+                                                const std::atomic<bool>& cancel) const = 0;
+  // One attempt whose every call takes at most `bound` (leave(), heartbeats). Throws
+  // StoreError.
+  virtual std::unique_ptr<store::Store> connect_once(std::chrono::milliseconds bound) const = 0;
+
+  // Makes node_id count as alive, before it appears in the state. Throws StoreError.
+  virtual void announce(store::Store& store, const std::string& node_id) = 0;
+  // One heartbeat, every keep_alive_interval, on the heartbeat thread. Throws StoreError.
+  virtual void beat(store::Store& store, const std::string& node_id) = 0;
+  // The node leaves: it stops counting as alive at once where the backend can. Best effort.
+  virtual void retire(store::Store& store, const std::string& node_id) = 0;
+
+  virtual std::unique_ptr<LivenessObserver> observer() const = 0;
+
+  // Why an observer called a node dead, for the stop reason ("no heartbeat for 15 s ...").
+  virtual std::string dead_text() const = 0;
+
+  // How long failing calls are retried before the state counts as lost (the joiner's and the
+  // watcher's budget).
+  virtual std::chrono::milliseconds failure_budget() const = 0;
+  // What the agent is told once that budget ran out; `what` is the last error.
+  virtual std::string lost_text(const std::string& what) const = 0;
+};
+
+// static and c10d: the store at settings.store_host:store_port.
+std::unique_ptr<RunBackend> make_store_backend(const RendezvousSettings& settings);
+// etcd (and etcd-v2): settings.etcd.
+std::unique_ptr<RunBackend> make_etcd_backend(const RendezvousSettings& settings);
+
+}  // namespace ddp::elastic
