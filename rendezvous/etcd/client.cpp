@@ -4,6 +4,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
+#include <thread>
 
 #include "etcd_json.hpp"
 #include "http_connection.hpp"
@@ -17,6 +18,10 @@ using nlohmann::json;
 using Kind = EtcdError::Kind;
 
 // gRPC status codes the gateway passes on.
+// Between two rounds over every member while none has a leader: etcd elects one within
+// about its election timeout (1 s by default).
+constexpr auto kElectionRetryInterval = std::chrono::milliseconds(100);
+
 constexpr int kGrpcUnknown = 2;
 constexpr int kGrpcInvalidArgument = 3;
 constexpr int kGrpcDeadlineExceeded = 4;
@@ -139,30 +144,38 @@ struct Client::Impl {
   std::string name(std::size_t i) const { return detail::endpoint_name(options.endpoints[i]); }
 
   // Runs attempt(member index) on the active member, then on each other one while it throws
-  // MemberFailure. All failed: EtcdError naming every member and what it said.
+  // MemberFailure. When all fail and some member runs without a leader (an election under
+  // way after the leader died), all are tried again until request_timeout has passed. Then
+  // EtcdError naming every member and what it said.
   template <class Attempt>
   auto with_failover(const std::string& what, Attempt attempt) -> decltype(attempt(0)) {
-    std::string failures;
-    int rank = -1;  // the most telling failure so far: unreachable < quorum < protocol < refused
-    Kind kind = Kind::kUnreachable;
-    std::size_t n = options.endpoints.size();
-    for (std::size_t tried = 0; tried < n; ++tried) {
-      std::size_t i = (active + tried) % n;
-      try {
-        auto result = attempt(i);
-        active = i;
-        used = true;
-        return result;
-      } catch (const MemberFailure& failure) {
-        failures += (failures.empty() ? "" : "; ") + name(i) + ": " + failure.what();
-        int r = failure_rank(failure.kind());
-        if (r > rank) {
-          rank = r;
-          kind = failure.kind();
+    auto deadline = Clock::now() + options.request_timeout;
+    while (true) {
+      std::string failures;
+      int rank = -1;  // the most telling failure: unreachable < quorum < protocol < refused
+      Kind kind = Kind::kUnreachable;
+      std::size_t n = options.endpoints.size();
+      for (std::size_t tried = 0; tried < n; ++tried) {
+        std::size_t i = (active + tried) % n;
+        try {
+          auto result = attempt(i);
+          active = i;
+          used = true;
+          return result;
+        } catch (const MemberFailure& failure) {
+          failures += (failures.empty() ? "" : "; ") + name(i) + ": " + failure.what();
+          int r = failure_rank(failure.kind());
+          if (r > rank) {
+            rank = r;
+            kind = failure.kind();
+          }
         }
       }
+      if (kind != Kind::kNoQuorum || Clock::now() + kElectionRetryInterval >= deadline) {
+        throw EtcdError(kind, failure_headline(kind, what) + failures);
+      }
+      std::this_thread::sleep_for(kElectionRetryInterval);
     }
-    throw EtcdError(kind, failure_headline(kind, what) + failures);
   }
 
   static int failure_rank(Kind kind) {

@@ -45,6 +45,16 @@ void openssl(const std::vector<std::string>& args) {
   }
 }
 
+// The value of "name":"value" in JSON text (etcd's int64 fields are strings), or empty.
+std::string string_field(const std::string& json, const std::string& name) {
+  std::string needle = "\"" + name + "\":\"";
+  auto start = json.find(needle);
+  if (start == std::string::npos) return "";
+  start += needle.size();
+  auto end = json.find('"', start);
+  return end == std::string::npos ? "" : json.substr(start, end - start);
+}
+
 }  // namespace
 
 bool EtcdCluster::available() { return ::access(kBinary, X_OK) == 0; }
@@ -154,15 +164,32 @@ void EtcdCluster::start(Member& m) {
                                              std::vector<std::string>{"ETCDCTL_API"});
 }
 
-bool EtcdCluster::healthy(const Member& m) const {
+std::string EtcdCluster::curl(const Member& m, const std::string& path,
+                              const std::string& post_body) const {
   std::vector<std::string> argv = {"/usr/bin/curl", "-s", "--max-time", "1"};
   if (options_.tls) {
     argv.insert(argv.end(), {"--cacert", tls_.ca.string(), "--cert", tls_.client_cert.string(),
                              "--key", tls_.client_key.string()});
   }
-  argv.push_back(url(options_.tls, m.client_port) + "/health");
+  if (!post_body.empty()) argv.insert(argv.end(), {"-X", "POST", "-d", post_body});
+  argv.push_back(url(options_.tls, m.client_port) + path);
   ProcessResult result = run_process(argv, {}, {}, 5s);
-  return result.status == 0 && result.out.find("\"health\":\"true\"") != std::string::npos;
+  return result.status == 0 ? result.out : "";
+}
+
+bool EtcdCluster::healthy(const Member& m) const {
+  return curl(m, "/health", "").find("\"health\":\"true\"") != std::string::npos;
+}
+
+int EtcdCluster::leader() const {
+  for (int i = 0; i < size(); ++i) {
+    const Member& m = members_[static_cast<std::size_t>(i)];
+    if (!m.process) continue;
+    std::string status = curl(m, "/v3/maintenance/status", "{}");
+    std::string id = string_field(status, "member_id");
+    if (!id.empty() && id == string_field(status, "leader")) return i;
+  }
+  return -1;
 }
 
 // Probes each member's /health until all say true. There is no event to wait on: a member
