@@ -277,6 +277,12 @@ TEST_CASE("etcd client: TLS with the cluster's CA and a client certificate") {
     std::int64_t revision = client.put("w", "1");
     CHECK(client.watch("w", false, revision, 2s).size() == 1);
   }
+  SECTION("a host name is checked against the certificate's DNS names") {
+    options.endpoints =
+        ddp::etcd::parse_endpoints("localhost:" + std::to_string(options.endpoints.at(0).port));
+    Client client(options);
+    CHECK(client.range("k").kvs.at(0).value == "v");
+  }
   SECTION("a CA that did not sign the member's certificate is refused, naming the file") {
     options.cacert = files.other_ca;
     Client client(options);
