@@ -8,6 +8,8 @@
 #include <stdexcept>
 #include <thread>
 
+extern char** environ;
+
 namespace ddp::test {
 namespace {
 
@@ -159,9 +161,15 @@ std::vector<std::string> EtcdCluster::command(const Member& m) const {
   return argv;
 }
 
+// etcd reads every ETCD_* variable as a flag: the test's own flags only.
 void EtcdCluster::start(Member& m) {
-  m.process = std::make_unique<ChildProcess>(command(m), std::map<std::string, std::string>{},
-                                             std::vector<std::string>{"ETCDCTL_API"});
+  std::vector<std::string> unset;
+  for (char** e = environ; *e; ++e) {
+    std::string entry(*e);
+    if (entry.starts_with("ETCD_")) unset.push_back(entry.substr(0, entry.find('=')));
+  }
+  m.process =
+      std::make_unique<ChildProcess>(command(m), std::map<std::string, std::string>{}, unset);
 }
 
 std::string EtcdCluster::curl(const Member& m, const std::string& path,
