@@ -1,12 +1,13 @@
 #include "ddp/etcd/client.hpp"
 
 #include <boost/asio/ssl/context.hpp>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
+#include <thread>
 
 #include "etcd_json.hpp"
 #include "http_connection.hpp"
+#include "tls_context.hpp"
 
 namespace ddp::etcd {
 namespace {
@@ -15,6 +16,10 @@ using detail::Clock;
 using detail::MemberFailure;
 using nlohmann::json;
 using Kind = EtcdError::Kind;
+
+// Between two rounds over every member while none has a leader: etcd elects one within
+// about its election timeout (1 s by default).
+constexpr auto kElectionRetryInterval = std::chrono::milliseconds(100);
 
 // gRPC status codes the gateway passes on.
 constexpr int kGrpcUnknown = 2;
@@ -26,86 +31,6 @@ constexpr int kGrpcFailedPrecondition = 9;
 constexpr int kGrpcUnavailable = 14;
 constexpr int kGrpcUnauthenticated = 16;
 
-Endpoint parse_one_endpoint(const std::string& entry) {
-  auto bad = [&](const std::string& why) {
-    return std::invalid_argument("etcd endpoint '" + entry + "': " + why +
-                                 " (expected HOST:PORT, HOST or [IPv6]:PORT)");
-  };
-  Endpoint endpoint;
-  std::string port;
-  if (entry.starts_with('[')) {
-    auto close = entry.find(']');
-    if (close == std::string::npos) throw bad("no ']'");
-    endpoint.host = entry.substr(1, close - 1);
-    std::string rest = entry.substr(close + 1);
-    if (!rest.empty()) {
-      if (rest[0] != ':') throw bad("text after ']'");
-      port = rest.substr(1);
-    }
-  } else {
-    auto colon = entry.rfind(':');
-    endpoint.host = entry.substr(0, colon);
-    if (colon != std::string::npos) port = entry.substr(colon + 1);
-    if (endpoint.host.find(':') != std::string::npos) throw bad("put an IPv6 address in [ ]");
-  }
-  if (endpoint.host.empty()) throw bad("no host");
-  if (port.empty()) return endpoint;
-  if (port.find_first_not_of("0123456789") != std::string::npos || port.size() > 5) {
-    throw bad("port is not a number");
-  }
-  endpoint.port = std::stoi(port);
-  if (endpoint.port < 1 || endpoint.port > 65535) throw bad("port out of range");
-  return endpoint;
-}
-
-std::string trimmed(const std::string& text) {
-  auto first = text.find_first_not_of(" \t");
-  if (first == std::string::npos) return "";
-  return text.substr(first, text.find_last_not_of(" \t") - first + 1);
-}
-
-void check_readable(const std::string& what, const std::string& path) {
-  if (path.empty()) return;
-  std::ifstream file(path);
-  if (!file) {
-    throw EtcdError(Kind::kRefused, "etcd TLS: cannot read " + what + "=" + path +
-                                        " (give the path of a readable PEM file)");
-  }
-}
-
-std::unique_ptr<boost::asio::ssl::context> make_tls_context(const ClientOptions& options) {
-  namespace ssl = boost::asio::ssl;
-  check_readable("cacert", options.cacert);
-  check_readable("cert", options.cert);
-  check_readable("key", options.key);
-  if (options.cert.empty() != options.key.empty()) {
-    throw EtcdError(Kind::kRefused,
-                    "etcd TLS: give both cert= and key= (the client's "
-                    "certificate and its private key), or neither");
-  }
-  auto context = std::make_unique<ssl::context>(ssl::context::tls_client);
-  context->set_verify_mode(ssl::verify_peer);
-  auto load = [&](const char* what, const std::string& path, auto action) {
-    try {
-      action();
-    } catch (const boost::system::system_error& e) {
-      throw EtcdError(Kind::kRefused, std::string("etcd TLS: cannot use ") + what + "=" + path +
-                                          ": " + e.code().message() + " (is it a PEM file?)");
-    }
-  };
-  if (options.cacert.empty()) {
-    context->set_default_verify_paths();
-  } else {
-    load("cacert", options.cacert, [&] { context->load_verify_file(options.cacert); });
-  }
-  if (!options.cert.empty()) {
-    load("cert", options.cert, [&] { context->use_certificate_chain_file(options.cert); });
-    load("key", options.key,
-         [&] { context->use_private_key_file(options.key, ssl::context::pem); });
-  }
-  return context;
-}
-
 // The JSON object of an answer: the first line (streamed answers send one object a line),
 // unwrapped from a stream's {"result": ...}.
 json parse_answer(const std::string& body, bool* ok) {
@@ -116,53 +41,47 @@ json parse_answer(const std::string& body, bool* ok) {
 
 }  // namespace
 
-std::vector<Endpoint> parse_endpoints(const std::string& text) {
-  std::vector<Endpoint> endpoints;
-  std::size_t start = 0;
-  while (start <= text.size()) {
-    auto comma = text.find(',', start);
-    if (comma == std::string::npos) comma = text.size();
-    std::string entry = trimmed(text.substr(start, comma - start));
-    if (!entry.empty()) endpoints.push_back(parse_one_endpoint(entry));
-    start = comma + 1;
-  }
-  if (endpoints.empty()) throw std::invalid_argument("no etcd endpoint given in '" + text + "'");
-  return endpoints;
-}
-
 struct Client::Impl {
   explicit Impl(ClientOptions o) : options(std::move(o)) {
     if (options.endpoints.empty()) throw std::invalid_argument("etcd client: no endpoint given");
-    if (options.tls) tls = make_tls_context(options);
+    if (options.tls) tls = detail::make_tls_context(options);
   }
 
   std::string name(std::size_t i) const { return detail::endpoint_name(options.endpoints[i]); }
 
   // Runs attempt(member index) on the active member, then on each other one while it throws
-  // MemberFailure. All failed: EtcdError naming every member and what it said.
+  // MemberFailure. When all fail and some member runs without a leader (an election under
+  // way after the leader died), all are tried again until request_timeout has passed. Then
+  // EtcdError naming every member and what it said.
   template <class Attempt>
   auto with_failover(const std::string& what, Attempt attempt) -> decltype(attempt(0)) {
-    std::string failures;
-    int rank = -1;  // the most telling failure so far: unreachable < quorum < protocol < refused
-    Kind kind = Kind::kUnreachable;
-    std::size_t n = options.endpoints.size();
-    for (std::size_t tried = 0; tried < n; ++tried) {
-      std::size_t i = (active + tried) % n;
-      try {
-        auto result = attempt(i);
-        active = i;
-        used = true;
-        return result;
-      } catch (const MemberFailure& failure) {
-        failures += (failures.empty() ? "" : "; ") + name(i) + ": " + failure.what();
-        int r = failure_rank(failure.kind());
-        if (r > rank) {
-          rank = r;
-          kind = failure.kind();
+    auto deadline = Clock::now() + options.request_timeout;
+    while (true) {
+      std::string failures;
+      int rank = -1;  // the most telling failure: unreachable < quorum < protocol < refused
+      Kind kind = Kind::kUnreachable;
+      std::size_t n = options.endpoints.size();
+      for (std::size_t tried = 0; tried < n; ++tried) {
+        std::size_t i = (active + tried) % n;
+        try {
+          auto result = attempt(i);
+          active = i;
+          used = true;
+          return result;
+        } catch (const MemberFailure& failure) {
+          failures += (failures.empty() ? "" : "; ") + name(i) + ": " + failure.what();
+          int r = failure_rank(failure.kind());
+          if (r > rank) {
+            rank = r;
+            kind = failure.kind();
+          }
         }
       }
+      if (kind != Kind::kNoQuorum || Clock::now() + kElectionRetryInterval >= deadline) {
+        throw EtcdError(kind, failure_headline(kind, what) + failures);
+      }
+      std::this_thread::sleep_for(kElectionRetryInterval);
     }
-    throw EtcdError(kind, failure_headline(kind, what) + failures);
   }
 
   static int failure_rank(Kind kind) {
@@ -360,7 +279,7 @@ std::vector<WatchEvent> Client::Impl::watch_member(std::size_t i, const std::str
     for (auto nl = pending.find('\n'); nl != std::string::npos; nl = pending.find('\n')) {
       std::string line = pending.substr(0, nl);
       pending.erase(0, nl + 1);
-      if (trimmed(line).empty()) continue;
+      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
       auto events = watch_line(c, line);
       if (!events.empty()) return events;
     }

@@ -191,19 +191,17 @@ void HttpConnection::write_request(const std::string& target, const std::string&
       http::async_write(*plain_, request, std::move(handler));
     }
   });
-  if (ec) {
-    close();
-    throw MemberFailure(Kind::kUnreachable, "sending " + target + " failed: " + ec.message());
-  }
+  if (ec) fail(ec, "sending " + target);
 }
 
-void HttpConnection::fail_read(boost::system::error_code ec) {
+void HttpConnection::fail(boost::system::error_code ec, const std::string& doing) {
   bool tls = secure_ != nullptr;
+  bool fresh = !used_;
   close();
   if (ec == beast::error::timeout) {
-    throw MemberFailure(Kind::kNoQuorum,
-                        "connected, but no answer in time (the member runs but cannot serve: "
-                        "has etcd lost its quorum?)");
+    throw MemberFailure(Kind::kNoQuorum, doing +
+                                             ": connected, but no answer in time (the member "
+                                             "runs but cannot serve: has etcd lost its quorum?)");
   }
   if (ec.category() == asio::error::get_ssl_category() ||
       ec == asio::ssl::error::stream_truncated) {
@@ -211,13 +209,19 @@ void HttpConnection::fail_read(boost::system::error_code ec) {
     if (contains(text, "certificate")) {
       text += " (the member wants a client certificate it trusts: check cert= and key=)";
     }
-    throw MemberFailure(Kind::kRefused, "TLS: " + text);
+    throw MemberFailure(Kind::kRefused, doing + ": TLS: " + text);
   }
   if (ec.category() == make_error_code(http::error::end_of_stream).category() &&
       ec != http::error::end_of_stream && ec != http::error::partial_message) {
-    throw MemberFailure(Kind::kProtocol, "not an HTTP answer: " + ec.message());
+    throw MemberFailure(Kind::kProtocol, doing + ": not an HTTP answer: " + ec.message());
   }
-  std::string text = "closed the connection before answering (" + ec.message() + ")";
+  std::string text = doing + ": the member closed the connection (" + ec.message() + ")";
+  if (tls && fresh) {
+    // TLS 1.3 ends the client's handshake before the member has checked its certificate.
+    throw MemberFailure(Kind::kRefused, text +
+                                            " right after the TLS handshake: it did not accept "
+                                            "this client's certificate? (check cert= and key=)");
+  }
   if (!tls) text += "; if the member serves only TLS, use protocol=https with cacert=";
   throw MemberFailure(Kind::kUnreachable, text);
 }
@@ -235,7 +239,7 @@ HttpReply HttpConnection::post(const std::string& target, const std::string& bod
       http::async_read(*plain_, buffer_, parser, std::move(handler));
     }
   });
-  if (ec) fail_read(ec);
+  if (ec) fail(ec, "reading the answer to " + target);
   used_ = true;
   auto& response = parser.get();
   HttpReply reply{static_cast<int>(response.result_int()), std::move(response.body())};
@@ -256,7 +260,7 @@ int HttpConnection::start_stream(const std::string& target, const std::string& b
       http::async_read_header(*plain_, buffer_, *stream_, std::move(handler));
     }
   });
-  if (ec) fail_read(ec);
+  if (ec) fail(ec, "reading the answer to " + target);
   used_ = true;
   return static_cast<int>(stream_->get().result_int());
 }
@@ -282,7 +286,7 @@ std::optional<std::string> HttpConnection::read_stream(Clock::time_point deadlin
     close();
     return std::nullopt;
   }
-  if (ec) fail_read(ec);
+  if (ec) fail(ec, "reading the stream");
   return std::string(piece, sizeof piece - stream_->get().body().size);
 }
 

@@ -78,7 +78,8 @@ class HttpConnection {
   void set_deadline(Clock::time_point deadline);
   void write_request(const std::string& target, const std::string& body, const std::string& token,
                      Clock::time_point deadline);
-  [[noreturn]] void fail_read(boost::system::error_code ec);
+  // Closes and throws the MemberFailure that ec means while `doing`.
+  [[noreturn]] void fail(boost::system::error_code ec, const std::string& doing);
   std::string tls_failure(boost::system::error_code ec) const;
 
   boost::asio::io_context& io_;

@@ -215,6 +215,22 @@ TEST_CASE("etcd client: with one of three members killed, requests still succeed
   CHECK(client.range("k").kvs.at(0).value == "2");
 }
 
+TEST_CASE("etcd client: requests ride out the election after the leader is killed") {
+  if (!EtcdCluster::available()) return ddp::test::skip(EtcdCluster::kMissing);
+  EtcdCluster cluster;
+  Client client(options_for(cluster.endpoints()));
+  client.put("k", "0");
+  int leader = cluster.leader();
+  REQUIRE(leader >= 0);
+  cluster.kill_member(leader);
+  for (int i = 1; i <= 10; ++i) {
+    client.put("k", std::to_string(i));
+    CHECK(client.range("k").kvs.at(0).value == std::to_string(i));
+  }
+  CHECK(client.active_endpoint() != cluster.endpoint(leader));
+  CHECK(cluster.leader() >= 0);
+}
+
 TEST_CASE("etcd client: with two of three members killed, etcd has lost its quorum") {
   if (!EtcdCluster::available()) return ddp::test::skip(EtcdCluster::kMissing);
   EtcdCluster cluster;
@@ -260,6 +276,12 @@ TEST_CASE("etcd client: TLS with the cluster's CA and a client certificate") {
     client.keep_alive(lease.id);
     std::int64_t revision = client.put("w", "1");
     CHECK(client.watch("w", false, revision, 2s).size() == 1);
+  }
+  SECTION("a host name is checked against the certificate's DNS names") {
+    options.endpoints =
+        ddp::etcd::parse_endpoints("localhost:" + std::to_string(options.endpoints.at(0).port));
+    Client client(options);
+    CHECK(client.range("k").kvs.at(0).value == "v");
   }
   SECTION("a CA that did not sign the member's certificate is refused, naming the file") {
     options.cacert = files.other_ca;

@@ -194,3 +194,22 @@ TEST_CASE("etcd store: keys with a lease vanish with it and wake_on_delete wakes
   CHECK(waiter.keys_under("nodes/") == std::vector<std::string>{"nodes/b"});
   CHECK_FALSE(waiter.check({"nodes/a"}));
 }
+
+TEST_CASE("etcd store: a wait carries on when the member it uses is killed") {
+  if (!EtcdCluster::available()) return ddp::test::skip(EtcdCluster::kMissing);
+  EtcdCluster cluster;
+  EtcdStore store = store_on(cluster);
+  store.set("before", "1");
+  REQUIRE(store.client().active_endpoint() == cluster.endpoint(0));
+  // Kills member 0 while the test waits through it (or is about to), then sets the key
+  // through the others.
+  Helper killer([&] {
+    cluster.kill_member(0);
+    ClientOptions others = options_for(cluster);
+    others.endpoints.erase(others.endpoints.begin());
+    EtcdStore(others, "/ddprun/test/", 10s).set("k", "after");
+  });
+  CHECK(store.get("k") == "after");
+  killer.join();
+  CHECK(store.client().active_endpoint() != cluster.endpoint(0));
+}

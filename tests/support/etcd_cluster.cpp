@@ -8,6 +8,8 @@
 #include <stdexcept>
 #include <thread>
 
+extern char** environ;
+
 namespace ddp::test {
 namespace {
 
@@ -43,6 +45,16 @@ void openssl(const std::vector<std::string>& args) {
     for (const auto& a : argv) line += a + " ";
     throw std::runtime_error("etcd test cluster: `" + line + "` failed: " + result.err);
   }
+}
+
+// The value of "name":"value" in JSON text (etcd's int64 fields are strings), or empty.
+std::string string_field(const std::string& json, const std::string& name) {
+  std::string needle = "\"" + name + "\":\"";
+  auto start = json.find(needle);
+  if (start == std::string::npos) return "";
+  start += needle.size();
+  auto end = json.find('"', start);
+  return end == std::string::npos ? "" : json.substr(start, end - start);
 }
 
 }  // namespace
@@ -149,20 +161,43 @@ std::vector<std::string> EtcdCluster::command(const Member& m) const {
   return argv;
 }
 
+// etcd reads every ETCD_* variable as a flag: the test's own flags only.
 void EtcdCluster::start(Member& m) {
-  m.process = std::make_unique<ChildProcess>(command(m), std::map<std::string, std::string>{},
-                                             std::vector<std::string>{"ETCDCTL_API"});
+  std::vector<std::string> unset;
+  for (char** e = environ; *e; ++e) {
+    std::string entry(*e);
+    if (entry.starts_with("ETCD_")) unset.push_back(entry.substr(0, entry.find('=')));
+  }
+  m.process =
+      std::make_unique<ChildProcess>(command(m), std::map<std::string, std::string>{}, unset);
 }
 
-bool EtcdCluster::healthy(const Member& m) const {
+std::string EtcdCluster::curl(const Member& m, const std::string& path,
+                              const std::string& post_body) const {
   std::vector<std::string> argv = {"/usr/bin/curl", "-s", "--max-time", "1"};
   if (options_.tls) {
     argv.insert(argv.end(), {"--cacert", tls_.ca.string(), "--cert", tls_.client_cert.string(),
                              "--key", tls_.client_key.string()});
   }
-  argv.push_back(url(options_.tls, m.client_port) + "/health");
+  if (!post_body.empty()) argv.insert(argv.end(), {"-X", "POST", "-d", post_body});
+  argv.push_back(url(options_.tls, m.client_port) + path);
   ProcessResult result = run_process(argv, {}, {}, 5s);
-  return result.status == 0 && result.out.find("\"health\":\"true\"") != std::string::npos;
+  return result.status == 0 ? result.out : "";
+}
+
+bool EtcdCluster::healthy(const Member& m) const {
+  return curl(m, "/health", "").find("\"health\":\"true\"") != std::string::npos;
+}
+
+int EtcdCluster::leader() const {
+  for (int i = 0; i < size(); ++i) {
+    const Member& m = members_[static_cast<std::size_t>(i)];
+    if (!m.process) continue;
+    std::string status = curl(m, "/v3/maintenance/status", "{}");
+    std::string id = string_field(status, "member_id");
+    if (!id.empty() && id == string_field(status, "leader")) return i;
+  }
+  return -1;
 }
 
 // Probes each member's /health until all say true. There is no event to wait on: a member

@@ -57,6 +57,9 @@ class EtcdCluster {
   const EtcdTlsFiles& tls_files() const { return tls_; }
   const std::filesystem::path& dir() const { return dir_.path(); }
 
+  // The member that is the Raft leader now (as the running members report it), or -1.
+  int leader() const;
+
   // SIGKILL member i and reap it.
   void kill_member(int i);
   // Starts member i again on its data directory and waits until it is healthy.
@@ -75,6 +78,10 @@ class EtcdCluster {
   void make_certificates();
   void start(Member& member);
   std::vector<std::string> command(const Member& member) const;
+  // curl's output for path on the member (a POST of post_body when not empty); empty when
+  // it failed.
+  std::string curl(const Member& member, const std::string& path,
+                   const std::string& post_body) const;
   bool healthy(const Member& member) const;
   void wait_healthy(const std::vector<int>& which);
   std::string logs() const;
