@@ -158,6 +158,7 @@ class Job {
  private:
   std::uint32_t resume();
   double train_epoch(int epoch, long& global_step);
+  void update_parameters();
 
   const TrainConfig& config_;
   ddp::Context& ctx_;
@@ -200,6 +201,25 @@ std::uint32_t Job::resume() {
   return static_cast<std::uint32_t>(done);
 }
 
+// Ends the step after backward: SGD on the averaged gradients. The buckets' all-reduces end
+// one after the other (the last one starts only when backward ends), so each bucket's
+// parameters are updated as soon as its all-reduce is done, while the later ones still run:
+// the same updates as one sgd_.step() after finalize(), in another order.
+void Job::update_parameters() {
+  const auto& buckets = reducer_->buckets();
+  if (reducer_->sync()) {
+    for (std::size_t b = 0; b + 1 < buckets.size(); ++b) {
+      reducer_->wait_bucket(b);  // its gradients are averaged
+      for (std::size_t i : buckets[b].parameters) sgd_.step(i, params_[i], grads_[i]);
+    }
+  }
+  reducer_->finalize();  // every gradient averaged across ranks, in the buckets
+  const std::size_t first = reducer_->sync() ? buckets.size() - 1 : 0;
+  for (std::size_t b = first; b < buckets.size(); ++b) {
+    for (std::size_t i : buckets[b].parameters) sgd_.step(i, params_[i], grads_[i]);
+  }
+}
+
 // One epoch on this rank's share; returns the mean training loss across ranks.
 double Job::train_epoch(int epoch, long& global_step) {
   sampler_.set_epoch(static_cast<std::uint64_t>(epoch));
@@ -217,8 +237,7 @@ double Job::train_epoch(int epoch, long& global_step) {
     model_.forward(batch.images.data(), static_cast<int>(n));
     const double loss =
         model_.backward(batch.labels, [&](std::size_t i) { reducer_->mark_ready(i); });
-    reducer_->finalize();  // gradients averaged across ranks, in the buckets
-    sgd_.step(params_, grads_);
+    update_parameters();
     loss_sum += loss;
     ++steps;
     if (config_.print_losses && ctx_.rank() == 0) {
