@@ -19,6 +19,10 @@ class Sgd {
   void step(const std::vector<std::span<float>>& params,
             const std::vector<std::span<float>>& grads);
 
+  // The same update for parameter i alone (its buffer, param and grad of one size): a
+  // step may update its parameters in any order, a few at a time, with the same result.
+  void step(std::size_t i, std::span<float> param, std::span<const float> grad);
+
   // The momentum buffers, for checkpoints (read and restore).
   std::vector<std::vector<float>>& buffers() { return buffers_; }
 

@@ -1,5 +1,5 @@
 // The MLP's backward against finite differences, the order it reports gradients in, and SGD
-// with momentum against PyTorch's update rule.
+// with momentum against PyTorch's update rule (whole, and one parameter at a time).
 #include "mlp.hpp"
 
 #include <catch2/catch.hpp>
@@ -94,4 +94,21 @@ TEST_CASE("SGD with momentum follows torch.optim.SGD") {
   sgd.step(ps, gs);  // buf = 0.9 * 0.5 + 0.5 = 0.95, p = 0.95 - 0.095
   CHECK(p[0] == Approx(0.855f));
   CHECK(sgd.buffers()[0][0] == Approx(0.95f));
+}
+
+TEST_CASE("SGD one parameter at a time, in any order, gives the same bits as one step") {
+  std::vector<float> a{1.0f, -2.0f, 0.25f}, b{3.0f}, ga{0.5f, 0.125f, -1.5f}, gb{0.75f};
+  std::vector<float> a2 = a, b2 = b;
+  fmnist::Sgd whole(0.05, 0.9, {3, 1}), parts(0.05, 0.9, {3, 1});
+  std::vector<std::span<float>> ps{a, b}, gs{ga, gb};
+  for (int step = 0; step < 3; ++step) {
+    whole.step(ps, gs);
+    parts.step(1, b2, gb);  // the last parameter first, as the trainer's buckets end
+    parts.step(0, a2, ga);
+  }
+  CHECK(a2 == a);
+  CHECK(b2 == b);
+  CHECK(parts.buffers() == whole.buffers());
+  CHECK_THROWS_AS(parts.step(2, b2, gb), std::invalid_argument);
+  CHECK_THROWS_AS(parts.step(0, b2, gb), std::invalid_argument);
 }
