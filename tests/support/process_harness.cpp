@@ -206,6 +206,20 @@ std::vector<pid_t> live_processes_in_group(pid_t pgid) {
   return pids;
 }
 
+bool wait_for_group_exit(pid_t pgid, milliseconds timeout) {
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (true) {
+    auto live = live_processes_in_group(pgid);
+    if (live.empty()) return true;
+    auto left =
+        std::chrono::duration_cast<milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) return false;
+    for (pid_t pid : live) {
+      if (!wait_for_process_exit(pid, left)) return false;
+    }
+  }
+}
+
 std::vector<std::string> lines_of(const std::string& text) {
   std::vector<std::string> lines;
   std::istringstream in(text);

@@ -77,6 +77,10 @@ bool wait_for_process_exit(pid_t pid, milliseconds timeout = kProcessTimeout);
 // Pids of processes in process group pgid that are not zombies.
 std::vector<pid_t> live_processes_in_group(pid_t pgid);
 
+// Waits (a pidfd per member) until no live process is left in group pgid; true if that
+// happened within timeout. A SIGKILL sent to a group takes effect a moment later.
+bool wait_for_group_exit(pid_t pgid, milliseconds timeout = kProcessTimeout);
+
 // Lines of text.
 std::vector<std::string> lines_of(const std::string& text);
 
