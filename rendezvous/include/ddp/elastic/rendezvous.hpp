@@ -188,13 +188,15 @@ struct RendezvousSettings {
   std::function<void(const std::string&)> notice;
 };
 
-// The engine over a TCP store: connects (retrying with back-off until timeouts.join, then a
-// RendezvousError naming the endpoint and how long it tried) on its own thread.
+// The engine over a store: a TCP store (static, c10d) or etcd (etcd, etcd-v2: settings.etcd).
+// Connects (retrying with back-off until timeouts.join, then a RendezvousError naming where it
+// tried and for how long) on its own thread.
 //
 // Protocol (docs/elastic.md, "How rounds work"): every key lives under /ddprun/<run_id>/.
 // `state` holds the rounds as JSON, changed only by compare-and-set (round_state.hpp is the
-// pure logic); `hb/<node_id>` is each node's heartbeat counter, ADDed every keep_alive and
-// judged stale on the observer's own clock; `round_<r>/closed` is set when round r closes;
+// pure logic); `hb/<node_id>` says the node lives: a counter ADDed every keep_alive and judged
+// stale on the observer's own clock (TCP store), or a key bound to the node's lease (etcd);
+// `round_<r>/closed` is set when round r closes;
 // `round_<r>/end` says how running round r ended, first writer wins (a StopReason, or
 // finished once the exit barrier counter `round_<r>/done` reached every member).
 // Threads: heartbeats; one for next_round / stop_round / finish_round (in call order); one

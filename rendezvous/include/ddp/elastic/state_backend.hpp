@@ -1,7 +1,7 @@
 #pragma once
 // Where a run's RoundState lives, read and written with compare-and-set, like PyTorch's
-// RendezvousBackend. The store backend (static and c10d) keeps it under one key; an etcd
-// backend would only replace this class.
+// RendezvousBackend, under one key of a store: a c10d store (static, c10d) or an EtcdStore
+// (etcd), whose compare_set is a transaction that compares the key's revision.
 
 #include <optional>
 #include <string>
