@@ -104,6 +104,13 @@ class EtcdBackend final : public RunBackend {
                           "addresses (their client URLs) reachable from here?");
   }
 
+  // Connects on its first request: etcd failing right as a round starts is then retried by
+  // the watch (for failure_budget(), with its notice) like any later failure.
+  std::unique_ptr<store::Store> connect_watcher(Clock::time_point,
+                                                const std::atomic<bool>&) const override {
+    return make_store(options_);
+  }
+
   std::unique_ptr<store::Store> connect_once(std::chrono::milliseconds bound) const override {
     auto o = options_;
     o.connect_timeout = std::min(o.connect_timeout, bound);

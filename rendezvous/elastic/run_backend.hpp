@@ -47,6 +47,13 @@ class RunBackend {
   // One attempt whose every call takes at most `bound` (leave(), heartbeats). Throws
   // StoreError.
   virtual std::unique_ptr<store::Store> connect_once(std::chrono::milliseconds bound) const = 0;
+  // The watcher's connection (watch_round). By default connect(); a backend whose store
+  // connects on first use returns it unverified, so that a failure shows up inside the
+  // watch, with its notice and failure budget, not as an instant loss.
+  virtual std::unique_ptr<store::Store> connect_watcher(
+      std::chrono::steady_clock::time_point deadline, const std::atomic<bool>& cancel) const {
+    return connect(deadline, cancel);
+  }
 
   // Makes node_id count as alive, before it appears in the state. Throws StoreError.
   virtual void announce(store::Store& store, const std::string& node_id) = 0;

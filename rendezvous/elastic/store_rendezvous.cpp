@@ -98,7 +98,11 @@ class StoreRendezvous final : public Rendezvous {
     if (!round) return;
     watcher_.post([this, round = *round, on_stop] {
       try {
-        store::Store& store = client(watch_client_, Clock::now() + session_.heartbeat_budget());
+        if (!watch_client_) {
+          watch_client_ = session_.backend->connect_watcher(
+              Clock::now() + session_.heartbeat_budget(), session_.cancel);
+        }
+        store::Store& store = *watch_client_;
         auto reason = watch_until_end(session_, store, round, session_.settings.self.node_id);
         if (reason) deliver_stop(round.round, *reason, on_stop);
       } catch (const Cancelled&) {
