@@ -1,0 +1,150 @@
+#pragma once
+// The collective record: one shared-memory page per worker in which libddp records its
+// collectives and Reducer steps, and from which the agent reads them at any moment, even
+// when every thread of the worker is stuck. Part of the worker contract (header-only, shared
+// by launcher/ and runtime/, not installed).
+//
+// Who does what:
+// - The agent creates the page (a memfd of sizeof(RecordPage) bytes, zeroed), maps it, and
+//   hands it to the worker as an inherited descriptor whose number is in DDPRUN_RECORD_FD.
+// - libddp (the first communicator a process makes) maps that descriptor, fills the
+//   header, and publishes it by storing kRecordMagic last. A worker that never does
+//   (PyTorch, a program without libddp) leaves magic at 0: the agent knows nothing of it.
+// - Writes on the hot path are relaxed atomic stores of 64-bit words: no syscall, no lock,
+//   no allocation. Each slot is a small seqlock (`seq` is odd while the slot is written), so
+//   the reader drops a slot it caught half-written and keeps the rest.
+//
+// Times are CLOCK_MONOTONIC nanoseconds (std::chrono::steady_clock on Linux), the same
+// clock in every process of a node: the agent compares them with its own.
+
+#include <atomic>
+#include <cstdint>
+#include <string>
+
+namespace ddp::record {
+
+inline constexpr const char* kRecordFdVariable = "DDPRUN_RECORD_FD";
+
+inline constexpr std::uint64_t kRecordMagic = 0x31304345'52504444ull;  // "DDPREC01"
+inline constexpr std::uint64_t kRecordVersion = 1;
+inline constexpr std::uint32_t kCollectiveSlots = 256;  // a power of two
+inline constexpr std::uint32_t kStepSlots = 64;         // a power of two
+
+// The collectives a communicator numbers. Values are part of the page's layout.
+enum class Op : std::uint64_t {
+  kNone = 0,
+  kAllReduce = 1,
+  kBroadcast = 2,
+  kAllGather = 3,
+  kReduceScatter = 4,
+  kBarrier = 5,
+};
+
+inline const char* op_name(std::uint64_t op) {
+  switch (static_cast<Op>(op)) {
+    case Op::kAllReduce: return "all_reduce";
+    case Op::kBroadcast: return "broadcast";
+    case Op::kAllGather: return "all_gather";
+    case Op::kReduceScatter: return "reduce_scatter";
+    case Op::kBarrier: return "barrier";
+    case Op::kNone: break;
+  }
+  return "unknown";
+}
+
+// Up to 8 characters of a name packed into one word (little end first), so that a slot can
+// carry "float32" or "bfloat16" without a pointer.
+inline std::uint64_t pack_name(const char* name) {
+  std::uint64_t word = 0;
+  for (int i = 0; i < 8 && name[i] != '\0'; ++i)
+    word |= static_cast<std::uint64_t>(static_cast<unsigned char>(name[i])) << (8 * i);
+  return word;
+}
+
+inline std::string unpack_name(std::uint64_t word) {
+  std::string name;
+  for (int i = 0; i < 8; ++i) {
+    const char c = static_cast<char>((word >> (8 * i)) & 0xff);
+    if (c == '\0') break;
+    name += c;
+  }
+  return name;
+}
+
+inline constexpr std::uint64_t kNoBucket = ~0ull;
+
+// One collective. Slot seq % kCollectiveSlots holds collective `seq` (1, 2, ...).
+struct CollectiveSlot {
+  std::atomic<std::uint64_t> version;      // seqlock: odd while written, even when stable
+  std::atomic<std::uint64_t> seq;          // the collective's number; 0: never used
+  std::atomic<std::uint64_t> op;           // Op
+  std::atomic<std::uint64_t> dtype;        // pack_name("float32")
+  std::atomic<std::uint64_t> count;        // elements
+  std::atomic<std::uint64_t> bytes;        // count * element size
+  std::atomic<std::uint64_t> bucket;       // Reducer bucket index, kNoBucket outside one
+  std::atomic<std::uint64_t> queued_ns;    // issued by the program
+  std::atomic<std::uint64_t> started_ns;   // began to run (0: not yet)
+  std::atomic<std::uint64_t> finished_ns;  // completed (0: not yet)
+  std::atomic<std::uint64_t> failed;       // 1: completed with an error
+  std::atomic<std::uint64_t> reserved[5];
+};
+static_assert(sizeof(CollectiveSlot) == 128);
+
+// One Reducer step, from the first gradient marked ready... to finalize() returning.
+// Slot step % kStepSlots holds step `step` (1, 2, ...).
+struct StepSlot {
+  std::atomic<std::uint64_t> version;       // seqlock, as in CollectiveSlot
+  std::atomic<std::uint64_t> step;          // 0: never used
+  std::atomic<std::uint64_t> begin_ns;      // the previous step's finalize returned (or the first
+                                            // gradient was marked ready, for step 1)
+  std::atomic<std::uint64_t> ready_ns;      // the last bucket's gradients were all ready
+  std::atomic<std::uint64_t> finalized_ns;  // finalize() returned: every bucket reduced
+  std::atomic<std::uint64_t> reserved[3];
+};
+static_assert(sizeof(StepSlot) == 64);
+
+struct RecordPage {
+  std::atomic<std::uint64_t> magic;    // kRecordMagic once the worker attached; stored last
+  std::atomic<std::uint64_t> version;  // kRecordVersion
+  std::atomic<std::uint64_t> pid;      // the worker process
+  std::atomic<std::uint64_t> rank;     // global rank of the communicator
+  std::atomic<std::uint64_t> world_size;
+  std::atomic<std::uint64_t> backend;  // pack_name("gloo") / pack_name("nccl")
+  // Collectives: the highest number queued, started and finished (each in issue order).
+  std::atomic<std::uint64_t> queued;
+  std::atomic<std::uint64_t> started;
+  std::atomic<std::uint64_t> finished;
+  std::atomic<std::uint64_t> last_finished_ns;  // when `finished` last moved
+  std::atomic<std::uint64_t> failed;            // 1: a collective failed (the communicator broke)
+  // Reducer steps.
+  std::atomic<std::uint64_t> steps;              // the last step that began
+  std::atomic<std::uint64_t> compute_ns_total;   // sum over steps of ready_ns - begin_ns
+  std::atomic<std::uint64_t> wait_ns_total;      // sum over steps of finalized_ns - ready_ns
+  std::atomic<std::uint64_t> reserved[18];
+  CollectiveSlot collectives[kCollectiveSlots];
+  StepSlot step_slots[kStepSlots];
+};
+static_assert(sizeof(RecordPage) % 64 == 0);
+
+// Writer side of a slot's seqlock: call begin, store the fields (relaxed), call end.
+template <typename Slot>
+inline void begin_write(Slot& slot) {
+  slot.version.store(slot.version.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
+}
+template <typename Slot>
+inline void end_write(Slot& slot) {
+  slot.version.store(slot.version.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+}
+
+// Reader side: copies a slot's fields through `copy` and returns true when they were stable.
+template <typename Slot, typename Copy>
+inline bool read_stable(const Slot& slot, Copy&& copy) {
+  const std::uint64_t before = slot.version.load(std::memory_order_acquire);
+  if (before & 1) return false;
+  copy(slot);
+  std::atomic_thread_fence(std::memory_order_acquire);
+  return slot.version.load(std::memory_order_relaxed) == before;
+}
+
+}  // namespace ddp::record
