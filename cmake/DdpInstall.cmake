@@ -9,7 +9,7 @@ include(CMakePackageConfigHelpers)
 
 set(DDP_INSTALL_CMAKEDIR ${CMAKE_INSTALL_LIBDIR}/cmake/ddp)
 
-set(_ddp_export_targets ddp_rendezvous ddp_runtime)
+set(_ddp_export_targets ddp_store ddp_etcd ddp_elastic ddp_rendezvous ddp_runtime)
 if(TARGET ddp_nccl)
   list(APPEND _ddp_export_targets ddp_nccl)  # the runtime's link to NCCL + cudart
 endif()
@@ -32,7 +32,7 @@ install(FILES ${PROJECT_BINARY_DIR}/ddpConfig.cmake ${PROJECT_BINARY_DIR}/ddpCon
   DESTINATION ${DDP_INSTALL_CMAKEDIR})
 
 # pkg-config: static libraries, so every dependency is listed in Libs.
-set(DDP_PC_LIBS "-lddp_runtime -lddp_rendezvous -lgloo -lssl -lcrypto -pthread")
+set(DDP_PC_LIBS "-lddp_runtime -lddp_store -lgloo -pthread")
 if(DDP_HAVE_CUDA)
   string(APPEND DDP_PC_LIBS " ${NCCL_LIBRARY} -L${CUDAToolkit_LIBRARY_DIR} -lcudart")
 endif()

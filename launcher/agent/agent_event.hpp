@@ -9,7 +9,7 @@
 #include <exception>
 #include <variant>
 
-#include "../worker.hpp"
+#include "../process/worker.hpp"
 #include "ddp/elastic/rendezvous.hpp"
 
 namespace ddp::launcher::event {

@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "../console_writer.hpp"
-#include "../group_reaper.hpp"
-#include "../worker_streams.hpp"
+#include "../output/console_writer.hpp"
+#include "../process/group_reaper.hpp"
+#include "../process/worker_streams.hpp"
 #include "ddp/launcher/launch_config.hpp"
 #include "ddp/launcher/log_file_errors.hpp"
 #include "ddp/launcher/master_endpoint.hpp"

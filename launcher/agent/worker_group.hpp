@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "../worker.hpp"
+#include "../process/worker.hpp"
 #include "ddp/elastic/rendezvous.hpp"
 #include "ddp/launcher/failure_report.hpp"
 

@@ -26,7 +26,7 @@ TEST_CASE("PyTorch: a restarted gloo group meets again through the agent's store
   }
   ProcessResult r = run_process(
       {bin_path("ddprun").string(), "--standalone", "--nproc_per_node=2", "--max_restarts=1",
-       source_path("tests/launcher/python/torch_restart.py").string()},
+       source_path("tests/launcher/agent/python/torch_restart.py").string()},
       {{"PYTHON_EXEC", torch_python()}}, {}, std::chrono::seconds(120));
   INFO(r.out << r.err);
   CHECK(r.status == 0);

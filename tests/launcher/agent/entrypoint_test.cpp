@@ -15,7 +15,7 @@ using nlohmann::json;
 namespace {
 
 std::string ddprun_path() { return bin_path("ddprun").string(); }
-std::string python_dir() { return source_path("tests/launcher/python").string(); }
+std::string python_dir() { return source_path("tests/launcher/agent/python").string(); }
 
 // The "probe {...}" lines of ddp_probe.py, by rank.
 std::map<int, json> probes(const std::string& out) {

@@ -54,7 +54,7 @@ TEST_CASE("etcd: 3 agents x 2 workers run one PyTorch gloo job through a 3-membe
     std::vector<std::string> argv = {bin_path("ddprun").string()};
     auto options = etcd_node(etcd, "3", "torch", "join_timeout=120", 2);
     argv.insert(argv.end(), options.begin(), options.end());
-    argv.push_back(source_path("tests/launcher/python/torch_allreduce.py").string());
+    argv.push_back(source_path("tests/launcher/agent/python/torch_allreduce.py").string());
     agents.push_back(std::make_unique<ChildProcess>(argv, env));
   }
   std::map<int, std::string> lines;

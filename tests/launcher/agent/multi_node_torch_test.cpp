@@ -30,7 +30,7 @@ std::vector<std::string> node_command(const std::string& launcher, const std::st
                 {"--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:" + std::to_string(port),
                  "--rdzv_id=torch-" + launcher});
   }
-  argv.push_back(source_path("tests/launcher/python/torch_allreduce.py").string());
+  argv.push_back(source_path("tests/launcher/agent/python/torch_allreduce.py").string());
   return argv;
 }
 

@@ -1,5 +1,5 @@
 // Slurm's host lists and SLURM_* defaults, in-process with a fake environment. The real
-// srun path is tests/launcher/slurm/run_slurm_test.sh.
+// srun path is tests/launcher/cli/slurm/run_slurm_test.sh.
 #include "ddp/launcher/slurm_env.hpp"
 
 #include <catch2/catch.hpp>

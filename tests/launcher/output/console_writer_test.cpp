@@ -1,6 +1,6 @@
 // ConsoleWriter: never blocks its caller, bounds what waits for a console that does not
 // read, keeps order, and gives up on a broken console.
-#include "console_writer.hpp"
+#include "output/console_writer.hpp"
 
 #include <fcntl.h>
 #include <poll.h>

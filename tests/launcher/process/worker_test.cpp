@@ -1,5 +1,5 @@
 // Worker and spawn_process: real child processes, exits as events on an io_context.
-#include "worker.hpp"
+#include "process/worker.hpp"
 
 #include <fcntl.h>
 #include <sys/wait.h>

@@ -18,7 +18,7 @@ using ddp::test::TestServer;
 namespace {
 
 std::string script(const std::string& name) {
-  return ddp::test::source_path("tests/rendezvous/torch/" + name).string();
+  return ddp::test::source_path("tests/rendezvous/store/torch/" + name).string();
 }
 
 bool skip_without_torch() {

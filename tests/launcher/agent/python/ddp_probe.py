@@ -1,6 +1,6 @@
 """Prints one line "probe <json>" describing how ddprun started this worker: argv, the
 interpreter, whether it ran as a module, and torchrun's environment variables.
-Used by tests/launcher/agent_test.cpp as a script, as a module (-m ddp_probe) and directly."""
+Used by tests/launcher/agent/agent_test.cpp as a script, as a module (-m ddp_probe) and directly."""
 import json
 import os
 import sys

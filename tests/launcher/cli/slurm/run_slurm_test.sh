@@ -21,7 +21,7 @@ set -euo pipefail
 
 mode=${1:?usage: run_slurm_test.sh env|ddprun|sbatch [DDPRUN]}
 here=$(cd "$(dirname "$0")" && pwd)
-ddprun=${2:-$here/../../../build/bin/ddprun}
+ddprun=${2:-$here/../../../../build/bin/ddprun}
 readonly start_timeout_s=60   # daemons up and both nodes idle
 readonly job_timeout_s=120    # one srun, start to end
 
@@ -184,7 +184,7 @@ check_ddprun() {
 # The batch script of docs/multi-node.md (section Slurm), submitted as written but for
 # build/bin/, which becomes DDPRUN's directory, and the port, a free one.
 check_sbatch() {
-  local docs=$here/../../../docs/multi-node.md bin_dir
+  local docs=$here/../../../../docs/multi-node.md bin_dir
   bin_dir=$(cd "$(dirname "$ddprun")" && pwd)
   awk '/^## /{slurm = ($0 == "## Slurm")} slurm && /^```bash$/{inside = 1; next}
        inside && /^```$/{exit} inside' "$docs" |
