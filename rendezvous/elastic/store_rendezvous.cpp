@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "ddp/elastic/rendezvous.hpp"
+#include "ddp/store/local_address.hpp"
 #include "round_joiner.hpp"
 #include "round_watcher.hpp"
 #include "store_session.hpp"
@@ -219,7 +220,7 @@ class StoreRendezvous final : public Rendezvous {
       resolved_addr_ = self.addr;
       if (resolved_addr_.empty()) {
         resolved_addr_ =
-            local_address_towards(session_.settings.store_host, session_.settings.store_port);
+            store::local_address_towards(session_.settings.store_host, session_.settings.store_port);
       }
       if (resolved_addr_.empty()) resolved_addr_ = self.host;
     }

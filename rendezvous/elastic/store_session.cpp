@@ -1,8 +1,6 @@
 #include "store_session.hpp"
 
 #include <algorithm>
-#include <boost/asio/io_context.hpp>
-#include <boost/asio/ip/udp.hpp>
 #include <cstdio>
 
 #include "ddp/elastic/state_backend.hpp"
@@ -60,25 +58,6 @@ std::optional<RoundState> StoreSession::modify(
 
 RoundEnd StoreSession::end_round(store::Store& store, int round, const RoundEnd& end) const {
   return decode_end(store.compare_set(keys.end(round), "", encode_end(end)));
-}
-
-std::string local_address_towards(const std::string& host, int port) {
-  try {
-    boost::asio::io_context io;
-    boost::asio::ip::udp::resolver resolver(io);
-    auto endpoints = resolver.resolve(host, std::to_string(port));
-    for (const auto& entry : endpoints) {
-      boost::asio::ip::udp::socket socket(io);
-      boost::system::error_code error;
-      socket.open(entry.endpoint().protocol(), error);
-      if (error) continue;
-      socket.connect(entry.endpoint(), error);  // UDP: picks the route, sends nothing
-      if (error) continue;
-      return socket.local_endpoint().address().to_string();
-    }
-  } catch (const boost::system::system_error&) {
-  }
-  return {};
 }
 
 std::string seconds_text(std::chrono::milliseconds duration) {

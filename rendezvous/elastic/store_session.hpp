@@ -69,9 +69,6 @@ struct StoreSession {
   RoundEnd end_round(store::Store& store, int round, const RoundEnd& end) const;
 };
 
-// The local address of this host on the route to host:port (no packet is sent); empty
-// when it cannot be found.
-std::string local_address_towards(const std::string& host, int port);
 
 // "12 s", "1.5 s"
 std::string seconds_text(std::chrono::milliseconds duration);

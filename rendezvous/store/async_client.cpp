@@ -486,13 +486,6 @@ void AsyncClient::close() {
 
 bool AsyncClient::connected() const { return impl_->state == Impl::State::Ready; }
 
-std::string AsyncClient::local_address() const {
-  if (!connected()) return {};
-  boost::system::error_code ec;
-  auto local = impl_->socket.local_endpoint(ec);
-  return ec ? std::string() : local.address().to_string();
-}
-
 Dialect AsyncClient::dialect() const { return impl_->dialect; }
 
 const std::string& AsyncClient::endpoint() const { return impl_->endpoint; }

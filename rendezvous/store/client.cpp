@@ -266,12 +266,6 @@ std::int64_t Client::queue_len(const std::string& key) {
   return request(make_request(Command::QueueLen, {key}), op_with_key("queue_len", key)).number;
 }
 
-std::string Client::local_address() {
-  std::lock_guard lock(mutex_);
-  ensure_connected();
-  return async_->local_address();
-}
-
 Dialect detect_dialect(const std::string& host, std::uint16_t port,
                        std::chrono::milliseconds timeout) {
   return probe_dialect(host, port, timeout, timeout);

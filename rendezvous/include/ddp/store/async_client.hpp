@@ -65,9 +65,6 @@ class AsyncClient {
   void close();
 
   bool connected() const;
-  // This end's address on the connected socket ("10.0.0.5", "::1"); empty when not
-  // connected. The address another host reaches this one at, on the route to the server.
-  std::string local_address() const;
   Dialect dialect() const;
   // "host:port"
   const std::string& endpoint() const;

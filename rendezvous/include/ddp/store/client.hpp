@@ -69,9 +69,6 @@ class Client : public Store {
   Dialect dialect() const { return dialect_; }
   // "host:port"
   const std::string& endpoint() const { return endpoint_; }
-  // This end's address on the connection to the server ("10.0.0.5", "::1"): the address
-  // other hosts reach this one at on that route. Connects first when not connected.
-  std::string local_address();
 
  private:
   // Runs the private io_context until submit's operation completed; rethrows its error.
