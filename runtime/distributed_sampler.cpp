@@ -5,36 +5,9 @@
 #include <string>
 
 #include "ddp/context.hpp"
+#include "ddp/splitmix64.hpp"
 
 namespace ddp {
-
-namespace {
-
-// splitmix64: a small, well-mixed generator with a fully specified output, so every rank
-// (and every platform) draws the same permutation.
-class SplitMix64 {
- public:
-  explicit SplitMix64(std::uint64_t seed) : state_(seed) {}
-  std::uint64_t next() {
-    std::uint64_t z = (state_ += 0x9e3779b97f4a7c15ull);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-    return z ^ (z >> 31);
-  }
-  // Uniform in [0, bound), without modulo bias (rejection).
-  std::uint64_t below(std::uint64_t bound) {
-    const std::uint64_t limit = ~std::uint64_t{0} - (~std::uint64_t{0} % bound);
-    std::uint64_t x;
-    do x = next();
-    while (x >= limit);
-    return x % bound;
-  }
-
- private:
-  std::uint64_t state_;
-};
-
-}  // namespace
 
 DistributedSampler::DistributedSampler(std::size_t dataset_size, int num_replicas, int rank,
                                        DistributedSamplerOptions options)

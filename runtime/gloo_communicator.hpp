@@ -8,10 +8,10 @@
 #include <vector>
 
 #include "call_check.hpp"
+#include "ddp/common/task_queue.hpp"
 #include "ddp/communicator.hpp"
 #include "ddp/store/store.hpp"
 #include "shm_allreduce.hpp"
-#include "task_queue.hpp"
 
 namespace gloo {
 class Context;
@@ -69,7 +69,7 @@ class GlooCommunicator : public Communicator {
   std::uint32_t next_tag_ = 0;               // used on the communication thread only
   std::exception_ptr first_failure_;         // used on the communication thread only
   std::vector<std::uint16_t> wire_scratch_;  // compressed all-reduce; communication thread only
-  TaskQueue queue_;                          // last: its thread stops before the rest goes
+  common::TaskQueue queue_;                  // last: its thread stops before the rest goes
 };
 
 }  // namespace ddp::detail

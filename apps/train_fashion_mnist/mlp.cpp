@@ -6,10 +6,12 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "ddp/splitmix64.hpp"
 #include "fashion_mnist.hpp"
-#include "splitmix64.hpp"
 
 namespace fmnist {
+
+using ddp::SplitMix64;
 
 namespace {
 

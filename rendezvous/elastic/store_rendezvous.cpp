@@ -11,12 +11,12 @@
 #include <random>
 #include <thread>
 
+#include "ddp/common/task_queue.hpp"
 #include "ddp/elastic/rendezvous.hpp"
 #include "ddp/store/local_address.hpp"
 #include "round_joiner.hpp"
 #include "round_watcher.hpp"
 #include "store_session.hpp"
-#include "task_thread.hpp"
 
 namespace ddp::elastic {
 namespace {
@@ -66,7 +66,7 @@ class StoreRendezvous final : public Rendezvous {
                   std::function<void(WaitStatus)> on_wait) override {
     std::optional<int> last_round;
     if (auto current = current_round()) last_round = current->round;
-    rounds_.post([=, this] {
+    rounds_.submit([=, this] {
       auto deadline = Clock::now() + session_.settings.timeouts.join;
       try {
         store::Store& store = client(round_client_, deadline);
@@ -97,7 +97,7 @@ class StoreRendezvous final : public Rendezvous {
   void watch_round(std::function<void(StopReason)> on_stop) override {
     auto round = current_round();
     if (!round) return;
-    watcher_.post([this, round = *round, on_stop] {
+    watcher_.submit([this, round = *round, on_stop] {
       try {
         if (!watch_client_) {
           watch_client_ = session_.backend->connect_watcher(
@@ -121,7 +121,7 @@ class StoreRendezvous final : public Rendezvous {
     if (reason.node_id.empty()) reason.node_id = session_.settings.self.node_id;
     if (reason.host.empty()) reason.host = session_.settings.self.host;
     // On the round thread, so that a next_round called after this sees the reason written.
-    rounds_.post([this, r = round->round, reason] {
+    rounds_.submit([this, r = round->round, reason] {
       try {
         store::Store& store = client(round_client_, Clock::now() + session_.heartbeat_budget());
         session_.end_round(store, r, RoundEnd{false, reason});
@@ -135,7 +135,7 @@ class StoreRendezvous final : public Rendezvous {
   void finish_round(std::function<void(bool all_succeeded)> on_done) override {
     auto round = current_round();
     if (!round) return;
-    rounds_.post([this, round = *round, on_done] {
+    rounds_.submit([this, round = *round, on_done] {
       bool passed = false;
       try {
         store::Store& store = client(round_client_, Clock::now() + session_.heartbeat_budget());
@@ -219,8 +219,8 @@ class StoreRendezvous final : public Rendezvous {
     if (resolved_addr_.empty()) {
       resolved_addr_ = self.addr;
       if (resolved_addr_.empty()) {
-        resolved_addr_ =
-            store::local_address_towards(session_.settings.store_host, session_.settings.store_port);
+        resolved_addr_ = store::local_address_towards(session_.settings.store_host,
+                                                      session_.settings.store_port);
       }
       if (resolved_addr_.empty()) resolved_addr_ = self.host;
     }
@@ -273,8 +273,12 @@ class StoreRendezvous final : public Rendezvous {
   bool heartbeat_stop_ = false;
   std::thread heartbeat_;
   // Declared last: destroyed (joined) first.
-  TaskThread rounds_;   // next_round, stop_round, finish_round, in the order called
-  TaskThread watcher_;  // watch_round
+  // Queued work is dropped at destruction: tasks watch the cancel flag, and queued ones are
+  // moot once the engine stops.
+  common::TaskQueue rounds_{
+      common::TaskQueue::AtStop::kDropQueued};  // next_round, stop_round, finish_round, in the
+                                                // order called
+  common::TaskQueue watcher_{common::TaskQueue::AtStop::kDropQueued};  // watch_round
 };
 
 }  // namespace
