@@ -5,58 +5,25 @@
 #include <catch2/catch.hpp>
 #include <vector>
 
+#include "cuda_device.hpp"
 #include "ddp/runtime.hpp"
 #include "ddp/store/memory_store.hpp"
-#include "skip.hpp"
-#include "thread_world.hpp"
+#include "nccl_context.hpp"
 
 namespace {
 
-// Why the GPU tests cannot run here, or "" when they can.
-std::string no_gpu_reason() {
-  int count = 0;
-  const cudaError_t status = cudaGetDeviceCount(&count);
-  if (status != cudaSuccess)
-    return std::string("no usable CUDA device: ") + cudaGetErrorString(status);
-  if (count == 0) return "no CUDA device";
-  return "";
-}
-
-ddp::Context nccl_context() {
-  ddp::InitOptions options;
-  options.backend = ddp::Backend::Nccl;
-  options.init_timeout = std::chrono::seconds(60);
-  return ddp::init(ddp::test::thread_env(0, 1), std::make_shared<ddp::store::MemoryStore>(),
-                   options);
-}
-
 template <typename T>
 std::vector<T> round_trip(ddp::Context& ctx, const std::vector<T>& host, ddp::ReduceOp op) {
-  void* device = nullptr;
-  REQUIRE(cudaMalloc(&device, host.size() * sizeof(T) + 1) == cudaSuccess);
-  REQUIRE(cudaMemcpy(device, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice) ==
-          cudaSuccess);
-  ctx.allreduce(std::span<T>(static_cast<T*>(device), host.size()), op);
-  std::vector<T> out(host.size());
-  REQUIRE(cudaMemcpy(out.data(), device, out.size() * sizeof(T), cudaMemcpyDeviceToHost) ==
-          cudaSuccess);
-  cudaFree(device);
-  return out;
+  ddp::test::DeviceArray<T> device(host);
+  ctx.allreduce(device.span(), op);
+  return ddp::test::to_host(device.span());
 }
 
 }  // namespace
 
-#define SKIP_WITHOUT_GPU()                      \
-  do {                                          \
-    const std::string reason = no_gpu_reason(); \
-    if (!reason.empty()) {                      \
-      return ddp::test::skip(reason);           \
-    }                                           \
-  } while (false)
-
 TEST_CASE("nccl: every dtype and op on device memory, and host memory staged") {
-  SKIP_WITHOUT_GPU();
-  ddp::Context ctx = nccl_context();
+  DDP_SKIP_WITHOUT_GPU();
+  ddp::Context ctx = ddp::test::nccl_world_of_one();
   REQUIRE(ctx.backend() == ddp::Backend::Nccl);
   for (auto op : {ddp::ReduceOp::Sum, ddp::ReduceOp::Avg, ddp::ReduceOp::Min, ddp::ReduceOp::Max}) {
     REQUIRE(round_trip(ctx, std::vector<float>(1001, 2.5f), op) == std::vector<float>(1001, 2.5f));
@@ -76,8 +43,8 @@ TEST_CASE("nccl: every dtype and op on device memory, and host memory staged") {
 }
 
 TEST_CASE("nccl: bucket all-reduces are queued while backward work is still pending") {
-  SKIP_WITHOUT_GPU();
-  ddp::Context ctx = nccl_context();
+  DDP_SKIP_WITHOUT_GPU();
+  ddp::Context ctx = ddp::test::nccl_world_of_one();
   const std::size_t n = 1 << 20;
   void* params = nullptr;
   REQUIRE(cudaMalloc(&params, 4 * n * sizeof(float)) == cudaSuccess);
@@ -124,8 +91,8 @@ TEST_CASE("nccl: bucket all-reduces are queued while backward work is still pend
 }
 
 TEST_CASE("nccl: host buffers are staged for broadcast, allgather and reduce_scatter") {
-  SKIP_WITHOUT_GPU();
-  ddp::Context ctx = nccl_context();  // world size 1: the output equals the input
+  DDP_SKIP_WITHOUT_GPU();
+  ddp::Context ctx = ddp::test::nccl_world_of_one();  // world size 1: the output equals the input
   std::vector<float> b(3000, 4.0f);
   ctx.broadcast(std::span<float>(b), 0);
   REQUIRE(b[2999] == 4.0f);

@@ -16,48 +16,15 @@
 #include "cuda_device.hpp"
 #include "ddp/runtime.hpp"
 #include "ddp/store/memory_store.hpp"
+#include "nccl_context.hpp"
 #include "skip.hpp"
-#include "thread_world.hpp"
 
 namespace {
 
-#define SKIP_WITHOUT_GPU()                                  \
-  do {                                                      \
-    const std::string reason = ddp::test::no_cuda_device(); \
-    if (!reason.empty()) return ddp::test::skip(reason);    \
-  } while (false)
+using ddp::test::nccl_context;
 
-ddp::Context nccl_context(std::shared_ptr<ddp::store::Store> store, int rank, int world,
-                          std::chrono::milliseconds init_timeout) {
-  ddp::InitOptions options;
-  options.backend = ddp::Backend::Nccl;
-  options.init_timeout = init_timeout;
-  return ddp::init(ddp::test::thread_env(rank, world), std::move(store), options);
-}
-
-ddp::Context world_of_one() {
-  return nccl_context(std::make_shared<ddp::store::MemoryStore>(), 0, 1, std::chrono::seconds(60));
-}
-
-// Device memory holding `values`, freed with the object.
-struct DeviceFloats {
-  float* data = nullptr;
-  std::size_t size = 0;
-  explicit DeviceFloats(const std::vector<float>& values) : size(values.size()) {
-    REQUIRE(cudaMalloc(&data, values.size() * sizeof(float)) == cudaSuccess);
-    REQUIRE(cudaMemcpy(data, values.data(), values.size() * sizeof(float),
-                       cudaMemcpyHostToDevice) == cudaSuccess);
-  }
-  ~DeviceFloats() { cudaFree(data); }
-  std::span<float> span() { return {data, size}; }
-};
-
-std::vector<float> to_host(std::span<float> device) {
-  std::vector<float> host(device.size());
-  REQUIRE(cudaMemcpy(host.data(), device.data(), device.size_bytes(), cudaMemcpyDeviceToHost) ==
-          cudaSuccess);
-  return host;
-}
+using DeviceFloats = ddp::test::DeviceArray<float>;
+using ddp::test::to_host;
 
 // Values whose 16-bit rounding is exact in both f16 and bf16 (small multiples of 1/8).
 std::vector<float> exact_values(std::size_t n, float offset) {
@@ -69,8 +36,8 @@ std::vector<float> exact_values(std::size_t n, float offset) {
 }  // namespace
 
 TEST_CASE("nccl reducer: f16 and bf16 compression leave the averaged gradients in place") {
-  SKIP_WITHOUT_GPU();
-  ddp::Context ctx = world_of_one();
+  DDP_SKIP_WITHOUT_GPU();
+  ddp::Context ctx = ddp::test::nccl_world_of_one();
   for (ddp::DType wire : {ddp::DType::F16, ddp::DType::BF16}) {
     DeviceFloats w1(std::vector<float>(1000, 0.0f)), w2(std::vector<float>(3000, 0.0f));
     ddp::ReducerOptions options;
@@ -95,8 +62,8 @@ TEST_CASE("nccl reducer: f16 and bf16 compression leave the averaged gradients i
 }
 
 TEST_CASE("nccl reducer: compression rounds to the wire type, to nearest") {
-  SKIP_WITHOUT_GPU();
-  ddp::Context ctx = world_of_one();
+  DDP_SKIP_WITHOUT_GPU();
+  ddp::Context ctx = ddp::test::nccl_world_of_one();
   const std::vector<float> values = {1.0f + 1.0f / 1024.0f, 3.14159265f, -1e-3f, 65504.0f};
   for (ddp::DType wire : {ddp::DType::F16, ddp::DType::BF16}) {
     DeviceFloats data(values);
@@ -116,8 +83,8 @@ TEST_CASE("nccl reducer: compression rounds to the wire type, to nearest") {
 }
 
 TEST_CASE("nccl reducer: compressed buckets are queued while backward runs, no host wait") {
-  SKIP_WITHOUT_GPU();
-  ddp::Context ctx = world_of_one();
+  DDP_SKIP_WITHOUT_GPU();
+  ddp::Context ctx = ddp::test::nccl_world_of_one();
   const std::size_t n = 1 << 20;
   DeviceFloats params(std::vector<float>(2 * n, 0.0f));
   cudaStream_t compute = nullptr;
@@ -162,7 +129,7 @@ TEST_CASE("nccl reducer: compressed buckets are queued while backward runs, no h
 }
 
 TEST_CASE("nccl init: a rank that never calls NCCL's init is named after the init timeout") {
-  SKIP_WITHOUT_GPU();
+  DDP_SKIP_WITHOUT_GPU();
   auto store = std::make_shared<ddp::store::MemoryStore>();
   // Rank 1 of 2 "arrives" in the store but never calls NCCL's init (a worker stuck before
   // it): rank 0's non-blocking init cannot complete and must be aborted at the deadline.
@@ -182,7 +149,7 @@ TEST_CASE("nccl init: a rank that never calls NCCL's init is named after the ini
 }
 
 TEST_CASE("nccl init: a rank that never arrives is named, before NCCL is called") {
-  SKIP_WITHOUT_GPU();
+  DDP_SKIP_WITHOUT_GPU();
   try {
     nccl_context(std::make_shared<ddp::store::MemoryStore>(), 0, 3, std::chrono::seconds(1));
     FAIL("init of a 3-rank communicator with one rank completed");

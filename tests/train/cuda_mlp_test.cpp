@@ -24,20 +24,9 @@
 
 namespace {
 
-#define SKIP_WITHOUT_GPU()                                  \
-  do {                                                      \
-    const std::string reason = ddp::test::no_cuda_device(); \
-    if (!reason.empty()) return ddp::test::skip(reason);    \
-  } while (false)
-
 using fmnist::cuda::DeviceBuffer;
 
-std::vector<float> to_host(const float* device, std::size_t n) {
-  std::vector<float> host(n);
-  REQUIRE(cudaMemcpy(host.data(), device, n * sizeof(float), cudaMemcpyDeviceToHost) ==
-          cudaSuccess);
-  return host;
-}
+using ddp::test::to_host;
 
 template <typename T>
 DeviceBuffer<T> to_device(const std::vector<T>& host) {
@@ -86,7 +75,7 @@ Batch random_batch(int n, unsigned seed) {
 }  // namespace
 
 TEST_CASE("CudaMlp: logits, loss, gradients and their order match the CPU Mlp") {
-  SKIP_WITHOUT_GPU();
+  DDP_SKIP_WITHOUT_GPU();
   const int batch = 37;  // not a multiple of any tile size
   fmnist::Mlp cpu(7);
   fmnist::cuda::Stream stream;
@@ -134,7 +123,7 @@ TEST_CASE("CudaMlp: logits, loss, gradients and their order match the CPU Mlp") 
 }
 
 TEST_CASE("CudaSgd: two momentum steps match Sgd") {
-  SKIP_WITHOUT_GPU();
+  DDP_SKIP_WITHOUT_GPU();
   fmnist::cuda::Stream stream;
   const std::vector<std::size_t> sizes = {1000, 3};
   fmnist::Sgd cpu(0.05, 0.9, sizes);

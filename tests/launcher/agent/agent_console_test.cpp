@@ -14,29 +14,12 @@
 #include <csignal>
 #include <string>
 
+#include "full_console.hpp"
 #include "multi_node_harness.hpp"
 
 using namespace ddp::test;
 
 namespace {
-
-// Reads fd onto text until text contains needle (needle empty: until EOF); fails on timeout.
-void read_fd_until(int fd, const std::string& needle, std::string& text) {
-  const auto deadline = std::chrono::steady_clock::now() + kProcessTimeout;
-  while (needle.empty() || text.find(needle) == std::string::npos) {
-    const auto left =
-        std::chrono::duration_cast<milliseconds>(deadline - std::chrono::steady_clock::now());
-    INFO("waiting for " << (needle.empty() ? "EOF" : needle) << "; got: " << text);
-    REQUIRE(left.count() > 0);
-    pollfd readable{fd, POLLIN, 0};
-    REQUIRE(::poll(&readable, 1, static_cast<int>(left.count())) == 1);
-    char buffer[65536];
-    const ssize_t n = ::read(fd, buffer, sizeof buffer);
-    REQUIRE(n >= 0);
-    if (n == 0) break;
-    text.append(buffer, static_cast<std::size_t>(n));
-  }
-}
 
 // Connects to 127.0.0.1:port, sends bytes that are no store request, and waits (bounded)
 // until the store closes the connection. True if it did.
@@ -62,49 +45,16 @@ bool send_garbage(int port) {
 
 TEST_CASE("a full console and a bad store client: a failing worker still stops the group at once") {
   TempDir dir;
-  int out[2], err[2];
-  REQUIRE(::pipe2(out, O_CLOEXEC) == 0);
-  REQUIRE(::pipe2(err, O_CLOEXEC) == 0);
-  const std::string block(PIPE_BUF, 'f');
-  REQUIRE(::fcntl(err[1], F_SETFL, O_NONBLOCK) == 0);
-  while (::write(err[1], block.data(), block.size()) > 0) {
-  }
-  REQUIRE(::fcntl(err[1], F_SETFL, 0) == 0);
-
   // Rank 0 says hello (with the store's port), waits for "go" and fails; rank 1 waits.
   const auto go = dir.path() / "go";
-  std::vector<std::string> argv = ddprun({"--nproc_per_node=2", "--monitor_interval=0.1"},
-                                         {"--hello", "--ready", "--if-rank", "0", "--wait-for-file",
-                                          go.string(), "--if-rank", "0", "--exit", "3", "--wait"});
-  std::vector<char*> c_argv;
-  for (auto& arg : argv) c_argv.push_back(arg.data());
-  c_argv.push_back(nullptr);
-  const pid_t pid = ::fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    ::dup2(out[1], 1);
-    ::dup2(err[1], 2);
-    ::execv(c_argv[0], c_argv.data());
-    ::_exit(127);
-  }
-  ::close(out[1]);
-  ::close(err[1]);
-  struct Cleanup {  // when a REQUIRE fails: ddprun's death makes its reaper kill the workers
-    pid_t pid;
-    int fds[2];
-    bool reaped = false;
-    ~Cleanup() {
-      if (!reaped) {
-        ::kill(pid, SIGKILL);
-        ::waitpid(pid, nullptr, 0);
-      }
-      for (int fd : fds) ::close(fd);
-    }
-  } cleanup{pid, {out[0], err[0]}};
+  FullConsoleProcess agent(ddprun({"--nproc_per_node=2", "--monitor_interval=0.1"},
+                                  {"--hello", "--ready", "--if-rank", "0", "--wait-for-file",
+                                   go.string(), "--if-rank", "0", "--exit", "3", "--wait"}),
+                           FullConsoleProcess::Full::kStderr);
 
-  std::string out_text;
-  read_fd_until(out[0], "ready rank=1 ", out_text);
-  read_fd_until(out[0], "ready rank=0 ", out_text);  // after rank 0's hello, which has the port
+  agent.read_stdout_until("ready rank=1 ");
+  // After rank 0's hello, which has the port.
+  const std::string out_text = agent.read_stdout_until("ready rank=0 ");
   INFO("stdout: " << out_text);
   const auto at = out_text.find("master 127.0.0.1:");
   const int port = std::stoi(out_text.substr(at + std::string("master 127.0.0.1:").size()));
@@ -116,14 +66,10 @@ TEST_CASE("a full console and a bad store client: a failing worker still stops t
   touch(go);                  // rank 0 fails
   CHECK(wait_for_process_exit(waiter, milliseconds(10000)));  // the group is stopped
 
-  std::string err_text;
-  read_fd_until(err[0], "", err_text);  // lets ddprun finish
-  read_fd_until(out[0], "", out_text);
-  int status = 0;
-  REQUIRE(::waitpid(pid, &status, 0) == pid);
-  cleanup.reaped = true;
+  const int status = agent.wait();  // reads the console to its end, which lets ddprun finish
   CHECK(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 3);
+  const std::string err_text = agent.stderr_text();
   const std::string console = err_text.substr(err_text.find_first_not_of('f'));
   INFO("stderr after the filler: " << console);
   CHECK_THAT(console, Catch::Contains("closed connection from 127.0.0.1"));

@@ -13,6 +13,7 @@
 #include <regex>
 #include <set>
 
+#include "full_console.hpp"
 #include "process_harness.hpp"
 #include "test_support.hpp"
 
@@ -472,74 +473,17 @@ TEST_CASE("a worker can read the terminal ddprun runs in: input() or pdb") {
   ::close(master);
 }
 
-namespace {
-
-// Reads fd until its text contains needle (needle empty: until EOF); fails on timeout.
-std::string read_fd_until(int fd, const std::string& needle) {
-  std::string text;
-  const auto deadline = std::chrono::steady_clock::now() + kProcessTimeout;
-  while (needle.empty() || text.find(needle) == std::string::npos) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
-    INFO("waiting for " << (needle.empty() ? "EOF" : needle) << "; got " << text.size()
-                        << " bytes");
-    REQUIRE(left.count() > 0);
-    pollfd readable{fd, POLLIN, 0};
-    REQUIRE(::poll(&readable, 1, static_cast<int>(left.count())) == 1);
-    char buffer[65536];
-    const ssize_t n = ::read(fd, buffer, sizeof buffer);
-    REQUIRE(n >= 0);
-    if (n == 0) break;
-    text.append(buffer, static_cast<std::size_t>(n));
-  }
-  return text;
-}
-
-}  // namespace
-
 TEST_CASE("a console that stops reading does not stall the agent: SIGTERM is still forwarded") {
   // ddprun's stdout is a pipe that is full before ddprun starts and that nobody reads until
   // the end. The worker's teed stdout is far larger than its own pipe to ddprun, so the
   // worker only gets to print "ready" (on stderr, not teed) once ddprun has taken, and tried
   // to write to the console, most of it: an agent that wrote the console itself would hang
   // there.
-  int out[2], err[2];
-  REQUIRE(::pipe2(out, O_CLOEXEC) == 0);
-  REQUIRE(::pipe2(err, O_CLOEXEC) == 0);
-  const std::string block(PIPE_BUF, 'f');
-  REQUIRE(::fcntl(out[1], F_SETFL, O_NONBLOCK) == 0);
-  while (::write(out[1], block.data(), block.size()) > 0) {
-  }
-  REQUIRE(::fcntl(out[1], F_SETFL, 0) == 0);
-
-  std::vector<std::string> argv = ddprun({"--nproc_per_node=1", "--tee=1"},
-                                         {"--lines", "30000", "--eprint", "ready", "--wait"});
-  std::vector<char*> c_argv;
-  for (auto& arg : argv) c_argv.push_back(arg.data());
-  c_argv.push_back(nullptr);
-  const pid_t pid = ::fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    ::dup2(out[1], 1);
-    ::dup2(err[1], 2);
-    ::execv(c_argv[0], c_argv.data());
-    ::_exit(127);
-  }
-  ::close(out[1]);
-  ::close(err[1]);
-  struct Cleanup {  // when a REQUIRE fails: ddprun's death makes its reaper kill the worker
-    pid_t pid;
-    int fds[2];
-    bool reaped = false;
-    ~Cleanup() {
-      if (!reaped) {
-        ::kill(pid, SIGKILL);
-        ::waitpid(pid, nullptr, 0);
-      }
-      for (int fd : fds) ::close(fd);
-    }
-  } cleanup{pid, {out[0], err[0]}};
-  std::string err_text = read_fd_until(err[0], "ready");
+  FullConsoleProcess agent(ddprun({"--nproc_per_node=1", "--tee=1"},
+                                  {"--lines", "30000", "--eprint", "ready", "--wait"}),
+                           FullConsoleProcess::Full::kStdout);
+  const pid_t pid = agent.pid();
+  agent.read_stderr_until("ready");
 
   // The worker: ddprun's child that runs ddp-sample-worker (another one is its reaper).
   std::ifstream children("/proc/" + std::to_string(pid) + "/task/" + std::to_string(pid) +
@@ -555,11 +499,9 @@ TEST_CASE("a console that stops reading does not stall the agent: SIGTERM is sti
   ::kill(pid, SIGTERM);
   CHECK(wait_for_process_exit(worker));  // forwarded while the console is still full
 
-  const std::string out_text = read_fd_until(out[0], "");
-  err_text += read_fd_until(err[0], "");
-  int status = 0;
-  REQUIRE(::waitpid(pid, &status, 0) == pid);
-  cleanup.reaped = true;
+  const int status = agent.wait();
+  const std::string out_text = agent.stdout_text();
+  const std::string err_text = agent.stderr_text();
   CHECK(WIFEXITED(status));
   CHECK(WEXITSTATUS(status) == 128 + SIGTERM);
   CHECK_THAT(err_text, Catch::Contains("ddprun: got SIGTERM: forwarding it to the workers"));

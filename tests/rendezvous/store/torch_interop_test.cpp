@@ -27,6 +27,28 @@ bool skip_without_torch() {
   return true;
 }
 
+// PyTorch's own TCPStore server (store_server.py), and how our client reaches it.
+class TorchServer {
+ public:
+  TorchServer() : python_({ddp::test::torch_python(), script("store_server.py")}) {
+    const std::string port_line = python_.next_stdout_line();  // the port it listens on
+    REQUIRE_FALSE(port_line.empty());
+    port_ = static_cast<std::uint16_t>(std::stoi(port_line));
+  }
+
+  ClientOptions client_options() const {
+    ClientOptions options;
+    options.port = port_;
+    options.dialect = Dialect::V1;
+    options.timeout = 20s;
+    return options;
+  }
+
+ private:
+  ChildProcess python_;
+  std::uint16_t port_ = 0;
+};
+
 }  // namespace
 
 TEST_CASE("PyTorch 1.13 TCPStore client against our server: every operation it has") {
@@ -63,13 +85,8 @@ TEST_CASE("a two-rank PyTorch Gloo job meets through our server") {
 
 TEST_CASE("our 1.x client against PyTorch 1.13's TCPStore server") {
   if (skip_without_torch()) return;
-  ChildProcess python({ddp::test::torch_python(), script("store_server.py")});
-  const std::string port_line = python.next_stdout_line();
-  REQUIRE_FALSE(port_line.empty());
-  ClientOptions options;
-  options.port = static_cast<std::uint16_t>(std::stoi(port_line));
-  options.dialect = Dialect::V1;
-  options.timeout = 20s;
+  TorchServer torch_server;
+  const ClientOptions options = torch_server.client_options();
   Client client(options);
 
   client.set("k", std::string("\0v", 2));
@@ -100,13 +117,8 @@ TEST_CASE("our 1.x client against PyTorch 1.13's TCPStore server") {
 
 TEST_CASE("ADD on every stored form answers as PyTorch 1.13's own server does") {
   if (skip_without_torch()) return;
-  ChildProcess python({ddp::test::torch_python(), script("store_server.py")});
-  const std::string port_line = python.next_stdout_line();
-  REQUIRE_FALSE(port_line.empty());
-  ClientOptions options;
-  options.port = static_cast<std::uint16_t>(std::stoi(port_line));
-  options.dialect = Dialect::V1;
-  options.timeout = 20s;
+  TorchServer torch_server;
+  const ClientOptions options = torch_server.client_options();
   for (const auto& form : ddp::test::add_forms()) {
     CAPTURE(form.stored);
     Client client(options);  // a fresh connection: PyTorch's server closes it when stoll throws
