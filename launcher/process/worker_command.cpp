@@ -7,7 +7,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "ddp/launcher/cli.hpp"
+#include "ddp/launcher/usage_error.hpp"
 #include "record_wrapper.hpp"
 
 namespace ddp::launcher {
