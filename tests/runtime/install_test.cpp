@@ -36,10 +36,37 @@ TEST_CASE("the sample program builds against the installed package and prints su
              "set(CMAKE_CXX_STANDARD 20)\n"
              "find_package(ddp REQUIRED)\n"
              "add_executable(sum main.cpp)\n"
-             "target_link_libraries(sum PRIVATE ddp::runtime)\n");
+             "target_link_libraries(sum PRIVATE ddp::runtime)\n"
+             // The rendezvous rooms, by their old combined target and by the store alone.
+             "add_executable(rdzv rdzv.cpp)\n"
+             "target_link_libraries(rdzv PRIVATE ddp::rendezvous)\n"
+             "add_executable(store_only store_only.cpp)\n"
+             "target_link_libraries(store_only PRIVATE ddp::store)\n");
+  write_file(project / "rdzv.cpp",
+             "#include \"ddp/elastic/round_state.hpp\"\n"
+             "#include \"ddp/etcd/etcd_store.hpp\"\n"
+             "#include \"ddp/store/local_address.hpp\"\n"
+             "#include \"ddp/store/memory_store.hpp\"\n"
+             "int main() {\n"
+             "  ddp::store::MemoryStore store;\n"
+             "  store.set(\"k\", \"v\");\n"
+             "  return store.get(\"k\") == \"v\" &&\n"
+             "         !ddp::store::local_address_towards(\"127.0.0.1\", 1).empty() ? 0 : 1;\n"
+             "}\n");
+  write_file(project / "store_only.cpp",
+             "#include \"ddp/store/memory_store.hpp\"\n"
+             "int main() {\n"
+             "  ddp::store::MemoryStore store;\n"
+             "  return store.add(\"n\", 2) == 2 ? 0 : 1;\n"
+             "}\n");
   result = run("cmake -S " + project.string() + " -B " + (project / "build").string() +
                " -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH=" + prefix.string() +
                " && cmake --build " + (project / "build").string());
+  INFO(result.output);
+  REQUIRE(result.status == 0);
+
+  result = run((project / "build" / "rdzv").string() + " && " +
+               (project / "build" / "store_only").string());
   INFO(result.output);
   REQUIRE(result.status == 0);
 
