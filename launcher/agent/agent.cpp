@@ -9,16 +9,16 @@
 #include <random>
 #include <system_error>
 
+#include "../output/console_writer.hpp"
+#include "../process/group_reaper.hpp"
 #include "agent_machine.hpp"
 #include "asio_timers.hpp"
-#include "process_worker_group.hpp"
-#include "rendezvous_host.hpp"
-#include "../output/console_writer.hpp"
 #include "ddp/common/host_name.hpp"
 #include "ddp/launcher/log_dir.hpp"
 #include "ddp/launcher/log_file_errors.hpp"
 #include "ddp/launcher/worker_env.hpp"
-#include "../process/group_reaper.hpp"
+#include "process_worker_group.hpp"
+#include "rendezvous_host.hpp"
 
 namespace ddp::launcher {
 namespace fs = std::filesystem;

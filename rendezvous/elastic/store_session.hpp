@@ -69,7 +69,6 @@ struct StoreSession {
   RoundEnd end_round(store::Store& store, int round, const RoundEnd& end) const;
 };
 
-
 // "12 s", "1.5 s"
 std::string seconds_text(std::chrono::milliseconds duration);
 

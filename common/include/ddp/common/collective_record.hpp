@@ -42,12 +42,18 @@ enum class Op : std::uint64_t {
 
 inline const char* op_name(std::uint64_t op) {
   switch (static_cast<Op>(op)) {
-    case Op::kAllReduce: return "all_reduce";
-    case Op::kBroadcast: return "broadcast";
-    case Op::kAllGather: return "all_gather";
-    case Op::kReduceScatter: return "reduce_scatter";
-    case Op::kBarrier: return "barrier";
-    case Op::kNone: break;
+    case Op::kAllReduce:
+      return "all_reduce";
+    case Op::kBroadcast:
+      return "broadcast";
+    case Op::kAllGather:
+      return "all_gather";
+    case Op::kReduceScatter:
+      return "reduce_scatter";
+    case Op::kBarrier:
+      return "barrier";
+    case Op::kNone:
+      break;
   }
   return "unknown";
 }
@@ -117,9 +123,9 @@ struct RecordPage {
   std::atomic<std::uint64_t> last_finished_ns;  // when `finished` last moved
   std::atomic<std::uint64_t> failed;            // 1: a collective failed (the communicator broke)
   // Reducer steps.
-  std::atomic<std::uint64_t> steps;              // the last step that began
-  std::atomic<std::uint64_t> compute_ns_total;   // sum over steps of ready_ns - begin_ns
-  std::atomic<std::uint64_t> wait_ns_total;      // sum over steps of finalized_ns - ready_ns
+  std::atomic<std::uint64_t> steps;             // the last step that began
+  std::atomic<std::uint64_t> compute_ns_total;  // sum over steps of ready_ns - begin_ns
+  std::atomic<std::uint64_t> wait_ns_total;     // sum over steps of finalized_ns - ready_ns
   std::atomic<std::uint64_t> reserved[18];
   CollectiveSlot collectives[kCollectiveSlots];
   StepSlot step_slots[kStepSlots];
