@@ -2,8 +2,10 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <random>
@@ -17,6 +19,7 @@
 #include "ddp/launcher/log_dir.hpp"
 #include "ddp/launcher/log_file_errors.hpp"
 #include "ddp/launcher/worker_env.hpp"
+#include "hang_monitor.hpp"
 #include "process_worker_group.hpp"
 #include "rendezvous_host.hpp"
 
@@ -70,6 +73,7 @@ class Agent::Impl {
         host_(this_host()) {}
 
   ~Impl() {
+    hang_monitor_.reset();
     machine_.reset();
     workers_.reset();  // kills and reaps what still runs
     rendezvous_.reset();
@@ -79,6 +83,7 @@ class Agent::Impl {
   int run() {
     reaper_.emplace();  // before any handler or socket of ours exists to be inherited
     for (int signal : config_.signals_to_handle) signals_.add(signal);
+    if (!handles(SIGUSR1)) signals_.add(SIGUSR1);  // prints the collectives; not forwarded
     wait_for_signal();
     elastic::NodeInfo self{make_node_id(host_),    host_,        config_.local_addr,
                            config_.nproc_per_node, config_.role, std::nullopt};
@@ -153,13 +158,30 @@ class Agent::Impl {
       context.open_worker_store = [this] { return rendezvous_->open_worker_store(); };
     }
     context.on_done = [this](AgentOutcome outcome) { stop(std::move(outcome)); };
+    context.collectives = [this] { return hang_monitor_->summary_now(); };
+
+    HangMonitorOptions hang;
+    hang.hang_timeout = config_.hang_timeout;
+    hang.views = [this] { return workers_->rank_views(); };
+    hang.round = [this] {
+      return machine_->state() == AgentMachine::State::kRunning ? machine_->round() : -1;
+    };
+    hang.attempt_dir = [this] { return workers_->attempt_dir(); };
+    hang.post = context.post;
+    hang_monitor_ = std::make_unique<HangMonitor>(io_, std::move(hang));
+
     machine_ = std::make_unique<AgentMachine>(std::move(machine), std::move(context));
     machine_->start();
+    hang_monitor_->start();
   }
 
   void wait_for_signal() {
     signals_.async_wait([this](boost::system::error_code ec, int signal) {
       if (ec) return;
+      if (signal == SIGUSR1 && !handles(SIGUSR1)) {
+        print_collectives();
+        return wait_for_signal();
+      }
       if (lingering_) return io_.stop();
       if (machine_) machine_->handle(event::Signal{signal});
       wait_for_signal();
@@ -184,6 +206,22 @@ class Agent::Impl {
     io_.stop();
   }
 
+  bool handles(int signal) const {
+    const auto& handled = config_.signals_to_handle;
+    return std::find(handled.begin(), handled.end(), signal) != handled.end();
+  }
+
+  // kill -USR1 <ddprun>: where every rank's collectives are; the job goes on.
+  void print_collectives() {
+    std::string view = hang_monitor_ ? hang_monitor_->view_now() : "";
+    if (view.empty()) {
+      view =
+          "kill -USR1: no worker records its collectives (not libddp programs, or no "
+          "communicator made yet)";
+    }
+    notice("ddprun: " + view);
+  }
+
   void notice(const std::string& line) { console_.write_notice(options_.console_err, line + "\n"); }
 
   boost::asio::io_context& io_;
@@ -200,6 +238,7 @@ class Agent::Impl {
   std::unique_ptr<RendezvousHost> rendezvous_;
   std::unique_ptr<ProcessWorkerGroup> workers_;
   std::unique_ptr<AgentMachine> machine_;
+  std::unique_ptr<HangMonitor> hang_monitor_;  // after machine_: destroyed (joined) first
   std::optional<int> exit_code_;
   std::shared_ptr<LogFileErrors> log_errors_ =
       std::make_shared<LogFileErrors>([this](std::string line) { notice(line); });

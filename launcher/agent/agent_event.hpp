@@ -11,6 +11,7 @@
 
 #include "../process/worker.hpp"
 #include "ddp/elastic/rendezvous.hpp"
+#include "ddp/launcher/failure_report.hpp"
 
 namespace ddp::launcher::event {
 
@@ -48,6 +49,10 @@ struct GraceTimer {  // the barrier failed and no stop reason came
 struct Signal {  // one of --signals_to_handle reached the agent
   int number = 0;
 };
+struct Hung {  // the hang monitor found the round's collectives stuck (--hang_timeout)
+  int round = 0;
+  WorkerFailure root_cause;  // the rank to blame, hung = true, the report in error
+};
 struct OutputDrained {};  // teed output of every worker reached end-of-file
 struct DrainTimer {};     // waited long enough for the last output
 
@@ -58,6 +63,6 @@ namespace ddp::launcher {
 using AgentEvent =
     std::variant<event::RoundReady, event::RoundError, event::Waiting, event::WorkerExited,
                  event::RoundStopped, event::BarrierDone, event::KillTimer, event::GraceTimer,
-                 event::Signal, event::OutputDrained, event::DrainTimer>;
+                 event::Signal, event::Hung, event::OutputDrained, event::DrainTimer>;
 
 }  // namespace ddp::launcher

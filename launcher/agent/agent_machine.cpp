@@ -109,8 +109,23 @@ void AgentMachine::on(const event::WorkerExited& e) {
 // The root cause. Workers that have already failed too are "other failures"; the rest are
 // stopped and not reported (their exit is our doing). Every node learns it through the round.
 void AgentMachine::on_local_failure(int local_rank) {
-  root_cause_ = ctx_.workers->failure_of(local_rank);
+  WorkerFailure root = ctx_.workers->failure_of(local_rank);
+  if (ctx_.collectives) root.collectives = ctx_.collectives();
   other_failures_ = ctx_.workers->other_failures(local_rank);
+  fail_round(std::move(root));
+}
+
+// The job hung: the report so far goes out at once (the stop takes up to --shutdown_timeout),
+// then the round ends as after a worker failure, with the blamed rank as its root cause.
+void AgentMachine::on(const event::Hung& e) {
+  if (!current(e.round) || state_ != State::kRunning) return;
+  if (e.root_cause.error) ctx_.notice("ddprun: " + e.root_cause.error->traceback);
+  other_failures_ = ctx_.workers->other_failures(-1);
+  fail_round(e.root_cause);
+}
+
+void AgentMachine::fail_round(WorkerFailure root_cause) {
+  root_cause_ = std::move(root_cause);
   state_ = State::kStopping;
   StopReason reason;
   reason.kind = StopReason::Kind::kWorkerFailed;
@@ -301,10 +316,14 @@ void AgentMachine::done() {
   ctx_.on_done(std::move(outcome_));
 }
 
+// The message of a stop reason for a hang (event::Hung) starts with this.
+constexpr std::string_view kHangPrefix = "the job hung";
+
 std::string stop_reason_text(const StopReason& reason) {
   const std::string node = reason.host.empty() ? reason.node_id : reason.host;
   switch (reason.kind) {
     case StopReason::Kind::kWorkerFailed:
+      if (reason.message.starts_with(kHangPrefix)) return reason.message;  // says it all
       return "rank " + std::to_string(reason.rank) + " on " + node + ": " +
              failure_from(reason).describe_exit();
     case StopReason::Kind::kNodeLost:

@@ -63,6 +63,9 @@ struct AgentMachineContext {
   std::function<int()> open_worker_store;          // before each round: a fresh worker store's port
                                                    // (c10d); unset: 0 (the master is fixed)
   std::function<void(AgentOutcome)> on_done;       // once, when the job is over and output drained
+  // Where the round's collectives are, for a failure's report (one line; empty: no worker
+  // records them). Unset: none.
+  std::function<std::string()> collectives;
 };
 
 class AgentMachine {
@@ -99,12 +102,14 @@ class AgentMachine {
   void on(const event::KillTimer& e);
   void on(const event::GraceTimer& e);
   void on(const event::Signal& e);
+  void on(const event::Hung& e);
   void on(const event::OutputDrained& e);
   void on(const event::DrainTimer& e);
 
   bool current(int round) const { return round == round_; }
   void join_next_round();
   void on_local_failure(int local_rank);
+  void fail_round(WorkerFailure root_cause);
   void stop_workers(int signal);
   void on_group_exited();
   void decide_after_stop();

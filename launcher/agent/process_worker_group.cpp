@@ -21,9 +21,10 @@ ProcessWorkerGroup::~ProcessWorkerGroup() {
 void ProcessWorkerGroup::start(const elastic::RoundInfo& round, ExitHandler on_exit) {
   round_ = round;
   workers_.clear();
+  records_.clear();
   const int local_world = elastic::worker_ranks(round, 0).local_world_size;
   error_files_.assign(static_cast<std::size_t>(local_world), "");
-  const fs::path dir = options_.log_root / ("attempt_" + std::to_string(round.restart_count));
+  const fs::path dir = attempt_dir();
   for (int local_rank = 0; local_rank < local_world; ++local_rank) {
     start_worker(local_rank, dir / std::to_string(local_rank), on_exit);
   }
@@ -41,6 +42,13 @@ void ProcessWorkerGroup::start_worker(int local_rank, const fs::path& dir, ExitH
   spawn.argv = worker_argv(options_.command, options_.config, local_rank);
   spawn.env = merge_environment(
       options_.base_env, worker_variables(options_.config, master, identity, options_.base_env));
+  // The collective record page libddp writes and the hang monitor reads.
+  auto record = std::make_unique<RecordMapping>();
+  std::erase_if(spawn.env, [](const std::string& entry) {  // one of an outer ddprun
+    return entry.starts_with(std::string(record::kRecordFdVariable) + "=");
+  });
+  spawn.env.push_back(record->variable());
+  spawn.inherit_fd = record->fd();
   WorkerStreams streams = open_worker_streams(options_.config, local_rank, dir,
                                               options_.console_out, options_.console_err);
   spawn.stdout_fd = streams.child_out.valid() ? streams.child_out.get() : -1;
@@ -51,6 +59,7 @@ void ProcessWorkerGroup::start_worker(int local_rank, const fs::path& dir, ExitH
   workers_.push_back(worker);
   reaper_.watch(worker->pid());
   error_files_[static_cast<std::size_t>(local_rank)] = identity.error_file;
+  records_.push_back(std::move(record));
   tee_output(local_rank, streams);
 }  // the child's ends of pipes and files close here, in the agent
 
@@ -85,6 +94,33 @@ void ProcessWorkerGroup::release() {
     worker->signal_group(SIGKILL);  // stragglers in the groups
     reaper_.forget(worker->pid());
   }
+}
+
+fs::path ProcessWorkerGroup::attempt_dir() const {
+  return options_.log_root / ("attempt_" + std::to_string(round_.restart_count));
+}
+
+std::vector<RankView> ProcessWorkerGroup::rank_views() const {
+  const std::uint64_t now = monotonic_now_ns();
+  std::vector<RankView> views;
+  for (std::size_t i = 0; i < workers_.size() && i < records_.size(); ++i) {
+    const Worker& worker = *workers_[i];
+    RankView view;
+    view.local_rank = worker.local_rank();
+    view.rank = elastic::worker_ranks(round_, view.local_rank).rank;
+    view.host = options_.host;
+    view.pid = worker.pid();
+    view.running = worker.running();
+    if (worker.exit()) {
+      WorkerFailure exit;
+      exit.exit_code = worker.exit()->exit_code;
+      exit.signal = worker.exit()->signal;
+      view.exit_text = exit.describe_exit();
+    }
+    read_record(records_[i]->page(), now, view);
+    views.push_back(std::move(view));
+  }
+  return views;
 }
 
 std::vector<StillRunning> ProcessWorkerGroup::still_running() const {

@@ -14,6 +14,7 @@
 
 #include "../output/console_writer.hpp"
 #include "../process/group_reaper.hpp"
+#include "../process/record_mapping.hpp"
 #include "../process/worker_streams.hpp"
 #include "ddp/launcher/launch_config.hpp"
 #include "ddp/launcher/log_file_errors.hpp"
@@ -51,6 +52,10 @@ class ProcessWorkerGroup : public WorkerGroup {
   std::vector<WorkerFailure> other_failures(int except) override;
   std::vector<StillRunning> still_running() const override;
   bool output_pending() const override { return pending_tees_ > 0; }
+  std::vector<RankView> rank_views() const override;
+
+  // The round's attempt directory: <log_root>/attempt_<restart count>/.
+  std::filesystem::path attempt_dir() const;
 
  private:
   void start_worker(int local_rank, const std::filesystem::path& dir, ExitHandler on_exit);
@@ -62,8 +67,9 @@ class ProcessWorkerGroup : public WorkerGroup {
   ConsoleWriter& console_;
   GroupReaper& reaper_;
   elastic::RoundInfo round_;
-  std::vector<std::shared_ptr<Worker>> workers_;  // by local rank, this round
-  std::vector<std::string> error_files_;          // by local rank, this round
+  std::vector<std::shared_ptr<Worker>> workers_;         // by local rank, this round
+  std::vector<std::string> error_files_;                 // by local rank, this round
+  std::vector<std::unique_ptr<RecordMapping>> records_;  // by local rank, this round
   int pending_tees_ = 0;
 };
 

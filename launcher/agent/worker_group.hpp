@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "../diagnosis/rank_view.hpp"
 #include "../process/worker.hpp"
 #include "ddp/elastic/rendezvous.hpp"
 #include "ddp/launcher/failure_report.hpp"
@@ -45,6 +46,9 @@ class WorkerGroup {
 
   // True while teed output of any round has not reached end-of-file.
   virtual bool output_pending() const = 0;
+
+  // Each worker of the round as its collective record shows it (empty: none recorded).
+  virtual std::vector<RankView> rank_views() const { return {}; }
 };
 
 }  // namespace ddp::launcher

@@ -200,6 +200,8 @@ void parse_lifecycle(const RawOptions& raw, LaunchConfig& config) {
   }
   auto ms = static_cast<long long>(seconds_option(raw, "shutdown_timeout") * 1000.0);
   config.shutdown_timeout = std::chrono::milliseconds(ms);
+  ms = static_cast<long long>(seconds_option(raw, "hang_timeout") * 1000.0);
+  config.hang_timeout = std::chrono::milliseconds(ms);
 }
 
 void parse_logs(const RawOptions& raw, LaunchConfig& config) {

@@ -54,6 +54,10 @@ constexpr std::array kOptions = {
                kLife, "Signals forwarded to every worker's process group."},
     OptionSpec{"shutdown_timeout", "", true, false, "SECONDS", "30", kLife,
                "Grace period between SIGTERM (or the forwarded signal) and SIGKILL."},
+    OptionSpec{"hang_timeout", "", true, false, "SECONDS", "300", kLife,
+               "A job whose libddp ranks finish no collective for this long while one waits in "
+               "one is hung: ddprun names the collective and the ranks to blame, shows each "
+               "worker's stack, and stops the group as a failure. 0: off."},
     OptionSpec{"role", "", false, false, "NAME", "default", kLife,
                "Worker role: ROLE_NAME and the [<role><local_rank>]: prefix of teed lines."},
     OptionSpec{"log_dir", "", true, false, "DIR", "", kLogs,

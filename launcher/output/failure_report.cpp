@@ -71,6 +71,7 @@ std::string describe(std::size_t index, const WorkerFailure& f) {
       << "  traceback : " << traceback_of(f) << "\n"
       << "  exit      : " << f.describe_exit() << "\n";
   if (f.error) out << "  message   : " << f.error->message << "\n";
+  if (!f.collectives.empty()) out << "  collective: " << f.collectives << "\n";
   return out.str();
 }
 
@@ -118,6 +119,7 @@ std::optional<ErrorFileContent> read_error_file(const std::string& path) {
 }
 
 std::string WorkerFailure::describe_exit() const {
+  if (hung) return "hung: stopped by ddprun after --hang_timeout";
   if (signal != 0) return "signal " + signal_name(signal) + " (" + std::to_string(signal) + ")";
   return "exit code " + std::to_string(exit_code);
 }

@@ -34,10 +34,12 @@ struct WorkerFailure {
   int signal = 0;                         // when killed by a signal (then exit_code is 0)
   std::string error_file;                 // its TORCHELASTIC_ERROR_FILE
   std::optional<ErrorFileContent> error;  // what it wrote there
+  bool hung = false;                      // not an exit: ddprun found the job hung (--hang_timeout)
+  std::string collectives;  // where the job's collectives were (a line or more), if recorded
 
   // The exit status ddprun reports for it: exit_code, or 128+signal.
   int status() const { return signal != 0 ? 128 + signal : exit_code; }
-  // "exit code 3" or "signal SIGKILL (9)".
+  // "exit code 3", "signal SIGKILL (9)" or "hung: stopped by ddprun".
   std::string describe_exit() const;
 };
 

@@ -59,6 +59,8 @@ struct LaunchConfig {
   std::string role = "default";        // --role; ROLE_NAME and the tee prefix
   std::vector<int> signals_to_handle;  // --signals_to_handle, as signal numbers
   std::chrono::milliseconds shutdown_timeout{std::chrono::seconds(30)};  // --shutdown_timeout
+  // --hang_timeout: no collective finished for this long while one waits: a hang. 0: off.
+  std::chrono::milliseconds hang_timeout{std::chrono::seconds(300)};
 
   // Logs.
   std::optional<std::string> log_dir;               // --log_dir; a temp dir when unset

@@ -1,0 +1,141 @@
+#include "hang_monitor.hpp"
+
+#include <algorithm>
+#include <fstream>
+
+#include "../diagnosis/stack_capture.hpp"
+
+namespace ddp::launcher {
+namespace fs = std::filesystem;
+
+namespace {
+
+void write_text(const fs::path& path, const std::string& text) {
+  std::error_code ignored;
+  fs::create_directories(path.parent_path(), ignored);
+  std::ofstream(path) << text;
+}
+
+// The rank the report's root cause names: the first to blame, else the first that waits.
+const RankView& root_rank(const CollectiveDiagnosis& diagnosis,
+                          const std::vector<RankView>& views) {
+  for (int rank : diagnosis.blamed) {
+    auto it =
+        std::find_if(views.begin(), views.end(), [&](const RankView& v) { return v.rank == rank; });
+    if (it != views.end()) return *it;
+  }
+  auto waiting = std::find_if(views.begin(), views.end(), [](const RankView& v) {
+    return v.pending.has_value() && !v.pending->finished;
+  });
+  return waiting != views.end() ? *waiting : views.front();
+}
+
+}  // namespace
+
+std::string hang_report(const CollectiveDiagnosis& diagnosis, const std::string& stacks) {
+  std::string text = diagnosis.headline + "\n";
+  for (const std::string& line : diagnosis.ranks) text += "  " + line + "\n";
+  if (!stacks.empty()) {
+    text += "where each worker was (eu-stack):\n";
+    std::size_t start = 0;
+    while (start < stacks.size()) {
+      const std::size_t end = stacks.find('\n', start);
+      text += "  " + stacks.substr(start, end - start) + "\n";
+      if (end == std::string::npos) break;
+      start = end + 1;
+    }
+  }
+  while (!text.empty() && text.back() == '\n') text.pop_back();
+  return text;
+}
+
+HangMonitor::HangMonitor(boost::asio::io_context& io, HangMonitorOptions options)
+    : options_(std::move(options)), timer_(io) {}
+
+HangMonitor::~HangMonitor() {
+  timer_.cancel();
+  if (reporter_.joinable()) reporter_.join();
+}
+
+std::chrono::milliseconds HangMonitor::tick() const {
+  return std::clamp(options_.hang_timeout / 4, std::chrono::milliseconds(100),
+                    std::chrono::milliseconds(1000));
+}
+
+void HangMonitor::start() {
+  if (options_.hang_timeout.count() > 0) schedule();
+}
+
+void HangMonitor::schedule() {
+  timer_.expires_after(tick());
+  timer_.async_wait([this](boost::system::error_code ec) {
+    if (ec) return;
+    check();
+    schedule();
+  });
+}
+
+void HangMonitor::check() {
+  const int round = options_.round();
+  if (round == reported_round_) return;
+  std::vector<RankView> views = options_.views();
+  const double timeout_s = static_cast<double>(options_.hang_timeout.count()) / 1000.0;
+  auto diagnosis = judge_hang(views, timeout_s);
+  if (!diagnosis) return;
+  reported_round_ = round;
+  if (reporter_.joinable()) reporter_.join();  // an earlier round's, long done
+  reporter_ = std::thread(
+      [this, round, d = std::move(*diagnosis), views = std::move(views),
+       dir = options_.attempt_dir()] { report(round, std::move(d), std::move(views), dir); });
+}
+
+void HangMonitor::report(int round, CollectiveDiagnosis diagnosis, std::vector<RankView> views,
+                         const fs::path& dir) {
+  std::vector<RankStack> targets;
+  for (const RankView& view : views) {
+    if (view.running && view.pid > 0) targets.push_back({view.rank, view.pid, "", ""});
+  }
+  const std::vector<RankStack> stacks = capture_stacks(std::move(targets));
+  for (const RankStack& stack : stacks) {
+    auto view = std::find_if(views.begin(), views.end(),
+                             [&](const RankView& v) { return v.rank == stack.rank; });
+    write_text(dir / std::to_string(view->local_rank) / "stack.txt",
+               stack.error.empty() ? stack.stack : stack.error + "\n");
+  }
+  const std::string text = hang_report(diagnosis, group_stacks(stacks));
+  write_text(dir / "hang.txt", text + "\n");
+
+  const RankView& root = root_rank(diagnosis, views);
+  WorkerFailure failure;
+  failure.time = std::chrono::system_clock::now();
+  failure.host = root.host;
+  failure.rank = root.rank;
+  failure.local_rank = root.local_rank;
+  failure.pid = root.pid;
+  failure.exit_code = 1;
+  failure.hung = true;
+  failure.error_file = (dir / "hang.txt").string();
+  failure.error = ErrorFileContent{diagnosis.headline, text};
+  options_.post(event::Hung{round, std::move(failure)});
+}
+
+std::string HangMonitor::view_now() const {
+  std::vector<RankView> views = options_.views();
+  if (std::none_of(views.begin(), views.end(), [](const RankView& v) { return v.attached; })) {
+    return "";
+  }
+  const CollectiveDiagnosis diagnosis = diagnose(std::move(views));
+  std::string text = "collectives now (kill -USR1): " + diagnosis.headline;
+  for (const std::string& line : diagnosis.ranks) text += "\n  " + line;
+  return text;
+}
+
+std::string HangMonitor::summary_now() const {
+  std::vector<RankView> views = options_.views();
+  if (std::none_of(views.begin(), views.end(), [](const RankView& v) { return v.attached; })) {
+    return "";
+  }
+  return diagnose(std::move(views)).headline;
+}
+
+}  // namespace ddp::launcher

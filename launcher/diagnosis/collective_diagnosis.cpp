@@ -1,0 +1,194 @@
+#include "collective_diagnosis.hpp"
+
+#include <algorithm>
+#include <cstdio>
+#include <map>
+
+namespace ddp::launcher {
+namespace {
+
+std::string who(const RankView& r) {
+  return "rank " + std::to_string(r.rank) + " (" + (r.host.empty() ? "" : "host " + r.host + ", ") +
+         "pid " + std::to_string(r.pid) + ")";
+}
+
+// "all_reduce, bucket 3, 12.0 MiB float32"
+std::string call_text(const CollectiveInfo& c) {
+  std::string text = c.op;
+  if (c.bucket) text += ", bucket " + std::to_string(*c.bucket);
+  return text + ", " + byte_text(c.bytes) + " " + c.dtype;
+}
+
+// "all_reduce of 1024 float32 (4.0 KiB)"
+std::string signature_text(const CollectiveInfo& c) {
+  return c.op + " of " + std::to_string(c.count) + " " + c.dtype + " (" + byte_text(c.bytes) + ")";
+}
+
+std::string plural_ranks(const std::vector<int>& ranks) {
+  return (ranks.size() == 1 ? "rank " : "ranks ") + rank_list(ranks);
+}
+
+std::string rank_line(const RankView& r, std::uint64_t k) {
+  std::string line = who(r) + ": ";
+  if (!r.attached) {
+    line += "no collective record (not a libddp program, or its communicator is not made yet)";
+  } else if (r.queued >= k && r.finished < k) {
+    line += "waiting in collective " + std::to_string(k);
+    if (r.pending) {
+      line += " (" + call_text(*r.pending) + ") for " + duration_text(r.pending->age_s);
+    }
+  } else if (r.finished >= k) {
+    line += "finished collective " + std::to_string(r.finished);
+  } else if (r.finished == 0) {
+    line += "has finished no collective";
+  } else {
+    line += "finished collective " + std::to_string(r.finished);
+    if (r.since_finished_s) line += " " + duration_text(*r.since_finished_s) + " ago";
+    line += "; not in a collective";
+  }
+  if (!r.running) line += " [exited: " + r.exit_text + "]";
+  if (r.failed) line += " [a collective failed]";
+  return line;
+}
+
+// Why a rank never entered collective k, after "never entered it".
+std::string absence_text(const RankView& r) {
+  std::string text;
+  if (r.finished == 0) {
+    text = "it has finished no collective yet";
+  } else {
+    text = "its last finished collective is " + std::to_string(r.finished);
+    if (r.since_finished_s) text += ", " + duration_text(*r.since_finished_s) + " ago";
+  }
+  if (!r.running) text += "; it exited (" + r.exit_text + ")";
+  return text;
+}
+
+}  // namespace
+
+std::string rank_list(std::vector<int> ranks) {
+  std::sort(ranks.begin(), ranks.end());
+  ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
+  std::string text;
+  for (std::size_t i = 0; i < ranks.size();) {
+    std::size_t j = i;
+    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
+    if (!text.empty()) text += ", ";
+    text += std::to_string(ranks[i]);
+    if (j > i) text += (j == i + 1 ? ", " : "-") + std::to_string(ranks[j]);
+    i = j + 1;
+  }
+  return text;
+}
+
+std::string byte_text(std::uint64_t bytes) {
+  char text[32];
+  if (bytes < 1024) {
+    std::snprintf(text, sizeof text, "%llu B", static_cast<unsigned long long>(bytes));
+  } else if (bytes < (1ull << 20)) {
+    std::snprintf(text, sizeof text, "%.1f KiB", static_cast<double>(bytes) / 1024.0);
+  } else if (bytes < (1ull << 30)) {
+    std::snprintf(text, sizeof text, "%.1f MiB", static_cast<double>(bytes) / (1 << 20));
+  } else {
+    std::snprintf(text, sizeof text, "%.1f GiB", static_cast<double>(bytes) / (1 << 30));
+  }
+  return text;
+}
+
+std::string duration_text(double seconds) {
+  char text[32];
+  std::snprintf(text, sizeof text, seconds >= 10 ? "%.0f s" : "%.1f s", seconds);
+  return text;
+}
+
+CollectiveDiagnosis diagnose(std::vector<RankView> ranks) {
+  std::sort(ranks.begin(), ranks.end(),
+            [](const RankView& a, const RankView& b) { return a.rank < b.rank; });
+  CollectiveDiagnosis d;
+  std::optional<std::uint64_t> lowest;
+  for (const RankView& r : ranks) {
+    if (r.attached) lowest = std::min(lowest.value_or(r.finished), r.finished);
+  }
+  if (!lowest) {
+    for (const RankView& r : ranks) d.ranks.push_back(rank_line(r, 0));
+    return d;
+  }
+  const std::uint64_t k = *lowest + 1;
+  d.collective = k;
+  for (const RankView& r : ranks) d.ranks.push_back(rank_line(r, k));
+
+  // Who entered collective k (and with which call), who never did.
+  std::vector<int> waiting, absent;
+  std::vector<std::pair<CollectiveInfo, std::vector<int>>> calls;  // in order of first rank
+  double waited = 0;
+  for (const RankView& r : ranks) {
+    if (!r.attached || r.finished >= k) continue;
+    if (r.queued < k) {
+      absent.push_back(r.rank);
+      continue;
+    }
+    waiting.push_back(r.rank);
+    if (!r.pending) continue;
+    waited = std::max(waited, r.pending->age_s);
+    auto same = std::find_if(calls.begin(), calls.end(),
+                             [&](const auto& call) { return call.first.same_call(*r.pending); });
+    if (same == calls.end()) {
+      calls.push_back({*r.pending, {r.rank}});
+    } else {
+      same->second.push_back(r.rank);
+    }
+  }
+  const std::string at = "collective " + std::to_string(k);
+  if (waiting.empty()) {
+    d.headline = "no collective in flight: every recording rank has finished collective " +
+                 std::to_string(k - 1) + " and not issued the next";
+    return d;
+  }
+  if (calls.size() > 1) {
+    d.desync = true;
+    std::size_t largest = 0;
+    for (std::size_t i = 1; i < calls.size(); ++i) {
+      if (calls[i].second.size() > calls[largest].second.size()) largest = i;
+    }
+    d.headline = at + ": its ranks called it differently (a desync): ";
+    for (std::size_t i = 0; i < calls.size(); ++i) {
+      d.headline += (i ? "; " : "") + plural_ranks(calls[i].second) + " called " +
+                    signature_text(calls[i].first);
+      if (i != largest)
+        d.blamed.insert(d.blamed.end(), calls[i].second.begin(), calls[i].second.end());
+    }
+  } else {
+    d.headline = at;
+    if (!calls.empty()) d.headline += " (" + call_text(calls.front().first) + ")";
+    d.headline += ": " + plural_ranks(waiting) + (waiting.size() == 1 ? " has" : " have") +
+                  " waited in it for " + duration_text(waited);
+  }
+  for (int rank : absent) {
+    const RankView& r = *std::find_if(ranks.begin(), ranks.end(),
+                                      [&](const RankView& v) { return v.rank == rank; });
+    d.headline += "; " + who(r) + " never entered it: " + absence_text(r);
+    d.blamed.push_back(rank);
+  }
+  if (absent.empty() && !d.desync) {
+    d.headline += "; every rank entered it (none is missing: a lost peer or a network fault?)";
+  }
+  return d;
+}
+
+std::optional<CollectiveDiagnosis> judge_hang(const std::vector<RankView>& ranks,
+                                              double hang_timeout_s) {
+  bool stuck = false;
+  for (const RankView& r : ranks) {
+    if (!r.attached) continue;
+    if (r.since_finished_s && *r.since_finished_s < hang_timeout_s) return std::nullopt;
+    if (r.running && r.pending && !r.pending->finished && r.pending->age_s >= hang_timeout_s) {
+      stuck = true;
+    }
+  }
+  if (!stuck) return std::nullopt;
+  CollectiveDiagnosis d = diagnose(ranks);
+  d.headline = "the job hung at " + d.headline;
+  return d;
+}
+
+}  // namespace ddp::launcher

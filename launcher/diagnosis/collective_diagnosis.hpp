@@ -1,0 +1,41 @@
+#pragma once
+// What the ranks' collective records say, in plain words: which collective the job is at,
+// who waits in it, who never entered it, who called it with another op, dtype or count; and
+// whether that is a hang. Pure logic over RankViews (tested without processes). Internal to
+// the launcher.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "rank_view.hpp"
+
+namespace ddp::launcher {
+
+struct CollectiveDiagnosis {
+  std::optional<std::uint64_t> collective;  // the collective the job is at, if any rank records
+  std::string headline;            // one line, no "ddprun: " and no newline; empty: no records
+  std::vector<std::string> ranks;  // one line per rank, in rank order
+  std::vector<int> blamed;         // never entered it, or the odd ones out of a desync
+  bool desync = false;             // ranks entered it with different op, dtype or count
+};
+
+// The state of the job's collectives now (for kill -USR1 and failure reports). ranks: every
+// rank the agent knows of, in any order.
+CollectiveDiagnosis diagnose(std::vector<RankView> ranks);
+
+// A hang: some rank has waited in a collective for at least hang_timeout_s, and no rank has
+// finished one for that long. Then the diagnosis, whose headline starts "the job hung at
+// collective K"; otherwise nullopt.
+std::optional<CollectiveDiagnosis> judge_hang(const std::vector<RankView>& ranks,
+                                              double hang_timeout_s);
+
+// "0-6", "0, 2, 5-7": ranks in short form (sorted, duplicates dropped).
+std::string rank_list(std::vector<int> ranks);
+// "12.0 MiB", "512 B".
+std::string byte_text(std::uint64_t bytes);
+// "300 s", "2.5 s".
+std::string duration_text(double seconds);
+
+}  // namespace ddp::launcher

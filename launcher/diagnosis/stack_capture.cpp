@@ -1,0 +1,139 @@
+#include "stack_capture.hpp"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <map>
+#include <regex>
+#include <sstream>
+#include <thread>
+
+#include "collective_diagnosis.hpp"
+
+extern char** environ;
+
+namespace ddp::launcher {
+namespace {
+
+// Runs eu-stack -p pid with its output on a pipe; kills it at the deadline.
+void run_eu_stack(RankStack& target, std::chrono::milliseconds timeout) {
+  int out[2];
+  if (::pipe2(out, O_CLOEXEC) != 0) {
+    target.error = std::string("pipe: ") + std::strerror(errno);
+    return;
+  }
+  posix_spawn_file_actions_t actions;
+  ::posix_spawn_file_actions_init(&actions);
+  ::posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);
+  ::posix_spawn_file_actions_adddup2(&actions, out[1], STDERR_FILENO);
+  const std::string pid = std::to_string(target.pid);
+  const char* argv[] = {"eu-stack", "-p", pid.c_str(), nullptr};
+  pid_t child = 0;
+  const int spawned = ::posix_spawnp(&child, "eu-stack", &actions, nullptr,
+                                     const_cast<char* const*>(argv), environ);
+  ::posix_spawn_file_actions_destroy(&actions);
+  ::close(out[1]);
+  if (spawned != 0) {
+    ::close(out[0]);
+    target.error = spawned == ENOENT
+                       ? "eu-stack not found (install elfutils to see where workers were)"
+                       : std::string("eu-stack: ") + std::strerror(spawned);
+    return;
+  }
+  const auto deadline = std::chrono::steady_clock::now() + timeout;
+  std::string text;
+  bool timed_out = false;
+  for (;;) {
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    pollfd readable{out[0], POLLIN, 0};
+    if (left.count() <= 0 || ::poll(&readable, 1, static_cast<int>(left.count())) <= 0) {
+      timed_out = true;
+      break;
+    }
+    char buffer[8192];
+    const ssize_t n = ::read(out[0], buffer, sizeof buffer);
+    if (n <= 0) break;
+    text.append(buffer, static_cast<std::size_t>(n));
+  }
+  ::close(out[0]);
+  if (timed_out) ::kill(child, SIGKILL);
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  if (timed_out) {
+    target.error = "eu-stack took longer than " + duration_text(timeout.count() / 1000.0);
+  } else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 ||
+             text.find("#0") == std::string::npos) {
+    while (!text.empty() && text.back() == '\n') text.pop_back();
+    target.error = "eu-stack failed: " + text.substr(0, 300);
+  } else {
+    target.stack = text;
+  }
+}
+
+}  // namespace
+
+std::vector<RankStack> capture_stacks(std::vector<RankStack> workers,
+                                      std::chrono::milliseconds timeout) {
+  std::vector<std::thread> threads;
+  threads.reserve(workers.size());
+  for (RankStack& worker : workers) {
+    threads.emplace_back([&worker, timeout] { run_eu_stack(worker, timeout); });
+  }
+  for (auto& thread : threads) thread.join();
+  return workers;
+}
+
+std::string stack_shape(const std::string& eu_stack_text) {
+  // "#3  0x00007f0011223344 ddp::Reducer::finalize()" -> "#3 ddp::Reducer::finalize()"
+  static const std::regex frame(R"(^#(\d+)\s+0x[0-9a-fA-F]+\s*-?\s*(.*)$)");
+  std::istringstream lines(eu_stack_text);
+  std::string line, shape;
+  while (std::getline(lines, line)) {
+    std::smatch match;
+    if (line.rfind("PID ", 0) == 0) continue;
+    if (line.rfind("TID ", 0) == 0) {
+      shape += "thread:\n";
+    } else if (std::regex_match(line, match, frame)) {
+      std::string function = match[2].str();
+      if (function.empty()) function = "??";
+      shape += "  #" + match[1].str() + " " + function + "\n";
+    }
+  }
+  return shape;
+}
+
+std::string group_stacks(const std::vector<RankStack>& stacks) {
+  std::map<std::string, std::vector<int>> by_shape;
+  std::vector<std::string> missing;
+  for (const RankStack& s : stacks) {
+    if (!s.error.empty()) {
+      missing.push_back("rank " + std::to_string(s.rank) + " (pid " + std::to_string(s.pid) +
+                        "): no stack: " + s.error);
+      continue;
+    }
+    by_shape[stack_shape(s.stack)].push_back(s.rank);
+  }
+  std::vector<std::pair<std::string, std::vector<int>>> groups(by_shape.begin(), by_shape.end());
+  std::stable_sort(groups.begin(), groups.end(),
+                   [](const auto& a, const auto& b) { return a.second.size() > b.second.size(); });
+  std::string text;
+  for (const auto& [shape, ranks] : groups) {
+    text += std::to_string(ranks.size()) + (ranks.size() == 1 ? " rank (" : " ranks (") +
+            rank_list(ranks) + "):\n";
+    std::istringstream lines(shape);
+    std::string line;
+    while (std::getline(lines, line)) text += "  " + line + "\n";
+  }
+  for (const auto& line : missing) text += line + "\n";
+  return text;
+}
+
+}  // namespace ddp::launcher

@@ -1,0 +1,37 @@
+#pragma once
+// Where each worker was: native stacks of running workers through elfutils' eu-stack (it
+// attaches with ptrace for a moment: the agent runs as the workers' user, and as root or with
+// kernel.yama.ptrace_scope=0 where Yama restricts ptrace to ancestors), grouped by identical
+// stack. Blocking: call off the agent's loop. Internal to the launcher.
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+namespace ddp::launcher {
+
+// How long one eu-stack may take before it is killed (a worker with many threads and no
+// symbols cache takes a second or two).
+inline constexpr std::chrono::milliseconds kStackTimeout{10000};
+
+struct RankStack {
+  int rank = -1;
+  pid_t pid = 0;
+  std::string stack;  // eu-stack's text, as printed
+  std::string error;  // why there is none ("eu-stack not found", ptrace refused, ...)
+};
+
+// One eu-stack per worker, all at once; each bounded by timeout.
+std::vector<RankStack> capture_stacks(std::vector<RankStack> workers,
+                                      std::chrono::milliseconds timeout = kStackTimeout);
+
+// The stack without what differs between identical places: addresses, thread ids, the pid.
+std::string stack_shape(const std::string& eu_stack_text);
+
+// Groups ranks by stack shape, largest group first: "3 ranks (0, 1, 3):" then the frames of
+// each thread indented; a rank without a stack is listed with why.
+std::string group_stacks(const std::vector<RankStack>& stacks);
+
+}  // namespace ddp::launcher

@@ -1,0 +1,127 @@
+// Hang diagnosis end to end: ddprun over real libddp workers (ddp-hang-worker) that hang on
+// purpose. ddprun must stop the job within --hang_timeout and a few seconds, and its report's
+// first line must name the collective and the rank to blame.
+#include <sys/wait.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "process_harness.hpp"
+#include "test_support.hpp"
+
+using namespace ddp::test;
+
+namespace {
+
+std::vector<std::string> hang_job(const std::filesystem::path& logs, int nproc,
+                                  const std::vector<std::string>& worker_args,
+                                  const std::string& hang_timeout = "2") {
+  std::vector<std::string> argv = {
+      bin_path("ddprun").string(), "--nproc_per_node=" + std::to_string(nproc),
+      "--hang_timeout=" + hang_timeout, "--shutdown_timeout=5", "--log_dir=" + logs.string()};
+  argv.push_back(bin_path("ddp-hang-worker").string());
+  argv.insert(argv.end(), worker_args.begin(), worker_args.end());
+  return argv;
+}
+
+// The first line ddprun printed that starts with "ddprun: the job hung".
+std::string verdict_line(const std::string& err) {
+  std::istringstream lines(err);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.rfind("ddprun: the job hung", 0) == 0) return line;
+  }
+  return "";
+}
+
+// Runs the job to its end; returns its result and how long it took.
+std::pair<ProcessResult, double> run_timed(const std::vector<std::string>& argv) {
+  const auto start = std::chrono::steady_clock::now();
+  ProcessResult result = run_process(argv, {}, {}, milliseconds(60000));
+  const double took =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return {result, took};
+}
+
+}  // namespace
+
+TEST_CASE("hang: a rank that never enters the 3rd all-reduce is named, with the collective") {
+  TempDir logs;
+  auto [result, took] =
+      run_timed(hang_job(logs.path(), 4, {"--steps", "5", "--rank", "2", "--skip", "3"}));
+  INFO("stderr:\n" << result.err);
+  CHECK(result.status != 0);
+  CHECK(took < 30);  // --hang_timeout=2 and the stop; nowhere near a collective timeout
+  const std::string verdict = verdict_line(result.err);
+  REQUIRE_FALSE(verdict.empty());
+  CHECK_THAT(verdict, Catch::StartsWith("ddprun: the job hung at collective 3 (all_reduce"));
+  CHECK_THAT(verdict, Catch::Contains("ranks 0, 1, 3 have waited in it"));
+  CHECK_THAT(verdict, Catch::Contains("rank 2 ("));
+  CHECK_THAT(verdict, Catch::Contains("never entered it: its last finished collective is 2"));
+  // The failure report names rank 2 as the root cause, hung.
+  CHECK_THAT(result.err, Catch::Contains("hung: stopped by ddprun after --hang_timeout"));
+  CHECK_THAT(result.err, Catch::Contains("  rank      : 2 (local_rank: 2)"));
+}
+
+TEST_CASE("hang: a rank blocked before a collective is named, with each worker's stack") {
+  TempDir logs;
+  auto [result, took] =
+      run_timed(hang_job(logs.path(), 2, {"--steps", "5", "--rank", "1", "--sleep-before", "2"}));
+  INFO("stderr:\n" << result.err);
+  CHECK(result.status != 0);
+  CHECK(took < 30);
+  const std::string verdict = verdict_line(result.err);
+  CHECK_THAT(verdict, Catch::StartsWith("ddprun: the job hung at collective 2 (all_reduce, 4.0 "
+                                        "KiB float32): rank 0 has waited in it"));
+  CHECK_THAT(verdict, Catch::Contains("rank 1 ("));
+  CHECK_THAT(verdict, Catch::Contains("never entered it: its last finished collective is 1"));
+  // Where each worker was: rank 1 in its sleep (eu-stack, when ptrace is allowed here).
+  const auto attempt = [&] {
+    for (const auto& entry : std::filesystem::recursive_directory_iterator(logs.path())) {
+      if (entry.path().filename() == "hang.txt") return entry.path().parent_path();
+    }
+    return std::filesystem::path();
+  }();
+  REQUIRE_FALSE(attempt.empty());
+  std::ifstream stack_file(attempt / "1" / "stack.txt");
+  const std::string stack((std::istreambuf_iterator<char>(stack_file)), {});
+  INFO("rank 1's stack file:\n" << stack);
+  if (stack.find("eu-stack") == std::string::npos) {  // a stack, not why there is none
+    CHECK_THAT(stack, Catch::Contains("nanosleep"));
+    CHECK_THAT(result.err, Catch::Contains("where each worker was (eu-stack):"));
+    CHECK_THAT(result.err, Catch::Contains("1 rank (1):"));
+  }
+}
+
+TEST_CASE("hang: a rank that calls the collective with half the count is a desync, both named") {
+  TempDir logs;
+  auto [result, took] =
+      run_timed(hang_job(logs.path(), 4, {"--steps", "5", "--rank", "3", "--half-count", "3"}));
+  INFO("stderr:\n" << result.err);
+  CHECK(result.status != 0);
+  CHECK(took < 30);
+  // Either the hang monitor or the failure a mismatch raises reports it; both name the groups.
+  CHECK_THAT(result.err, Catch::Contains("collective 3: its ranks called it differently (a "
+                                         "desync): ranks 0-2 called all_reduce of 1024 float32 "
+                                         "(4.0 KiB); rank 3 called all_reduce of 512 float32 "
+                                         "(2.0 KiB)"));
+}
+
+TEST_CASE("kill -USR1 prints each rank's collective, and the job goes on to exit 0") {
+  TempDir logs;
+  ChildProcess job(hang_job(logs.path(), 2, {"--steps", "40", "--step-ms", "100"}, "0"));
+  job.wait_for_stdout_lines("ready rank=", 2);
+  // The communicator exists; give the record its first collective before asking.
+  job.signal(SIGUSR1);
+  job.wait_for_stderr("ddprun: collectives now (kill -USR1): ");
+  const ProcessResult result = job.wait(milliseconds(60000));
+  INFO("stderr:\n" << result.err);
+  CHECK(result.status == 0);
+  CHECK_THAT(result.err, Catch::Contains("  rank 0 ("));
+  CHECK_THAT(result.err, Catch::Contains("  rank 1 ("));
+  CHECK(std::count(result.out.begin(), result.out.end(), '\n') >= 4);  // ready and done x2
+}

@@ -1,0 +1,136 @@
+// The hang and desync verdicts over made-up rank views: which collective, who waits, who
+// never entered, who called it differently; and when it is not a hang.
+#include "diagnosis/collective_diagnosis.hpp"
+
+#include <catch2/catch.hpp>
+
+#include "diagnosis/stack_capture.hpp"
+
+using namespace ddp::launcher;
+
+namespace {
+
+CollectiveInfo all_reduce(std::uint64_t seq, std::uint64_t count, double age_s) {
+  CollectiveInfo c;
+  c.seq = seq;
+  c.op = "all_reduce";
+  c.dtype = "float32";
+  c.count = count;
+  c.bytes = count * 4;
+  c.age_s = age_s;
+  c.started = true;
+  return c;
+}
+
+// A rank that finished `finished` collectives, the last one `since` seconds ago, and waits
+// in the next one for `waited` seconds (when waited >= 0).
+RankView rank(int r, std::uint64_t finished, double since, double waited = -1,
+              std::uint64_t count = 1024) {
+  RankView v;
+  v.rank = r;
+  v.local_rank = r;
+  v.host = "node-a";
+  v.pid = 1000 + r;
+  v.attached = true;
+  v.finished = finished;
+  v.queued = finished;
+  if (finished > 0) v.since_finished_s = since;
+  if (waited >= 0) {
+    v.queued = finished + 1;
+    v.pending = all_reduce(finished + 1, count, waited);
+  }
+  return v;
+}
+
+}  // namespace
+
+TEST_CASE("rank_list, byte_text and duration_text read as a person writes them") {
+  CHECK(rank_list({3, 0, 1, 2, 6, 8, 9}) == "0-3, 6, 8, 9");
+  CHECK(rank_list({0, 1, 3}) == "0, 1, 3");
+  CHECK(rank_list({7}) == "7");
+  CHECK(byte_text(512) == "512 B");
+  CHECK(byte_text(4096) == "4.0 KiB");
+  CHECK(byte_text(12u << 20) == "12.0 MiB");
+  CHECK(duration_text(300.4) == "300 s");
+  CHECK(duration_text(2.54) == "2.5 s");
+}
+
+TEST_CASE("a rank that never entered the collective the others wait in is blamed") {
+  const std::vector<RankView> views = {rank(0, 1558, 300, 300), rank(1, 1558, 300, 300),
+                                       rank(2, 1558, 310)};
+  auto hung = judge_hang(views, 60);
+  REQUIRE(hung);
+  CHECK(hung->collective == 1559u);
+  CHECK(hung->blamed == std::vector<int>{2});
+  CHECK_FALSE(hung->desync);
+  CHECK(hung->headline ==
+        "the job hung at collective 1559 (all_reduce, 4.0 KiB float32): ranks 0, 1 have waited "
+        "in it for 300 s; rank 2 (host node-a, pid 1002) never entered it: its last finished "
+        "collective is 1558, 310 s ago");
+  REQUIRE(hung->ranks.size() == 3);
+  CHECK(hung->ranks[2] ==
+        "rank 2 (host node-a, pid 1002): finished collective 1558 310 s ago; not in a collective");
+}
+
+TEST_CASE("no hang while any rank finished a collective within the timeout, or none waits") {
+  CHECK_FALSE(judge_hang({rank(0, 10, 5, 5), rank(1, 10, 5)}, 60));    // too recent
+  CHECK_FALSE(judge_hang({rank(0, 10, 90, 90), rank(1, 11, 1)}, 60));  // rank 1 moves on
+  CHECK_FALSE(judge_hang({rank(0, 10, 90), rank(1, 10, 90)}, 60));     // nobody waits: compute
+  RankView unrecorded;  // a worker without libddp tells nothing
+  unrecorded.rank = 0;
+  CHECK_FALSE(judge_hang({unrecorded}, 60));
+}
+
+TEST_CASE("ranks that entered a collective with different counts are a desync, groups named") {
+  auto hung = judge_hang(
+      {rank(0, 2, 70, 70), rank(1, 2, 70, 70), rank(2, 2, 70, 70), rank(3, 2, 70, 70, 512)}, 60);
+  REQUIRE(hung);
+  CHECK(hung->desync);
+  CHECK(hung->blamed == std::vector<int>{3});
+  CHECK(hung->headline ==
+        "the job hung at collective 3: its ranks called it differently (a desync): ranks 0-2 "
+        "called all_reduce of 1024 float32 (4.0 KiB); rank 3 called all_reduce of 512 float32 "
+        "(2.0 KiB)");
+}
+
+TEST_CASE("a rank that exited before the collective is named with its exit") {
+  RankView gone = rank(1, 2, 80);
+  gone.running = false;
+  gone.exit_text = "exit code 0";
+  auto hung = judge_hang({rank(0, 2, 80, 80), gone}, 60);
+  REQUIRE(hung);
+  CHECK_THAT(hung->headline, Catch::EndsWith("rank 1 (host node-a, pid 1001) never entered it: "
+                                             "its last finished collective is 2, 80 s ago; it "
+                                             "exited (exit code 0)"));
+}
+
+TEST_CASE("every rank in the collective and none missing: said so") {
+  auto hung = judge_hang({rank(0, 4, 100, 100), rank(1, 4, 100, 100)}, 60);
+  REQUIRE(hung);
+  CHECK(hung->blamed.empty());
+  CHECK_THAT(hung->headline, Catch::Contains("every rank entered it (none is missing"));
+}
+
+TEST_CASE("a hang at the first collective: a rank that has finished none") {
+  auto hung = judge_hang({rank(0, 0, 0, 61), rank(1, 0, 0)}, 60);
+  REQUIRE(hung);
+  CHECK(hung->collective == 1u);
+  CHECK_THAT(hung->headline,
+             Catch::EndsWith("never entered it: it has finished no collective yet"));
+}
+
+TEST_CASE("stacks group by their shape, addresses and thread ids aside") {
+  const std::string a =
+      "PID 11 - process\nTID 11:\n#0  0x00007f00aa nanosleep\n#1  0x0000aa11 main\n";
+  const std::string b =
+      "PID 12 - process\nTID 12:\n#0  0x00007f00bb nanosleep\n#1  0x0000bb22 main\n";
+  const std::string c = "PID 13 - process\nTID 13:\n#0  0x00007f00cc poll\n#1  0x0000cc33 main\n";
+  CHECK(stack_shape(a) == stack_shape(b));
+  CHECK(stack_shape(a) == "thread:\n  #0 nanosleep\n  #1 main\n");
+  const std::string grouped = group_stacks(
+      {{0, 11, a, ""}, {1, 12, b, ""}, {2, 13, c, ""}, {3, 14, "", "eu-stack not found"}});
+  CHECK(grouped ==
+        "2 ranks (0, 1):\n  thread:\n    #0 nanosleep\n    #1 main\n"
+        "1 rank (2):\n  thread:\n    #0 poll\n    #1 main\n"
+        "rank 3 (pid 14): no stack: eu-stack not found\n");
+}
