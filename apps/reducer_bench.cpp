@@ -2,19 +2,26 @@
 // sizes) on every rank, timed three ways: compute alone, compute with the Reducer
 // overlapping the all-reduce, and compute followed by one all-reduce of everything.
 // Exposed communication = step - compute. Run it under ddprun; scripts/bench-reducer runs
-// it beside PyTorch DDP on the same layers.
-//   ddprun --nproc_per_node=2 build/bin/ddp-reducer-bench --steps 10
+// it beside PyTorch DDP on the same layers. With --record it also times the Reducer on a
+// second Context that records its collectives into a record page (docs/runtime.md), made
+// here as the agent would, against the first one that records nothing.
+//   ddprun --nproc_per_node=2 build/bin/ddp-reducer-bench --steps 10 [--record]
 #include <cblas.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <functional>
+#include <optional>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "ddp/common/collective_record.hpp"
 #include "ddp/runtime.hpp"
 
 namespace {
@@ -28,6 +35,7 @@ struct BenchConfig {
   double first_bucket_mb = 1;  // the Reducer's first bucket cap
   double bucket_cap_mb = 25;   // the Reducer's later bucket caps
   bool print_layers = false;   // print "rows cols" per parameter and exit (for the DDP side)
+  bool record = false;         // also time the Reducer with the collective record on
 };
 
 // One parameter as a matrix: rows x cols (conv weights flattened to out x in*kh*kw).
@@ -100,6 +108,32 @@ class SyntheticBackward {
   std::vector<float> dy_, x_;
 };
 
+// A zeroed collective record page in a memfd, as the agent makes one, mapped for reading.
+class RecordPage {
+ public:
+  RecordPage() {
+    fd_ = memfd_create("ddp-reducer-bench-record", MFD_CLOEXEC);
+    if (fd_ < 0 || ftruncate(fd_, sizeof(ddp::record::RecordPage)) != 0) {
+      throw std::runtime_error("could not make a memfd record page");
+    }
+    void* mapped = mmap(nullptr, sizeof(ddp::record::RecordPage), PROT_READ, MAP_SHARED, fd_, 0);
+    if (mapped == MAP_FAILED) throw std::runtime_error("could not map the record page");
+    page_ = static_cast<const ddp::record::RecordPage*>(mapped);
+  }
+  ~RecordPage() {
+    munmap(const_cast<ddp::record::RecordPage*>(page_), sizeof(ddp::record::RecordPage));
+    close(fd_);
+  }
+  RecordPage(const RecordPage&) = delete;
+  RecordPage& operator=(const RecordPage&) = delete;
+  int fd() const { return fd_; }
+  const ddp::record::RecordPage& page() const { return *page_; }
+
+ private:
+  int fd_ = -1;
+  const ddp::record::RecordPage* page_ = nullptr;
+};
+
 // Median of this rank's step times, then the largest over ranks (the job's pace).
 double job_median_ms(ddp::Context& ctx, std::vector<double> times) {
   std::sort(times.begin(), times.end());
@@ -134,7 +168,10 @@ int run(const BenchConfig& config) {
     return 0;
   }
   openblas_set_num_threads(1);  // one compute thread per rank, as torch.set_num_threads(1)
-  ddp::Context ctx = ddp::init();
+  ddp::InitOptions init_options;
+  // Against a recording Context, the baseline records nothing, whatever the launcher set.
+  if (config.record) init_options.record_fd = -1;
+  ddp::Context ctx = ddp::init(init_options);
   ddp::Logger log(ctx, false, stdout);
   std::size_t total = 0;
   for (const auto& l : layers) total += l.size();
@@ -153,35 +190,66 @@ int run(const BenchConfig& config) {
   options.first_bucket_mb = config.first_bucket_mb;
   options.bucket_cap_mb = config.bucket_cap_mb;
   ddp::Reducer reducer(ctx, parameters, options);
+  // The same Reducer on a second Context of the same world that records its collectives.
+  std::optional<RecordPage> record_page;
+  std::optional<ddp::Context> recorded_ctx;
+  std::optional<ddp::Reducer> recorded;
+  if (config.record) {
+    record_page.emplace();
+    ddp::InitOptions recording = init_options;
+    recording.record_fd = record_page->fd();
+    recorded_ctx.emplace(ddp::init(ctx.env(), ctx.shared_store(), recording));
+    ddp::ReducerOptions plain = options;
+    plain.broadcast_parameters = false;
+    recorded.emplace(*recorded_ctx, parameters, plain);
+  }
   options.compression = ddp::DType::BF16;
   options.broadcast_parameters = false;  // already equal
   ddp::Reducer compressed(ctx, parameters, options);
-  const auto medians = time_modes(ctx, config,
-                                  {[&] {  // compute alone
-                                     for (std::size_t i = layers.size(); i-- > 0;)
-                                       backward.layer(i, flat.data() + offsets[i]);
-                                   },
-                                   [&] {  // compute, then one all-reduce of everything
-                                     for (std::size_t i = layers.size(); i-- > 0;)
-                                       backward.layer(i, flat.data() + offsets[i]);
-                                     ctx.allreduce(std::span<float>(flat), ddp::ReduceOp::Avg);
-                                   },
-                                   [&] {  // compute with the Reducer overlapping the all-reduces
-                                     for (std::size_t i = layers.size(); i-- > 0;) {
-                                       backward.layer(i, reducer.grad(i).data());
-                                       reducer.mark_ready(i);
-                                     }
-                                     reducer.finalize();
-                                   },
-                                   [&] {  // the same, all-reducing in bf16
-                                     for (std::size_t i = layers.size(); i-- > 0;) {
-                                       backward.layer(i, compressed.grad(i).data());
-                                       compressed.mark_ready(i);
-                                     }
-                                     compressed.finalize();
-                                   }});
+  std::vector<std::function<void()>> modes = {
+      [&] {  // compute alone
+        for (std::size_t i = layers.size(); i-- > 0;) backward.layer(i, flat.data() + offsets[i]);
+      },
+      [&] {  // compute, then one all-reduce of everything
+        for (std::size_t i = layers.size(); i-- > 0;) backward.layer(i, flat.data() + offsets[i]);
+        ctx.allreduce(std::span<float>(flat), ddp::ReduceOp::Avg);
+      },
+      [&] {  // compute with the Reducer overlapping the all-reduces
+        for (std::size_t i = layers.size(); i-- > 0;) {
+          backward.layer(i, reducer.grad(i).data());
+          reducer.mark_ready(i);
+        }
+        reducer.finalize();
+      },
+      [&] {  // the same, all-reducing in bf16
+        for (std::size_t i = layers.size(); i-- > 0;) {
+          backward.layer(i, compressed.grad(i).data());
+          compressed.mark_ready(i);
+        }
+        compressed.finalize();
+      }};
+  if (config.record) {
+    modes.push_back([&] {  // the Reducer mode again, recording its collectives and steps
+      for (std::size_t i = layers.size(); i-- > 0;) {
+        backward.layer(i, recorded->grad(i).data());
+        recorded->mark_ready(i);
+      }
+      recorded->finalize();
+    });
+  }
+  const auto medians = time_modes(ctx, config, modes);
   const double compute = medians[0], one_allreduce = medians[1], with_reducer = medians[2];
   const double with_bf16 = medians[3];
+  std::string record_fields;
+  if (config.record) {
+    const double with_record = medians[4];
+    record_fields =
+        ", \"overlapped_recorded_ms\": " + std::to_string(with_record) +
+        ", \"record_overhead_pct\": " +
+        std::to_string((with_record - with_reducer) / with_reducer * 100.0) +
+        ", \"recorded_collectives\": " + std::to_string(record_page->page().finished.load()) +
+        ", \"recorded_steps\": " + std::to_string(record_page->page().steps.load());
+  }
   log.info("{\"impl\": \"ddp\", \"world\": ", ctx.world_size(), ", \"params\": ", total,
            ", \"buckets\": ", reducer.buckets().size(), ", \"tokens\": ", config.tokens,
            ", \"compute_ms\": ", compute, ", \"one_allreduce_ms\": ", one_allreduce,
@@ -189,7 +257,7 @@ int run(const BenchConfig& config) {
            ", \"exposed_one_allreduce_ms\": ", one_allreduce - compute,
            ", \"exposed_overlapped_ms\": ", with_reducer - compute,
            ", \"overlapped_compressed_ms\": ", with_bf16,
-           ", \"exposed_overlapped_compressed_ms\": ", with_bf16 - compute, "}");
+           ", \"exposed_overlapped_compressed_ms\": ", with_bf16 - compute, record_fields, "}");
   return 0;
 }
 
@@ -205,6 +273,8 @@ int main(int argc, char** argv) {
   app.add_option("--first_bucket_mb", config.first_bucket_mb, "First bucket cap (MiB)");
   app.add_option("--bucket_cap_mb", config.bucket_cap_mb, "Later bucket caps (MiB)");
   app.add_flag("--print_layers", config.print_layers, "Print each parameter's rows and cols");
+  app.add_flag("--record", config.record,
+               "Also time the Reducer with the collective record on (against off)");
   CLI11_PARSE(app, argc, argv);
   try {
     return run(config);

@@ -12,3 +12,5 @@ find_package(BLAS REQUIRED)
 add_executable(ddp-reducer-bench reducer_bench.cpp)
 target_link_libraries(ddp-reducer-bench PRIVATE ddp::runtime CLI11::CLI11 ${BLAS_LIBRARIES})
 ddp_strict(ddp-reducer-bench)
+# --record reads the collective record page it hands to libddp (the worker contract's layout).
+target_include_directories(ddp-reducer-bench PRIVATE ${PROJECT_SOURCE_DIR}/common/include)

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <vector>
 
+#include "collective_recorder.hpp"
 #include "gloo_store_adapter.hpp"
 #include "promise_work.hpp"
 #include "reduce_kernels.hpp"
@@ -72,10 +73,15 @@ GlooCommunicator::GlooCommunicator(store::Store& store, int rank, int world_size
 
 GlooCommunicator::~GlooCommunicator() = default;
 
-Work GlooCommunicator::enqueue(const CallDescriptor& call, std::function<void()> body) {
+Work GlooCommunicator::enqueue(const CallDescriptor& call, std::function<void()> body,
+                               std::optional<std::size_t> bucket) {
   auto work = std::make_shared<PromiseWork>(call.str() + where(rank_));
   const bool check = policy_.next();
-  queue_.submit([this, work, call, check, body = std::move(body)] {
+  const std::uint64_t seq =
+      recorder_ ? recorder_->on_queued(call, bucket.value_or(record::kNoBucket)) : 0;
+  queue_.submit([this, work, call, check, seq, body = std::move(body)] {
+    if (seq != 0) recorder_->on_started(seq);
+    std::exception_ptr failure;
     try {
       if (first_failure_) std::rethrow_exception(first_failure_);
       try {
@@ -89,10 +95,11 @@ Work GlooCommunicator::enqueue(const CallDescriptor& call, std::function<void()>
             std::make_exception_ptr(CommError(call.str() + where(rank_) + ": " + e.what()));
         std::rethrow_exception(first_failure_);
       }
-      work->complete();
     } catch (...) {
-      work->complete(std::current_exception());
+      failure = std::current_exception();
     }
+    if (seq != 0) recorder_->on_finished(seq, failure != nullptr);  // before a waiter wakes
+    work->complete(failure);
   });
   return Work(work);
 }
@@ -143,10 +150,12 @@ Work GlooCommunicator::allreduce(void* data, std::size_t count, DType dtype, Red
     }
     CallDescriptor call{CallKind::Allreduce, wire, count, static_cast<std::int64_t>(op)};
     return enqueue(
-        call, [=, this] { run_compressed_allreduce(static_cast<float*>(data), count, wire, op); });
+        call, [=, this] { run_compressed_allreduce(static_cast<float*>(data), count, wire, op); },
+        options.bucket);
   }
   CallDescriptor call{CallKind::Allreduce, dtype, count, static_cast<std::int64_t>(op)};
-  return enqueue(call, [=, this] { run_allreduce(data, count, dtype, op); });
+  return enqueue(
+      call, [=, this] { run_allreduce(data, count, dtype, op); }, options.bucket);
 }
 
 Work GlooCommunicator::broadcast(void* data, std::size_t count, DType dtype, int root,

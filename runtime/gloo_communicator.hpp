@@ -4,6 +4,7 @@
 // compute. Internal to libddp; programs reach it through Context.
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -52,8 +53,10 @@ class GlooCommunicator : public Communicator {
   void set_mismatch_check(MismatchCheck check) override { policy_.set(check); }
 
  private:
-  // Queues body on the communication thread after an optional cross-rank check of `call`.
-  Work enqueue(const CallDescriptor& call, std::function<void()> body);
+  // Queues body on the communication thread after an optional cross-rank check of `call`,
+  // and records the call (with its Reducer bucket, if any) when recording is on.
+  Work enqueue(const CallDescriptor& call, std::function<void()> body,
+               std::optional<std::size_t> bucket = std::nullopt);
   void check_call(const CallDescriptor& call);
   void run_allreduce(void* data, std::size_t count, DType dtype, ReduceOp op);
   // All-reduces F32 data through a 16-bit copy (F16 or BF16).

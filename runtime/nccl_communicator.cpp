@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "backends.hpp"
+#include "collective_recorder.hpp"
 #include "promise_work.hpp"
 #if defined(DDP_HAVE_CUDA_KERNELS)
 #include "wire_kernels.hpp"
@@ -133,12 +134,37 @@ class NcclWork : public WorkState {
   std::shared_ptr<NcclCommState> state_;
 };
 
-// cudaLaunchHostFunc's callback: completes the promise it owns a reference to.
+// What the stream callback completes: the Work's promise and, when recording, collective
+// `seq` in the record.
+struct Completion {
+  std::shared_ptr<PromiseWork> promise;
+  std::shared_ptr<CollectiveRecorder> recorder;
+  std::uint64_t seq = 0;
+};
+
+// cudaLaunchHostFunc's callback: completes what it owns.
 void CUDART_CB complete_promise(void* data) {
-  std::unique_ptr<std::shared_ptr<PromiseWork>> promise(
-      static_cast<std::shared_ptr<PromiseWork>*>(data));
-  (*promise)->complete();
+  std::unique_ptr<Completion> completion(static_cast<Completion*>(data));
+  if (completion->recorder) completion->recorder->on_finished(completion->seq, false);
+  completion->promise->complete();
 }
+
+// Records collective `seq` as failed unless dismissed (the launch reached the stream).
+class RecordFailureGuard {
+ public:
+  RecordFailureGuard(CollectiveRecorder* recorder, std::uint64_t seq)
+      : recorder_(recorder), seq_(seq) {}
+  ~RecordFailureGuard() {
+    if (recorder_ != nullptr) recorder_->on_finished(seq_, true);
+  }
+  RecordFailureGuard(const RecordFailureGuard&) = delete;
+  RecordFailureGuard& operator=(const RecordFailureGuard&) = delete;
+  void dismiss() { recorder_ = nullptr; }
+
+ private:
+  CollectiveRecorder* recorder_;
+  std::uint64_t seq_;
+};
 
 }  // namespace
 
@@ -410,7 +436,12 @@ void NcclCommunicator::check_call(const CallDescriptor& call) {
 }
 
 template <typename Enqueue>
-Work NcclCommunicator::launch(const CallDescriptor& call, void* after, Enqueue&& enqueue) {
+Work NcclCommunicator::launch(const CallDescriptor& call, void* after, Enqueue&& enqueue,
+                              std::optional<std::size_t> bucket) {
+  // Recorded as queued here, started once handed to the stream, finished by the callback.
+  const std::uint64_t seq =
+      recorder_ ? recorder_->on_queued(call, bucket.value_or(record::kNoBucket)) : 0;
+  RecordFailureGuard record_failure(seq != 0 ? recorder_.get() : nullptr, seq);
   if (policy_.next()) check_call(call);
   const std::string what = call.str() + where(rank_);
   std::lock_guard lock(state_->mutex);  // no abort while this call enqueues
@@ -425,13 +456,15 @@ Work NcclCommunicator::launch(const CallDescriptor& call, void* after, Enqueue&&
   cuda_check(cudaStreamWaitEvent(stream_, ready, 0), what);
   cudaEventDestroy(ready);  // released once the stream has passed it
   enqueue();
+  if (seq != 0) recorder_->on_started(seq);
   cudaEvent_t done = nullptr;
   cuda_check(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), what);
   auto work = std::make_shared<NcclWork>(what, done, state_);
   cuda_check(cudaEventRecord(done, stream_), what);
-  auto holder = std::make_unique<std::shared_ptr<PromiseWork>>(work->promise());
+  auto holder = std::make_unique<Completion>(Completion{work->promise(), recorder_, seq});
   cuda_check(cudaLaunchHostFunc(stream_, complete_promise, holder.get()), what);
   holder.release();  // owned by the callback now
+  record_failure.dismiss();
   last_ = work->promise();
   return Work(work);
 }
@@ -464,22 +497,31 @@ Work NcclCommunicator::allreduce(void* data, std::size_t count, DType dtype, Red
   CallDescriptor call{CallKind::Allreduce, dtype, count, static_cast<std::int64_t>(op)};
   const std::size_t bytes = count * size_of(dtype);
   if (is_device_memory(data)) {
-    return launch(call, options.after_stream, [&] {
-      if (count == 0) return;
-      enqueued(ncclAllReduce(data, data, count, nccl_type(dtype), nccl_op(op), comm_, stream_),
-               call.str());
-    });
+    return launch(
+        call, options.after_stream,
+        [&] {
+          if (count == 0) return;
+          enqueued(ncclAllReduce(data, data, count, nccl_type(dtype), nccl_op(op), comm_, stream_),
+                   call.str());
+        },
+        options.bucket);
   }
   void* device = staging(bytes, 0);
   void* host = pinned(bytes, 0);
   if (bytes != 0) std::memcpy(host, data, bytes);
-  Work work = launch(call, options.after_stream, [&] {
-    if (count == 0) return;
-    cuda_check(cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, stream_), call.str());
-    enqueued(ncclAllReduce(device, device, count, nccl_type(dtype), nccl_op(op), comm_, stream_),
-             call.str());
-    cuda_check(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, stream_), call.str());
-  });
+  Work work = launch(
+      call, options.after_stream,
+      [&] {
+        if (count == 0) return;
+        cuda_check(cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, stream_),
+                   call.str());
+        enqueued(
+            ncclAllReduce(device, device, count, nccl_type(dtype), nccl_op(op), comm_, stream_),
+            call.str());
+        cuda_check(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, stream_),
+                   call.str());
+      },
+      options.bucket);
   work.wait(timeout_);  // host memory: complete before returning, as the caller may reuse it
   if (bytes != 0) std::memcpy(data, host, bytes);
   return work;
@@ -502,16 +544,19 @@ Work NcclCommunicator::allreduce_compressed(void* data, std::size_t count, Reduc
   // Min and max commute with the narrowing; sum and the pre-divided average are sums.
   const ncclRedOp_t reduce = op == ReduceOp::Avg ? ncclSum : nccl_op(op);
   auto* values = static_cast<float*>(data);
-  return launch(call, options.after_stream, [&] {
-    if (count == 0) return;
-    void* buffer = wire_buffer(count * size_of(wire));
-    cuda_check(narrow_on_stream(values, buffer, count, type, scale, stream_),
-               call.str() + ": narrowing f32 to " + to_string(wire));
-    enqueued(ncclAllReduce(buffer, buffer, count, nccl_type(wire), reduce, comm_, stream_),
-             call.str());
-    cuda_check(widen_on_stream(buffer, values, count, type, 1.0f, stream_),
-               call.str() + ": widening " + to_string(wire) + " to f32");
-  });
+  return launch(
+      call, options.after_stream,
+      [&] {
+        if (count == 0) return;
+        void* buffer = wire_buffer(count * size_of(wire));
+        cuda_check(narrow_on_stream(values, buffer, count, type, scale, stream_),
+                   call.str() + ": narrowing f32 to " + to_string(wire));
+        enqueued(ncclAllReduce(buffer, buffer, count, nccl_type(wire), reduce, comm_, stream_),
+                 call.str());
+        cuda_check(widen_on_stream(buffer, values, count, type, 1.0f, stream_),
+                   call.str() + ": widening " + to_string(wire) + " to f32");
+      },
+      options.bucket);
 }
 
 void* NcclCommunicator::wire_buffer(std::size_t bytes) {

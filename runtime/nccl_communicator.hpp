@@ -11,6 +11,7 @@
 #include <chrono>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -90,9 +91,10 @@ class NcclCommunicator : public Communicator {
   // Cross-rank comparison through the store (NCCL has no cheap host-side collective).
   void check_call(const CallDescriptor& call);
   // Orders the communication stream after `after` and returns a Work completing with what
-  // was queued by `enqueue` on it.
+  // was queued by `enqueue` on it. Records the call (with its Reducer bucket) when recording.
   template <typename Enqueue>
-  Work launch(const CallDescriptor& call, void* after, Enqueue&& enqueue);
+  Work launch(const CallDescriptor& call, void* after, Enqueue&& enqueue,
+              std::optional<std::size_t> bucket = std::nullopt);
   // allgather / reduce_scatter: runs collective(src, dst) on device buffers, staging `in`
   // and `out` when either is host memory.
   template <typename Collective>

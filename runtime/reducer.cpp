@@ -3,6 +3,8 @@
 #include <cmath>
 #include <exception>
 
+#include "collective_recorder.hpp"
+
 namespace ddp {
 
 namespace {
@@ -47,7 +49,10 @@ std::vector<Bucket> Reducer::plan_buckets(const std::vector<std::size_t>& sizes,
 }
 
 Reducer::Reducer(Context& context, std::vector<Parameter> parameters, ReducerOptions options)
-    : context_(context), parameters_(std::move(parameters)), options_(options) {
+    : context_(context),
+      parameters_(std::move(parameters)),
+      options_(options),
+      recorder_(context.communicator().recorder()) {
   if (options_.compression && *options_.compression != DType::F16 &&
       *options_.compression != DType::BF16) {
     throw ReducerError(std::string("compression to ") + to_string(*options_.compression) +
@@ -135,8 +140,9 @@ void Reducer::broadcast_parameters() {
   Communicator& comm = context_.communicator();
   std::vector<Work> works;
   for (const auto& p : parameters_) {
-    works.push_back(comm.broadcast(p.value.data(), p.value.size(), DType::F32, 0,
-                                   CollectiveOptions{options_.compute_stream, std::nullopt}));
+    works.push_back(
+        comm.broadcast(p.value.data(), p.value.size(), DType::F32, 0,
+                       CollectiveOptions{options_.compute_stream, std::nullopt, std::nullopt}));
   }
   for (auto& work : works) work.wait_on_stream(options_.compute_stream, options_.timeout);
 }
@@ -161,20 +167,26 @@ void Reducer::mark_ready(std::size_t i) {
   }
   marked_[i] = true;
   --pending_[bucket_of_[i]];
-  if (sync_) launch_ready_buckets();
+  if (sync_) {
+    if (recorder_ != nullptr) recorder_->step_begin();
+    launch_ready_buckets();
+  }
 }
 
 // Starts the complete buckets at the front of the order; a complete bucket behind an
 // incomplete one waits for it, so that every rank issues the same sequence.
 void Reducer::launch_ready_buckets() {
   Communicator& comm = context_.communicator();
-  CollectiveOptions collective{options_.compute_stream, options_.compression};
+  CollectiveOptions collective{options_.compute_stream, options_.compression, std::nullopt};
   while (next_launch_ < buckets_.size() && pending_[next_launch_] == 0) {
     const std::size_t b = next_launch_;
     timings_[b].launched = Clock::now();
+    collective.bucket = b;
     works_[b] = comm.allreduce(bucket_memory_[b].get(), buckets_[b].elements, DType::F32,
                                ReduceOp::Avg, collective);
     ++next_launch_;  // only once issued: a bucket whose call threw is not counted as started
+    // The step's gradients are all ready once its last bucket is issued.
+    if (next_launch_ == buckets_.size() && recorder_ != nullptr) recorder_->step_ready();
   }
 }
 
@@ -230,6 +242,7 @@ void Reducer::finalize() {
     throw;
   }
   reset_step();
+  if (recorder_ != nullptr) recorder_->step_finalized();  // no-op after a no_sync step
 }
 
 // Waits for every started bucket, even after one failed (its buffers must not be reused

@@ -17,6 +17,10 @@
 
 namespace ddp {
 
+namespace detail {
+class CollectiveRecorder;
+}
+
 // Per-call options.
 struct CollectiveOptions {
   // GPU only: a cudaStream_t whose queued work must finish before the collective starts
@@ -25,6 +29,9 @@ struct CollectiveOptions {
   // allreduce of F32 data only: reduce in this 16-bit type (F16 or BF16) to halve the
   // traffic; the result is converted back into the F32 buffer. Unset: reduce in F32.
   std::optional<DType> wire_dtype;
+  // allreduce: the Reducer bucket this call reduces, recorded with the collective (the
+  // collective record, see docs/runtime.md) so that a hang report can name it. Unset: none.
+  std::optional<std::size_t> bucket;
 };
 
 // When calls are compared across ranks (a cheap collective of a few integers).
@@ -64,6 +71,17 @@ class Communicator {
 
   // Sets when calls are compared across ranks (see MismatchCheck).
   virtual void set_mismatch_check(MismatchCheck check) = 0;
+
+  // Internal to libddp: where this communicator records its collectives (the collective
+  // record, docs/runtime.md); nullptr while recording is off. Set by init() before the first
+  // collective.
+  detail::CollectiveRecorder* recorder() const { return recorder_.get(); }
+  void set_recorder(std::shared_ptr<detail::CollectiveRecorder> recorder) {
+    recorder_ = std::move(recorder);
+  }
+
+ protected:
+  std::shared_ptr<detail::CollectiveRecorder> recorder_;
 };
 
 }  // namespace ddp

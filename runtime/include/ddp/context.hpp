@@ -39,6 +39,10 @@ struct InitOptions {
   // Gloo with every rank on this node: all-reduce through a shared-memory segment instead of
   // loopback TCP (DDP_SHM=0 turns it off).
   bool shared_memory = true;
+  // The collective record (docs/runtime.md): a descriptor of the zeroed page the agent made
+  // (ddprun passes it in DDPRUN_RECORD_FD). Unset: that variable, when set; -1: off. Tests
+  // that run ranks as threads give each rank a page of its own here.
+  std::optional<int> record_fd;
 };
 
 class Context {

@@ -150,6 +150,8 @@ class Reducer {
   std::vector<BucketTiming> timings_;
   std::size_t next_launch_ = 0;  // first bucket not yet started
   bool sync_ = true;
+  // The communicator's collective record (step marks), or nullptr when recording is off.
+  detail::CollectiveRecorder* recorder_;
 };
 
 }  // namespace ddp
