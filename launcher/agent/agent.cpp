@@ -15,6 +15,7 @@
 #include "../process/group_reaper.hpp"
 #include "agent_machine.hpp"
 #include "asio_timers.hpp"
+#include "collective_exchange.hpp"
 #include "ddp/common/host_name.hpp"
 #include "ddp/launcher/log_dir.hpp"
 #include "ddp/launcher/log_file_errors.hpp"
@@ -162,12 +163,15 @@ class Agent::Impl {
 
     HangMonitorOptions hang;
     hang.hang_timeout = config_.hang_timeout;
-    hang.views = [this] { return workers_->rank_views(); };
+    hang.views = [this] { return rank_views(); };
     hang.round = [this] {
       return machine_->state() == AgentMachine::State::kRunning ? machine_->round() : -1;
     };
     hang.attempt_dir = [this] { return workers_->attempt_dir(); };
     hang.post = context.post;
+    hang.notice = [this](const std::string& line) { notice(line); };
+    hang.straggler.window = config_.straggler_window;
+    hang.straggler.threshold_s = config_.straggler_threshold_s;
     hang_monitor_ = std::make_unique<HangMonitor>(io_, std::move(hang));
 
     machine_ = std::make_unique<AgentMachine>(std::move(machine), std::move(context));
@@ -192,6 +196,7 @@ class Agent::Impl {
   // else runs on it, such as a store server); run() then flushes the console.
   void stop(AgentOutcome outcome) {
     exit_code_ = outcome.exit_code;
+    if (auto steps = hang_monitor_->step_summary_now(); !steps.empty()) notice("ddprun: " + steps);
     if (auto incomplete = log_errors_->take_incomplete_files_notice(); !incomplete.empty()) {
       notice(incomplete);
     }
@@ -204,6 +209,19 @@ class Agent::Impl {
       return rendezvous_->shut_down(outcome.exit_code == 0, [this] { io_.stop(); });
     }
     io_.stop();
+  }
+
+  // Every rank of the job as its record shows it: this node's, and what the other nodes'
+  // agents shared (only when a local worker records: PyTorch jobs' stores stay untouched).
+  std::vector<RankView> rank_views() {
+    std::vector<RankView> views = workers_->rank_views();
+    if (std::none_of(views.begin(), views.end(), [](const RankView& v) { return v.attached; })) {
+      return views;
+    }
+    exchange_.publish(workers_->round(), views);
+    std::vector<RankView> remote = exchange_.remote();
+    views.insert(views.end(), remote.begin(), remote.end());
+    return views;
   }
 
   bool handles(int signal) const {
@@ -239,6 +257,9 @@ class Agent::Impl {
   std::unique_ptr<ProcessWorkerGroup> workers_;
   std::unique_ptr<AgentMachine> machine_;
   std::unique_ptr<HangMonitor> hang_monitor_;  // after machine_: destroyed (joined) first
+  CollectiveExchange exchange_{[this](const std::string& line) {  // from its own thread
+    boost::asio::post(io_, [this, line] { notice(line); });
+  }};
   std::optional<int> exit_code_;
   std::shared_ptr<LogFileErrors> log_errors_ =
       std::make_shared<LogFileErrors>([this](std::string line) { notice(line); });

@@ -58,12 +58,13 @@ HangMonitor::~HangMonitor() {
 }
 
 std::chrono::milliseconds HangMonitor::tick() const {
+  if (options_.hang_timeout.count() == 0) return std::chrono::milliseconds(500);
   return std::clamp(options_.hang_timeout / 4, std::chrono::milliseconds(100),
-                    std::chrono::milliseconds(1000));
+                    std::chrono::milliseconds(500));
 }
 
 void HangMonitor::start() {
-  if (options_.hang_timeout.count() > 0) schedule();
+  if (options_.hang_timeout.count() > 0 || options_.straggler.window > 0) schedule();
 }
 
 void HangMonitor::schedule() {
@@ -79,6 +80,8 @@ void HangMonitor::check() {
   const int round = options_.round();
   if (round == reported_round_) return;
   std::vector<RankView> views = options_.views();
+  check_straggler(views);
+  if (options_.hang_timeout.count() == 0) return;
   const double timeout_s = static_cast<double>(options_.hang_timeout.count()) / 1000.0;
   auto diagnosis = judge_hang(views, timeout_s);
   if (!diagnosis) return;
@@ -93,7 +96,9 @@ void HangMonitor::report(int round, CollectiveDiagnosis diagnosis, std::vector<R
                          const fs::path& dir) {
   std::vector<RankStack> targets;
   for (const RankView& view : views) {
-    if (view.running && view.pid > 0) targets.push_back({view.rank, view.pid, "", ""});
+    if (!view.remote && view.running && view.pid > 0) {
+      targets.push_back({view.rank, view.pid, "", ""});
+    }
   }
   const std::vector<RankStack> stacks = capture_stacks(std::move(targets));
   for (const RankStack& stack : stacks) {
@@ -118,6 +123,18 @@ void HangMonitor::report(int round, CollectiveDiagnosis diagnosis, std::vector<R
   failure.error = ErrorFileContent{diagnosis.headline, text};
   options_.post(event::Hung{round, std::move(failure)});
 }
+
+void HangMonitor::check_straggler(const std::vector<RankView>& views) {
+  if (options_.straggler.window <= 0) return;
+  const auto now = std::chrono::steady_clock::now();
+  if (straggler_said_ && now - *straggler_said_ < kStragglerQuiet) return;
+  if (auto straggler = find_straggler(views, options_.straggler)) {
+    straggler_said_ = now;
+    options_.notice("ddprun: " + straggler->text());
+  }
+}
+
+std::string HangMonitor::step_summary_now() const { return step_summary(options_.views()); }
 
 std::string HangMonitor::view_now() const {
   std::vector<RankView> views = options_.views();

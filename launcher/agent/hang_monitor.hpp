@@ -11,13 +11,18 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
 #include "../diagnosis/collective_diagnosis.hpp"
+#include "../diagnosis/straggler.hpp"
 #include "agent_event.hpp"
 
 namespace ddp::launcher {
+
+// A straggler is named at most this often.
+inline constexpr std::chrono::seconds kStragglerQuiet{60};
 
 struct HangMonitorOptions {
   std::chrono::milliseconds hang_timeout{0};           // 0: no hang detection
@@ -25,6 +30,8 @@ struct HangMonitorOptions {
   std::function<int()> round;                          // the agent's current round number
   std::function<std::filesystem::path()> attempt_dir;  // where the round's logs go
   std::function<void(AgentEvent)> post;                // queues an event for the machine
+  std::function<void(const std::string&)> notice;      // one line for the console
+  StragglerOptions straggler;                          // window 0: no straggler lines
 };
 
 class HangMonitor {
@@ -44,12 +51,17 @@ class HangMonitor {
   // One line on where the collectives are, for a failure's report; empty when not recorded.
   std::string summary_now() const;
 
-  // How often the records are read: a quarter of the timeout, between 0.1 s and 1 s.
+  // Per rank, compute and wait time in Reducer steps, for the end of the job; empty when no
+  // rank recorded a step.
+  std::string step_summary_now() const;
+
+  // How often the records are read: a quarter of the hang timeout, between 0.1 s and 0.5 s.
   std::chrono::milliseconds tick() const;
 
  private:
   void schedule();
   void check();
+  void check_straggler(const std::vector<RankView>& views);
   // Off the loop (its own thread): stacks, the report files in dir, then the event.
   void report(int round, CollectiveDiagnosis diagnosis, std::vector<RankView> views,
               const std::filesystem::path& dir);
@@ -57,6 +69,8 @@ class HangMonitor {
   HangMonitorOptions options_;
   boost::asio::steady_timer timer_;
   int reported_round_ = -1;  // a hang is reported once per round
+  // The last straggler line: said again at most once a minute.
+  std::optional<std::chrono::steady_clock::time_point> straggler_said_;
   std::thread reporter_;
 };
 

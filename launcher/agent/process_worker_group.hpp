@@ -54,6 +54,8 @@ class ProcessWorkerGroup : public WorkerGroup {
   bool output_pending() const override { return pending_tees_ > 0; }
   std::vector<RankView> rank_views() const override;
 
+  // The round the workers were last started for.
+  const elastic::RoundInfo& round() const { return round_; }
   // The round's attempt directory: <log_root>/attempt_<restart count>/.
   std::filesystem::path attempt_dir() const;
 

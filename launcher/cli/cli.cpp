@@ -202,6 +202,8 @@ void parse_lifecycle(const RawOptions& raw, LaunchConfig& config) {
   config.shutdown_timeout = std::chrono::milliseconds(ms);
   ms = static_cast<long long>(seconds_option(raw, "hang_timeout") * 1000.0);
   config.hang_timeout = std::chrono::milliseconds(ms);
+  config.straggler_window = int_option(raw, "straggler_window", 0, 64);
+  config.straggler_threshold_s = seconds_option(raw, "straggler_threshold");
 }
 
 void parse_logs(const RawOptions& raw, LaunchConfig& config) {

@@ -58,6 +58,13 @@ constexpr std::array kOptions = {
                "A job whose libddp ranks finish no collective for this long while one waits in "
                "one is hung: ddprun names the collective and the ranks to blame, shows each "
                "worker's stack, and stops the group as a failure. 0: off."},
+    OptionSpec{"straggler_window", "", true, false, "STEPS", "20", kLife,
+               "A libddp rank whose gradients are ready later than the median rank's in most "
+               "of the last STEPS Reducer steps is named as a straggler (at most once a "
+               "minute). 0: off."},
+    OptionSpec{"straggler_threshold", "", true, false, "SECONDS", "0.005", kLife,
+               "How much later than the median rank's (and at least 20 % of its compute "
+               "time) a step's gradients must be to count as late."},
     OptionSpec{"role", "", false, false, "NAME", "default", kLife,
                "Worker role: ROLE_NAME and the [<role><local_rank>]: prefix of teed lines."},
     OptionSpec{"log_dir", "", true, false, "DIR", "", kLogs,

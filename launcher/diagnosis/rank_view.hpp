@@ -45,6 +45,7 @@ struct RankView {
   int local_rank = -1;
   std::string host;
   pid_t pid = 0;
+  bool remote = false;                     // another node's rank (its agent shared the view)
   bool running = true;                     // the process still runs
   std::string exit_text;                   // "exit code 0", when it exited
   bool attached = false;                   // a libddp communicator records into the page

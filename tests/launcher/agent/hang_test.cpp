@@ -125,3 +125,33 @@ TEST_CASE("kill -USR1 prints each rank's collective, and the job goes on to exit
   CHECK_THAT(result.err, Catch::Contains("  rank 1 ("));
   CHECK(std::count(result.out.begin(), result.out.end(), '\n') >= 4);  // ready and done x2
 }
+
+TEST_CASE("straggler: a rank 20 ms slower every step is named, and a balanced run names none") {
+  TempDir logs;
+  const ProcessResult slow = run_process(
+      hang_job(logs.path(), 3,
+               {"--steps", "150", "--reducer", "1", "--rank", "1", "--slow-ms", "20"}, "0"),
+      {}, {}, milliseconds(60000));
+  INFO("stderr:\n" << slow.err);
+  REQUIRE(slow.status == 0);
+  const auto at = slow.err.find("ddprun: rank 1 (");
+  REQUIRE(at != std::string::npos);
+  const std::string line = slow.err.substr(at, slow.err.find('\n', at) - at);
+  CHECK_THAT(line, Catch::Contains(") is a straggler: its gradients were ready "));
+  CHECK_THAT(line, Catch::Contains(" after the median rank's in "));
+  // Named within 50 steps of the start (its window is 20) and the tick of the monitor.
+  const int step = std::stoi(line.substr(line.rfind("as of step ") + 11));
+  CHECK(step <= 60);
+  // The end-of-job summary lists every rank's compute and wait time.
+  CHECK_THAT(slow.err, Catch::Contains("ddprun: time in Reducer steps, per rank"));
+  CHECK_THAT(slow.err, Catch::Contains("  rank 2: 150 steps, compute "));
+
+  TempDir logs_balanced;
+  const ProcessResult balanced =
+      run_process(hang_job(logs_balanced.path(), 3,
+                           {"--steps", "150", "--reducer", "1", "--step-ms", "5"}, "0"),
+                  {}, {}, milliseconds(60000));
+  INFO("balanced stderr:\n" << balanced.err);
+  REQUIRE(balanced.status == 0);
+  CHECK_THAT(balanced.err, !Catch::Contains("straggler"));
+}

@@ -61,6 +61,8 @@ struct LaunchConfig {
   std::chrono::milliseconds shutdown_timeout{std::chrono::seconds(30)};  // --shutdown_timeout
   // --hang_timeout: no collective finished for this long while one waits: a hang. 0: off.
   std::chrono::milliseconds hang_timeout{std::chrono::seconds(300)};
+  int straggler_window = 20;             // --straggler_window: Reducer steps judged; 0: off
+  double straggler_threshold_s = 0.005;  // --straggler_threshold
 
   // Logs.
   std::optional<std::string> log_dir;               // --log_dir; a temp dir when unset

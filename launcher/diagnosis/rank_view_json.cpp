@@ -1,0 +1,107 @@
+#include "rank_view_json.hpp"
+
+#include <nlohmann/json.hpp>
+#include <stdexcept>
+
+namespace ddp::launcher {
+namespace {
+
+using nlohmann::json;
+
+json collective_json(const CollectiveInfo& c) {
+  json j = {
+      {"seq", c.seq},      {"op", c.op},       {"dtype", c.dtype},     {"count", c.count},
+      {"bytes", c.bytes},  {"age_s", c.age_s}, {"started", c.started}, {"finished", c.finished},
+      {"failed", c.failed}};
+  if (c.bucket) j["bucket"] = *c.bucket;
+  return j;
+}
+
+CollectiveInfo collective_of(const json& j) {
+  CollectiveInfo c;
+  c.seq = j.at("seq").get<std::uint64_t>();
+  c.op = j.at("op").get<std::string>();
+  c.dtype = j.at("dtype").get<std::string>();
+  c.count = j.at("count").get<std::uint64_t>();
+  c.bytes = j.at("bytes").get<std::uint64_t>();
+  c.age_s = j.at("age_s").get<double>();
+  c.started = j.at("started").get<bool>();
+  c.finished = j.at("finished").get<bool>();
+  c.failed = j.at("failed").get<bool>();
+  if (j.contains("bucket")) c.bucket = j.at("bucket").get<std::uint64_t>();
+  return c;
+}
+
+}  // namespace
+
+std::string encode_views(const std::vector<RankView>& views) {
+  json out = json::array();
+  for (const RankView& v : views) {
+    json j = {{"rank", v.rank},
+              {"local_rank", v.local_rank},
+              {"host", v.host},
+              {"pid", v.pid},
+              {"running", v.running},
+              {"exit", v.exit_text},
+              {"attached", v.attached},
+              {"backend", v.backend},
+              {"queued", v.queued},
+              {"finished", v.finished},
+              {"failed", v.failed},
+              {"steps", v.steps},
+              {"compute_s", v.compute_s_total},
+              {"wait_s", v.wait_s_total}};
+    if (v.since_finished_s) j["since_finished_s"] = *v.since_finished_s;
+    if (v.pending) j["pending"] = collective_json(*v.pending);
+    if (v.last) j["last"] = collective_json(*v.last);
+    json steps = json::array();
+    for (const StepInfo& s : v.recent_steps) steps.push_back({s.step, s.compute_s, s.wait_s});
+    j["recent_steps"] = std::move(steps);
+    out.push_back(std::move(j));
+  }
+  return out.dump();
+}
+
+std::vector<RankView> decode_views(const std::string& text) {
+  try {
+    std::vector<RankView> views;
+    for (const json& j : json::parse(text)) {
+      RankView v;
+      v.rank = j.at("rank").get<int>();
+      v.local_rank = j.at("local_rank").get<int>();
+      v.host = j.at("host").get<std::string>();
+      v.pid = j.at("pid").get<pid_t>();
+      v.running = j.at("running").get<bool>();
+      v.exit_text = j.at("exit").get<std::string>();
+      v.attached = j.at("attached").get<bool>();
+      v.backend = j.at("backend").get<std::string>();
+      v.queued = j.at("queued").get<std::uint64_t>();
+      v.finished = j.at("finished").get<std::uint64_t>();
+      v.failed = j.at("failed").get<bool>();
+      v.steps = j.at("steps").get<std::uint64_t>();
+      v.compute_s_total = j.at("compute_s").get<double>();
+      v.wait_s_total = j.at("wait_s").get<double>();
+      if (j.contains("since_finished_s")) v.since_finished_s = j["since_finished_s"].get<double>();
+      if (j.contains("pending")) v.pending = collective_of(j["pending"]);
+      if (j.contains("last")) v.last = collective_of(j["last"]);
+      for (const json& s : j.at("recent_steps")) {
+        v.recent_steps.push_back(
+            {s.at(0).get<std::uint64_t>(), s.at(1).get<double>(), s.at(2).get<double>()});
+      }
+      views.push_back(std::move(v));
+    }
+    return views;
+  } catch (const json::exception& e) {
+    throw std::invalid_argument(std::string("not a node's collective views: ") + e.what());
+  }
+}
+
+void age_views(std::vector<RankView>& views, double seconds) {
+  for (RankView& v : views) {
+    if (v.since_finished_s) *v.since_finished_s += seconds;
+    if (v.pending) v.pending->age_s += seconds;
+    if (v.last) v.last->age_s += seconds;
+  }
+}
+
+}  // namespace ddp::launcher

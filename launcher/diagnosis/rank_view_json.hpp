@@ -1,0 +1,19 @@
+#pragma once
+// RankViews as JSON, for agents to share their ranks' collectives with the other nodes of a
+// job (agent/collective_exchange.hpp). Internal to the launcher.
+
+#include <string>
+#include <vector>
+
+#include "rank_view.hpp"
+
+namespace ddp::launcher {
+
+std::string encode_views(const std::vector<RankView>& views);
+// Throws std::invalid_argument naming what is wrong when text is not what encode_views wrote.
+std::vector<RankView> decode_views(const std::string& text);
+
+// Every age in views grown by seconds (a view received that long ago).
+void age_views(std::vector<RankView>& views, double seconds);
+
+}  // namespace ddp::launcher
