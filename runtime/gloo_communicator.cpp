@@ -13,7 +13,6 @@
 #include <vector>
 
 #include "gloo_store_adapter.hpp"
-#include "promise_work.hpp"
 #include "reduce_kernels.hpp"
 
 namespace ddp::detail {
@@ -73,9 +72,21 @@ GlooCommunicator::GlooCommunicator(store::Store& store, int rank, int world_size
 GlooCommunicator::~GlooCommunicator() = default;
 
 Work GlooCommunicator::enqueue(const CallDescriptor& call, std::function<void()> body) {
-  auto work = std::make_shared<PromiseWork>(call.str() + where(rank_));
+  const std::string what = call.str() + where(rank_);
+  auto work = std::make_shared<PromiseWork>(what);
   const bool check = policy_.next();
-  queue_.submit([this, work, call, check, body = std::move(body)] {
+  std::lock_guard lock(abort_mutex_);
+  if (!abort_reason_.empty()) {
+    throw CommError(what + ": the gloo communicator was aborted: " + abort_reason_);
+  }
+  queued_.push_back(work);
+  queue_.submit([this, work, what, call, check, body = std::move(body)] {
+    {
+      std::lock_guard started(abort_mutex_);
+      if (!abort_reason_.empty()) return;  // abort() failed this work already
+      queued_.pop_front();                 // this work: tasks start in the order they were queued
+    }
+    std::exception_ptr result;
     try {
       if (first_failure_) std::rethrow_exception(first_failure_);
       try {
@@ -85,16 +96,40 @@ Work GlooCommunicator::enqueue(const CallDescriptor& call, std::function<void()>
         first_failure_ = std::current_exception();
         throw;
       } catch (const std::exception& e) {
-        first_failure_ =
-            std::make_exception_ptr(CommError(call.str() + where(rank_) + ": " + e.what()));
+        first_failure_ = std::make_exception_ptr(CommError(what + ": " + e.what()));
         std::rethrow_exception(first_failure_);
       }
-      work->complete();
     } catch (...) {
-      work->complete(std::current_exception());
+      result = std::current_exception();
     }
+    {
+      // Aborted while it ran: its outcome is not to be trusted (it may have ended early
+      // because the abort came from a peer's failure), so it fails with the reason too.
+      std::lock_guard ended(abort_mutex_);
+      if (!abort_reason_.empty()) {
+        result = std::make_exception_ptr(
+            CommError(what + ": the gloo communicator was aborted: " + abort_reason_));
+      }
+    }
+    work->complete(result);
   });
   return Work(work);
+}
+
+void GlooCommunicator::abort(const std::string& reason) {
+  std::deque<std::shared_ptr<PromiseWork>> queued;
+  std::string because;
+  {
+    std::lock_guard lock(abort_mutex_);
+    if (!abort_reason_.empty()) return;
+    abort_reason_ = reason.empty() ? "aborted (no reason given)" : reason;
+    because = abort_reason_;
+    queued.swap(queued_);
+  }
+  for (auto& work : queued) {
+    work->complete(std::make_exception_ptr(
+        CommError(work->describe() + ": the gloo communicator was aborted: " + because)));
+  }
 }
 
 void GlooCommunicator::check_call(const CallDescriptor& call) {
