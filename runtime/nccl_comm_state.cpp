@@ -64,9 +64,11 @@ void NcclCommState::abort_locked(const std::string& reason) {
 }
 
 void NcclCommState::watch(std::shared_ptr<NcclWork> work) {
+  bool was_idle = false;
   {
     std::lock_guard lock(pending_mutex_);
     if (!aborting()) {
+      was_idle = pending_.empty();
       pending_.push_back(std::move(work));
       work = nullptr;
     }
@@ -75,7 +77,7 @@ void NcclCommState::watch(std::shared_ptr<NcclWork> work) {
     work->finish(aborted_error(work->describe()));
     return;
   }
-  wake_.notify_one();
+  if (was_idle) wake_.notify_one();  // from the idle interval to the busy one
 }
 
 void NcclCommState::start_watchdog(int device) {

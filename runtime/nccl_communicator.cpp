@@ -434,6 +434,7 @@ Work NcclCommunicator::allreduce(void* data, std::size_t count, DType dtype, Red
                call.str());
     });
   }
+  state_->throw_if_aborted(call.str() + where(rank_));  // before allocating staging memory
   void* device = staging(bytes, 0);
   void* host = pinned(bytes, 0);
   if (bytes != 0) std::memcpy(host, data, bytes);
@@ -508,6 +509,7 @@ Work NcclCommunicator::broadcast(void* data, std::size_t count, DType dtype, int
   CallDescriptor call{CallKind::Broadcast, dtype, count, root};
   const std::size_t bytes = count * size_of(dtype);
   const bool on_device = is_device_memory(data);
+  state_->throw_if_aborted(call.str() + where(rank_));  // before allocating staging memory
   void* buffer = on_device ? data : staging(bytes, 0);
   void* host = on_device ? nullptr : pinned(bytes, 0);
   if (!on_device && bytes != 0) std::memcpy(host, data, bytes);
@@ -561,6 +563,7 @@ Work NcclCommunicator::staged(const CallDescriptor& call, void* after, const voi
   const bool in_device = is_device_memory(in);
   const bool out_device = is_device_memory(out);
   const bool on_device = in_device && out_device;
+  state_->throw_if_aborted(call.str() + where(rank_));  // before allocating staging memory
   const void* src = on_device ? in : staging(in_bytes, 0);
   void* dst = on_device ? out : staging(out_bytes, 1);
   const void* host_in = in;
@@ -591,6 +594,7 @@ Work NcclCommunicator::staged(const CallDescriptor& call, void* after, const voi
 
 Work NcclCommunicator::barrier() {
   // A one-element all-reduce, waited for on the host.
+  state_->throw_if_aborted("barrier()" + where(rank_));  // before allocating its scratch
   void* scratch = staging(sizeof(float), 1);
   Work work = launch(CallDescriptor{}, nullptr, [&] {
     enqueued(ncclAllReduce(scratch, scratch, 1, ncclFloat32, ncclSum, comm_, stream_), "barrier");
