@@ -33,7 +33,9 @@ bool NcclWork::poll() {
     if (finished_) return true;
   }
   const cudaError_t status = cudaEventQuery(done_.get());
-  if (status == cudaErrorNotReady) return false;
+  // Not ready; or the process is exiting with the communicator still alive (CUDA is being
+  // unloaded): nothing to report, and aborting NCCL now could only crash the exit.
+  if (status == cudaErrorNotReady || status == cudaErrorCudartUnloading) return false;
   if (status != cudaSuccess) {
     (void)cudaGetLastError();  // clear a non-sticky error so that it is not reported twice
     // The stream failed: what it computes cannot be trusted, nor anything queued after.

@@ -28,7 +28,8 @@ class NcclWork : public WorkState {
   NcclWork(std::string description, CudaEventPool::Event done, std::chrono::milliseconds timeout,
            std::shared_ptr<NcclCommState> state);
 
-  // Polls the event (yield, then sleeps growing to 1 ms; an abort wakes it at once). Past
+  // Polls the event (yield, then sleeps growing to 1 ms; an abort wakes it at once): CUDA
+  // has no wait on an event with a timeout (cudaEventSynchronize has none). Past
   // `timeout` it aborts the communicator, naming this collective and the timeout, and
   // returns false. Rethrows the failure of an aborted or failed collective.
   bool wait_for(std::chrono::milliseconds timeout) override;
