@@ -80,7 +80,7 @@ Work GlooCommunicator::enqueue(const CallDescriptor& call, std::function<void()>
     throw CommError(what + ": the gloo communicator was aborted: " + abort_reason_);
   }
   queued_.push_back(work);
-  queue_.submit([this, work, what, call, check, body = std::move(body)] {
+  auto task = [this, work, what, call, check, body = std::move(body)] {
     {
       std::lock_guard started(abort_mutex_);
       if (!abort_reason_.empty()) return;  // abort() failed this work already
@@ -112,7 +112,13 @@ Work GlooCommunicator::enqueue(const CallDescriptor& call, std::function<void()>
       }
     }
     work->complete(result);
-  });
+  };
+  try {
+    queue_.submit(std::move(task));
+  } catch (...) {
+    queued_.pop_back();  // never queued: keep queued_ in step with the tasks
+    throw;
+  }
   return Work(work);
 }
 
