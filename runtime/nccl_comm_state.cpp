@@ -127,16 +127,14 @@ void NcclCommState::check_pending() {
   }
   if (snapshot.empty()) return;
   const auto now = NcclClock::now();
+  // One stream: a work cannot finish before those queued ahead of it, so the events are
+  // polled up to the first unfinished work; the rest only have their deadlines checked (a
+  // later work can have the earlier one, from wait_on_stream).
   std::size_t finished = 0;  // the leading works seen complete, removed below
-  bool leading = true;
-  for (const auto& work : snapshot) {
-    if (work->poll()) {
-      if (leading) ++finished;
-      continue;
-    }
-    leading = false;
-    if (now >= work->deadline()) {
-      abort(work->timeout_reason());  // fails every pending work, this one first
+  while (finished < snapshot.size() && snapshot[finished]->poll()) ++finished;
+  for (std::size_t i = finished; i < snapshot.size(); ++i) {
+    if (now >= snapshot[i]->deadline()) {
+      abort(snapshot[i]->timeout_reason());  // fails every pending work, this one first
       return;
     }
   }
