@@ -14,7 +14,6 @@
 
 #include "collective_recorder.hpp"
 #include "gloo_store_adapter.hpp"
-#include "promise_work.hpp"
 #include "reduce_kernels.hpp"
 
 namespace ddp::detail {
@@ -75,13 +74,24 @@ GlooCommunicator::~GlooCommunicator() = default;
 
 Work GlooCommunicator::enqueue(const CallDescriptor& call, std::function<void()> body,
                                std::optional<std::size_t> bucket) {
-  auto work = std::make_shared<PromiseWork>(call.str() + where(rank_));
+  const std::string what = call.str() + where(rank_);
+  auto work = std::make_shared<PromiseWork>(what);
   const bool check = policy_.next();
+  std::lock_guard lock(abort_mutex_);
+  if (!abort_reason_.empty()) {
+    throw CommError(what + ": the gloo communicator was aborted: " + abort_reason_);
+  }
   const std::uint64_t seq =
       recorder_ ? recorder_->on_queued(call, bucket.value_or(record::kNoBucket)) : 0;
-  queue_.submit([this, work, call, check, seq, body = std::move(body)] {
+  queued_.push_back(work);
+  auto task = [this, work, what, call, check, seq, body = std::move(body)] {
+    {
+      std::lock_guard started(abort_mutex_);
+      if (!abort_reason_.empty()) return;  // abort() failed this work already
+      queued_.pop_front();                 // this work: tasks start in the order they were queued
+    }
     if (seq != 0) recorder_->on_started(seq);
-    std::exception_ptr failure;
+    std::exception_ptr result;
     try {
       if (first_failure_) std::rethrow_exception(first_failure_);
       try {
@@ -91,17 +101,47 @@ Work GlooCommunicator::enqueue(const CallDescriptor& call, std::function<void()>
         first_failure_ = std::current_exception();
         throw;
       } catch (const std::exception& e) {
-        first_failure_ =
-            std::make_exception_ptr(CommError(call.str() + where(rank_) + ": " + e.what()));
+        first_failure_ = std::make_exception_ptr(CommError(what + ": " + e.what()));
         std::rethrow_exception(first_failure_);
       }
     } catch (...) {
-      failure = std::current_exception();
+      result = std::current_exception();
     }
-    if (seq != 0) recorder_->on_finished(seq, failure != nullptr);  // before a waiter wakes
-    work->complete(failure);
-  });
+    {
+      // Aborted while it ran: its outcome is not to be trusted (it may have ended early
+      // because the abort came from a peer's failure), so it fails with the reason too.
+      std::lock_guard ended(abort_mutex_);
+      if (!abort_reason_.empty()) {
+        result = std::make_exception_ptr(
+            CommError(what + ": the gloo communicator was aborted: " + abort_reason_));
+      }
+    }
+    if (seq != 0) recorder_->on_finished(seq, result != nullptr);  // before a waiter wakes
+    work->complete(result);
+  };
+  try {
+    queue_.submit(std::move(task));
+  } catch (...) {
+    queued_.pop_back();  // never queued: keep queued_ in step with the tasks
+    throw;
+  }
   return Work(work);
+}
+
+void GlooCommunicator::abort(const std::string& reason) {
+  std::deque<std::shared_ptr<PromiseWork>> queued;
+  std::string because;
+  {
+    std::lock_guard lock(abort_mutex_);
+    if (!abort_reason_.empty()) return;
+    abort_reason_ = reason.empty() ? "aborted (no reason given)" : reason;
+    because = abort_reason_;
+    queued.swap(queued_);
+  }
+  for (auto& work : queued) {
+    work->complete(std::make_exception_ptr(
+        CommError(work->describe() + ": the gloo communicator was aborted: " + because)));
+  }
 }
 
 void GlooCommunicator::check_call(const CallDescriptor& call) {

@@ -3,7 +3,9 @@
 // one communication thread in issue order, so asynchronous calls overlap with the caller's
 // compute. Internal to libddp; programs reach it through Context.
 
+#include <deque>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -12,6 +14,7 @@
 #include "ddp/common/task_queue.hpp"
 #include "ddp/communicator.hpp"
 #include "ddp/store/store.hpp"
+#include "promise_work.hpp"
 #include "shm_allreduce.hpp"
 
 namespace gloo {
@@ -51,6 +54,10 @@ class GlooCommunicator : public Communicator {
   std::shared_ptr<void> allocate(std::size_t bytes) override;
   void fill_zero(void* data, std::size_t bytes, void* stream) override;
   void set_mismatch_check(MismatchCheck check) override { policy_.set(check); }
+  // Queued collectives fail at once; the running one fails with `reason` when it ends (at
+  // the latest at the collective timeout: a blocked TCP operation cannot be interrupted);
+  // later calls throw. Thread-safe.
+  void abort(const std::string& reason) override;
 
  private:
   // Queues body on the communication thread after an optional cross-rank check of `call`,
@@ -72,7 +79,10 @@ class GlooCommunicator : public Communicator {
   std::uint32_t next_tag_ = 0;               // used on the communication thread only
   std::exception_ptr first_failure_;         // used on the communication thread only
   std::vector<std::uint16_t> wire_scratch_;  // compressed all-reduce; communication thread only
-  common::TaskQueue queue_;                  // last: its thread stops before the rest goes
+  std::mutex abort_mutex_;
+  std::string abort_reason_;                         // guarded by abort_mutex_; "" until aborted
+  std::deque<std::shared_ptr<PromiseWork>> queued_;  // guarded by abort_mutex_: not started yet
+  common::TaskQueue queue_;                          // last: its thread stops before the rest goes
 };
 
 }  // namespace ddp::detail

@@ -8,7 +8,6 @@
 
 #include "backends.hpp"
 #include "collective_recorder.hpp"
-#include "promise_work.hpp"
 #if defined(DDP_HAVE_CUDA_KERNELS)
 #include "wire_kernels.hpp"
 #endif
@@ -63,8 +62,9 @@ ncclRedOp_t nccl_op(ReduceOp op) {
 // settle. NCCL offers no waitable handle for that state, only ncclCommGetAsyncError, so this
 // polls it: a yield first, then sleeps growing to 1 ms (init takes milliseconds to seconds;
 // an enqueue usually settles at the first look). Returns ncclSuccess, the communicator's
-// error, or ncclInProgress when `deadline` passed first.
-ncclResult_t settle(ncclComm_t comm, NcclClock::time_point deadline) {
+// error, or ncclInProgress when `deadline` passed first or `owner` began aborting.
+ncclResult_t settle(ncclComm_t comm, NcclClock::time_point deadline,
+                    const NcclCommState* owner = nullptr) {
   using std::chrono::microseconds;
   microseconds pause{0};
   for (;;) {
@@ -73,6 +73,7 @@ ncclResult_t settle(ncclComm_t comm, NcclClock::time_point deadline) {
     if (status != ncclSuccess) return status;
     if (state != ncclInProgress) return state;
     if (NcclClock::now() >= deadline) return ncclInProgress;
+    if (owner != nullptr && owner->aborting()) return ncclInProgress;
     if (pause.count() == 0) {
       std::this_thread::yield();
     } else {
@@ -104,51 +105,6 @@ bool is_device_memory(const void* p) {
   return attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged;
 }
 
-// A collective queued on the communication stream: an event for stream ordering, and a host
-// callback after it that completes the promise (so a host wait has a timeout).
-class NcclWork : public WorkState {
- public:
-  NcclWork(std::string description, cudaEvent_t done, std::shared_ptr<NcclCommState> state)
-      : promise_(std::make_shared<PromiseWork>(std::move(description))),
-        done_(done),
-        state_(std::move(state)) {}
-  ~NcclWork() override { cudaEventDestroy(done_); }
-
-  std::shared_ptr<PromiseWork> promise() const { return promise_; }
-  bool wait_for(std::chrono::milliseconds timeout) override {
-    if (promise_->wait_for(timeout)) return true;
-    state_->abort(describe() + " did not complete within " + std::to_string(timeout.count()) +
-                  " ms");
-    return false;
-  }
-  bool done() override { return promise_->done(); }
-  void wait_on_stream(void* stream, std::chrono::milliseconds) override {
-    cuda_check(cudaStreamWaitEvent(static_cast<cudaStream_t>(stream), done_, 0),
-               "ordering a stream after " + describe());
-  }
-  std::string describe() const override { return promise_->describe(); }
-
- private:
-  std::shared_ptr<PromiseWork> promise_;
-  cudaEvent_t done_;
-  std::shared_ptr<NcclCommState> state_;
-};
-
-// What the stream callback completes: the Work's promise and, when recording, collective
-// `seq` in the record.
-struct Completion {
-  std::shared_ptr<PromiseWork> promise;
-  std::shared_ptr<CollectiveRecorder> recorder;
-  std::uint64_t seq = 0;
-};
-
-// cudaLaunchHostFunc's callback: completes what it owns.
-void CUDART_CB complete_promise(void* data) {
-  std::unique_ptr<Completion> completion(static_cast<Completion*>(data));
-  if (completion->recorder) completion->recorder->on_finished(completion->seq, false);
-  completion->promise->complete();
-}
-
 // Records collective `seq` as failed unless dismissed (the launch reached the stream).
 class RecordFailureGuard {
  public:
@@ -167,17 +123,6 @@ class RecordFailureGuard {
 };
 
 }  // namespace
-
-void NcclCommState::abort(const std::string& reason) {
-  std::lock_guard lock(mutex);
-  abort_locked(reason);
-}
-
-void NcclCommState::abort_locked(const std::string& reason) {
-  if (comm == nullptr || !aborted_because.empty()) return;
-  ncclCommAbort(comm);
-  aborted_because = reason;
-}
 
 bool nccl_usable() {
   int count = 0;
@@ -213,8 +158,12 @@ NcclCommunicator::NcclCommunicator(std::shared_ptr<store::Store> store, const La
     cuda_check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "creating a stream");
     wait_for_all_ranks(deadline, options.init_timeout);
     init_communicator(options, deadline, options.init_timeout);
-    std::lock_guard lock(state_->mutex);
-    state_->comm = comm_;
+    ready_ = events_->acquire("ordering the communication stream");
+    {
+      std::lock_guard lock(state_->mutex);
+      state_->comm = comm_;
+    }
+    state_->start_watchdog(device_);
   } catch (const InitError&) {
     release();  // no destructor runs for a constructor that throws
     throw;
@@ -229,43 +178,45 @@ NcclCommunicator::~NcclCommunicator() { release(); }
 
 void NcclCommunicator::release() noexcept {
   // A stream stuck behind a collective whose peer is gone never drains: wait for its last
-  // operation on the host, with a timeout, instead of an unbounded cudaStreamSynchronize.
-  bool aborted = false;
-  {
-    std::lock_guard lock(state_->mutex);
-    aborted = !state_->aborted_because.empty();
-  }
+  // operation on the host, with a timeout (a wait that runs out aborts), instead of an
+  // unbounded cudaStreamSynchronize.
   bool drained = true;
-  if (last_ && !aborted) {
+  if (last_ && !state_->aborting()) {
     try {
       drained = last_->wait_for(timeout_);
     } catch (...) {
-      drained = true;  // it finished (with an error): the stream has passed it
+      drained = false;  // aborted, or a CUDA error: do not wait for the stream
     }
   }
+  // Settles what is still pending; from here on only this thread touches the communicator
+  // (or an abort called from another thread, under the mutex).
+  state_->stop_watchdog();
   if (comm_ != nullptr || stream_ != nullptr) cudaSetDevice(device_);
-  if (comm_ != nullptr) {
+  {
     std::lock_guard lock(state_->mutex);
-    // Abort stops kernels that wait for a lost peer; destroy would wait for them. An
-    // aborted communicator is already freed.
-    if (!state_->aborted_because.empty()) {
-      drained = false;
-    } else if (drained) {
-      // Non-blocking: finalize flushes and settles in the background; destroy is then local.
-      // A finalize that does not settle in time means a peer is gone: abort instead.
-      const ncclResult_t flushed = ncclCommFinalize(comm_);
-      if ((flushed == ncclSuccess || flushed == ncclInProgress) &&
-          settle(comm_, NcclClock::now() + timeout_) == ncclSuccess) {
-        ncclCommDestroy(comm_);
+    if (state_->comm != nullptr) {
+      // Abort stops kernels that wait for a lost peer; destroy would wait for them.
+      if (drained && !state_->aborting()) {
+        // Non-blocking: finalize flushes and settles in the background; destroy is then
+        // local. A finalize that does not settle in time means a peer is gone: abort.
+        const ncclResult_t flushed = ncclCommFinalize(state_->comm);
+        if ((flushed == ncclSuccess || flushed == ncclInProgress) &&
+            settle(state_->comm, NcclClock::now() + timeout_, state_.get()) == ncclSuccess) {
+          ncclCommDestroy(state_->comm);
+        } else {
+          ncclCommAbort(state_->comm);
+          drained = false;
+        }
       } else {
-        ncclCommAbort(comm_);
+        ncclCommAbort(state_->comm);
         drained = false;
       }
-    } else {
-      ncclCommAbort(comm_);
+      state_->comm = nullptr;
+    } else if (comm_ != nullptr && !state_->aborting()) {
+      ncclCommAbort(comm_);  // built, but the constructor failed before handing it over
     }
-    state_->comm = nullptr;
-    comm_ = nullptr;
+    if (state_->aborting()) drained = false;
+    comm_ = nullptr;  // an aborted communicator is freed already
   }
   if (wire_ != nullptr) {
     cudaFreeAsync(wire_, stream_);  // after whatever still reads it
@@ -277,8 +228,11 @@ void NcclCommunicator::release() noexcept {
     cudaStreamDestroy(stream_);  // with work still queued: released once it completes
     stream_ = nullptr;
   }
+  ready_.reset();
   last_.reset();
 }
+
+void NcclCommunicator::abort(const std::string& reason) { state_->abort(reason); }
 
 std::string NcclCommunicator::ranks_without(const std::string& prefix, int& absent) {
   std::string missing;
@@ -396,8 +350,11 @@ void NcclCommunicator::finish_init(ncclResult_t first, NcclClock::time_point dea
 
 void NcclCommunicator::enqueued(ncclResult_t status, const std::string& what) {
   const bool waited = status == ncclInProgress;
-  if (waited) status = settle(comm_, NcclClock::now() + timeout_);
+  if (waited) status = settle(comm_, NcclClock::now() + timeout_, state_.get());
   if (status == ncclSuccess) return;
+  // An abort from another thread (the watchdog, Context::abort) waits for this call: stop
+  // waiting and report it; the aborting thread aborts once this call released the mutex.
+  state_->throw_if_aborted(what + where(rank_));
   const std::string detail = last_error(comm_);
   if (status == ncclInProgress) {
     const std::string reason =
@@ -438,35 +395,35 @@ void NcclCommunicator::check_call(const CallDescriptor& call) {
 template <typename Enqueue>
 Work NcclCommunicator::launch(const CallDescriptor& call, void* after, Enqueue&& enqueue,
                               std::optional<std::size_t> bucket) {
-  // Recorded as queued here, started once handed to the stream, finished by the callback.
+  const std::string what = call.str() + " #" + std::to_string(++sequence_) + where(rank_);
+  state_->throw_if_aborted(what);  // at once, even while an abort is under way
+  // Recorded as queued here, started once handed to the stream, finished by NcclWork::finish.
   const std::uint64_t seq =
       recorder_ ? recorder_->on_queued(call, bucket.value_or(record::kNoBucket)) : 0;
   RecordFailureGuard record_failure(seq != 0 ? recorder_.get() : nullptr, seq);
   if (policy_.next()) check_call(call);
-  const std::string what = call.str() + where(rank_);
   std::lock_guard lock(state_->mutex);  // no abort while this call enqueues
-  if (!state_->aborted_because.empty()) {
-    throw CommError(what + ": the communicator was aborted after " + state_->aborted_because);
-  }
+  state_->throw_if_aborted(what);
   // The calling thread may not have made this communicator's device current.
   cuda_check(cudaSetDevice(device_), what);
-  cudaEvent_t ready = nullptr;
-  cuda_check(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), what);
-  cuda_check(cudaEventRecord(ready, static_cast<cudaStream_t>(after)), what);
-  cuda_check(cudaStreamWaitEvent(stream_, ready, 0), what);
-  cudaEventDestroy(ready);  // released once the stream has passed it
+  cuda_check(cudaEventRecord(ready_.get(), static_cast<cudaStream_t>(after)), what);
+  cuda_check(cudaStreamWaitEvent(stream_, ready_.get(), 0), what);
+  CudaEventPool::Event done = events_->acquire(what);  // before anything is queued
   enqueue();
   if (seq != 0) recorder_->on_started(seq);
-  cudaEvent_t done = nullptr;
-  cuda_check(cudaEventCreateWithFlags(&done, cudaEventDisableTiming), what);
-  auto work = std::make_shared<NcclWork>(what, done, state_);
-  cuda_check(cudaEventRecord(done, stream_), what);
-  auto holder = std::make_unique<Completion>(Completion{work->promise(), recorder_, seq});
-  cuda_check(cudaLaunchHostFunc(stream_, complete_promise, holder.get()), what);
-  holder.release();  // owned by the callback now
+  try {
+    cuda_check(cudaEventRecord(done.get(), stream_), what);
+  } catch (const CommError& e) {
+    // The collective is queued but cannot be watched: nothing can tell when its buffers
+    // are free again, so the communicator cannot be used any further.
+    state_->abort_locked(e.what());
+    throw;
+  }
+  last_ = std::make_shared<NcclWork>(what, std::move(done), timeout_, state_);
+  if (seq != 0) last_->record_as(recorder_, seq);
   record_failure.dismiss();
-  last_ = work->promise();
-  return Work(work);
+  state_->watch(last_);
+  return Work(last_);
 }
 
 void* NcclCommunicator::staging(std::size_t bytes, std::size_t slot) {
@@ -479,7 +436,7 @@ void* NcclCommunicator::staging(std::size_t bytes, std::size_t slot) {
 
 void* NcclCommunicator::pinned(std::size_t bytes, std::size_t slot) {
   if (pinned_bytes_[slot] < bytes) {
-    pinned_[slot].reset();
+    // The new buffer first: when cudaMallocHost fails, the old one and its size stay valid.
     void* p = nullptr;
     cuda_check(cudaMallocHost(&p, std::max<std::size_t>(bytes, 1)),
                "allocating " + std::to_string(bytes) + " bytes of pinned host memory");
@@ -506,6 +463,7 @@ Work NcclCommunicator::allreduce(void* data, std::size_t count, DType dtype, Red
         },
         options.bucket);
   }
+  state_->throw_if_aborted(call.str() + where(rank_));  // before allocating staging memory
   void* device = staging(bytes, 0);
   void* host = pinned(bytes, 0);
   if (bytes != 0) std::memcpy(host, data, bytes);
@@ -589,6 +547,7 @@ Work NcclCommunicator::broadcast(void* data, std::size_t count, DType dtype, int
   CallDescriptor call{CallKind::Broadcast, dtype, count, root};
   const std::size_t bytes = count * size_of(dtype);
   const bool on_device = is_device_memory(data);
+  state_->throw_if_aborted(call.str() + where(rank_));  // before allocating staging memory
   void* buffer = on_device ? data : staging(bytes, 0);
   void* host = on_device ? nullptr : pinned(bytes, 0);
   if (!on_device && bytes != 0) std::memcpy(host, data, bytes);
@@ -642,6 +601,7 @@ Work NcclCommunicator::staged(const CallDescriptor& call, void* after, const voi
   const bool in_device = is_device_memory(in);
   const bool out_device = is_device_memory(out);
   const bool on_device = in_device && out_device;
+  state_->throw_if_aborted(call.str() + where(rank_));  // before allocating staging memory
   const void* src = on_device ? in : staging(in_bytes, 0);
   void* dst = on_device ? out : staging(out_bytes, 1);
   const void* host_in = in;
@@ -672,6 +632,7 @@ Work NcclCommunicator::staged(const CallDescriptor& call, void* after, const voi
 
 Work NcclCommunicator::barrier() {
   // A one-element all-reduce, waited for on the host.
+  state_->throw_if_aborted("barrier()" + where(rank_));  // before allocating its scratch
   void* scratch = staging(sizeof(float), 1);
   Work work = launch(CallDescriptor{}, nullptr, [&] {
     enqueued(ncclAllReduce(scratch, scratch, 1, ncclFloat32, ncclSum, comm_, stream_), "barrier");

@@ -2,8 +2,10 @@
 // The GPU backend: NCCL on a dedicated CUDA stream. Collectives are ordered after an event
 // recorded on the caller's stream (CollectiveOptions::after_stream) and complete through an
 // event, never a host sync on the issuing path. Host buffers are accepted too: they are
-// staged through device memory and such calls complete before they return. Internal to
-// libddp; built only with CUDA + NCCL.
+// staged through device memory and such calls complete before they return. Each collective
+// is watched (NcclCommState's watchdog): past its timeout, or on an asynchronous NCCL error,
+// the communicator is aborted and every pending and later call fails with the reason.
+// Internal to libddp; built only with CUDA + NCCL.
 
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -16,27 +18,13 @@
 #include <vector>
 
 #include "call_check.hpp"
+#include "cuda_event_pool.hpp"
 #include "ddp/communicator.hpp"
 #include "ddp/context.hpp"
-#include "promise_work.hpp"
+#include "nccl_comm_state.hpp"
+#include "nccl_work.hpp"
 
 namespace ddp::detail {
-
-using NcclClock = std::chrono::steady_clock;
-
-// Shared by a communicator and its Work handles. The first host wait that runs out of time
-// aborts the communicator (ncclCommAbort ends kernels stuck on a lost peer, as PyTorch's
-// watchdog does); every later call then fails with that reason. Thread-safe: `mutex` also
-// covers the communicator's enqueueing, so an abort never races a call into NCCL.
-struct NcclCommState {
-  std::mutex mutex;
-  ncclComm_t comm = nullptr;    // set once the communicator is built
-  std::string aborted_because;  // non-empty once aborted
-  // Aborts once; the first reason is kept.
-  void abort(const std::string& reason);
-  // The same with `mutex` already held.
-  void abort_locked(const std::string& reason);
-};
 
 class NcclCommunicator : public Communicator {
  public:
@@ -65,6 +53,9 @@ class NcclCommunicator : public Communicator {
   std::shared_ptr<void> allocate(std::size_t bytes) override;
   void fill_zero(void* data, std::size_t bytes, void* stream) override;
   void set_mismatch_check(MismatchCheck check) override { policy_.set(check); }
+  // Thread-safe. Every pending Work fails with `reason` at once, then ncclCommAbort ends the
+  // kernels on the stream; later calls throw CommError with the reason.
+  void abort(const std::string& reason) override;
 
  private:
   // Waits (up to timeout_) for the last queued operation; destroys the communicator, or
@@ -85,13 +76,14 @@ class NcclCommunicator : public Communicator {
   // `absent` to their number.
   std::string ranks_without(const std::string& prefix, int& absent);
   // Checks what an NCCL call on the (non-blocking) communicator returned: ncclInProgress is
-  // waited out (up to timeout_). state_->mutex must be held; on a timeout the communicator is
-  // aborted. Throws CommError naming `what` on failure.
+  // waited out (up to timeout_, or until an abort begins). state_->mutex must be held; on a
+  // timeout the communicator is aborted. Throws CommError naming `what` on failure.
   void enqueued(ncclResult_t status, const std::string& what);
   // Cross-rank comparison through the store (NCCL has no cheap host-side collective).
   void check_call(const CallDescriptor& call);
-  // Orders the communication stream after `after` and returns a Work completing with what
-  // was queued by `enqueue` on it. Records the call (with its Reducer bucket) when recording.
+  // Orders the communication stream after `after`, queues `enqueue`'s work on it, records a
+  // pooled event after it and hands the Work (numbered: "#<sequence>") to the watchdog.
+  // Records the call (with its Reducer bucket) when recording.
   template <typename Enqueue>
   Work launch(const CallDescriptor& call, void* after, Enqueue&& enqueue,
               std::optional<std::size_t> bucket = std::nullopt);
@@ -125,8 +117,11 @@ class NcclCommunicator : public Communicator {
   cudaStream_t stream_ = nullptr;
   MismatchPolicy policy_;
   std::uint64_t checks_ = 0;
-  std::shared_ptr<PromiseWork> last_;  // the latest operation queued on stream_
+  std::uint64_t sequence_ = 0;      // collectives issued, numbering them in messages
+  std::shared_ptr<NcclWork> last_;  // the latest operation queued on stream_
   std::shared_ptr<NcclCommState> state_ = std::make_shared<NcclCommState>();
+  std::shared_ptr<CudaEventPool> events_ = std::make_shared<CudaEventPool>();
+  CudaEventPool::Event ready_;  // orders stream_ after the caller's stream (re-recorded per call)
   std::shared_ptr<void> staging_[2];
   std::size_t staging_bytes_[2] = {0, 0};
   void* wire_ = nullptr;  // see wire_buffer(); freed in release()

@@ -13,8 +13,10 @@ class PromiseWork : public WorkState {
  public:
   explicit PromiseWork(std::string description) : description_(std::move(description)) {}
 
-  // Marks the operation finished, with its failure if error is set. Wakes every waiter.
-  void complete(std::exception_ptr error = nullptr);
+  // Marks the operation finished, with its failure if error is set. Wakes every waiter. The
+  // first completion wins (an abort may fail a Work before its operation ends); returns
+  // whether this call completed it.
+  bool complete(std::exception_ptr error = nullptr);
 
   bool wait_for(std::chrono::milliseconds timeout) override;
   bool done() override;

@@ -13,13 +13,15 @@ void WorkState::wait_on_stream(void* /*stream*/, std::chrono::milliseconds timeo
   }
 }
 
-void PromiseWork::complete(std::exception_ptr error) {
+bool PromiseWork::complete(std::exception_ptr error) {
   {
     std::lock_guard lock(mutex_);
+    if (done_) return false;
     done_ = true;
     error_ = std::move(error);
   }
   done_cv_.notify_all();
+  return true;
 }
 
 bool PromiseWork::wait_for(std::chrono::milliseconds timeout) {

@@ -13,6 +13,7 @@
 #include "cuda_sgd.hpp"
 #include "cuda_support.hpp"
 #include "ddp/runtime.hpp"
+#include "error_file.hpp"
 #include "job_common.hpp"
 
 namespace fmnist {
@@ -192,6 +193,9 @@ double CudaJob::train_epoch(int epoch, long& global_step) {
     model_.forward(batch_images_.data(), n);
     model_.backward(batch_labels_.data(), losses_.data() + step,
                     [&](std::size_t i) { reducer_->mark_ready(i); });
+    if (global_step == config_.abort_at_step) {
+      ctx_.abort("test hook: --abort_at_step " + std::to_string(global_step));
+    }
     reducer_->finalize();  // the compute stream waits for the averaged gradients
     sgd_.step(params_, grads_);
     const bool last = step + 1 == steps;
@@ -288,7 +292,17 @@ int run_cuda_job(const TrainConfig& config, ddp::Context& ctx, Dataset data) {
     throw std::logic_error("run_cuda_job needs a context on the NCCL backend");
   }
   CudaJob job(config, ctx, std::move(data));
-  return job.run();
+  try {
+    return job.run();
+  } catch (const std::exception& e) {
+    // Here, before `job` frees its device memory: cudaFree synchronises the device, which
+    // never finishes behind a collective waiting for a lost peer. The error file first (an
+    // abort can take a while), then the abort, which ends those kernels.
+    std::fprintf(stderr, "train_fashion_mnist: %s\n", e.what());
+    write_error_file(e.what());
+    ctx.abort(e.what());
+    return 1;
+  }
 }
 
 }  // namespace fmnist

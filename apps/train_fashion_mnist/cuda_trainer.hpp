@@ -18,7 +18,9 @@ namespace fmnist {
 bool cuda_trainer_usable(int ranks_on_node, std::string& why);
 
 // Runs the job on the current CUDA device with a ctx whose backend is NCCL. Returns the exit
-// code; throws on failure (as the CPU loop does).
+// code. A failure while training is printed and written to the error file, then ctx is
+// aborted before any device memory is freed, and 1 is returned; a failure while setting up
+// throws (as the CPU loop does).
 int run_cuda_job(const TrainConfig& config, ddp::Context& ctx, Dataset data);
 
 }  // namespace fmnist

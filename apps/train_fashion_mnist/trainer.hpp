@@ -38,6 +38,8 @@ struct TrainConfig {
                                     // communicate, to measure its overhead per step
   long crash_at_step = -1;          // test hook: on the first attempt the last rank kills
                                     // itself (SIGKILL) before this global step
+  long abort_at_step = -1;          // test hook (GPU): every rank aborts its communicator
+                                    // (Context::abort) once this step's all-reduces are queued
 };
 
 // Runs the whole job under the launcher's environment (ddp::init). Returns the exit code;

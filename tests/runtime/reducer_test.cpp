@@ -288,6 +288,7 @@ struct ScriptedComm : ddp::Communicator {
   }
   void fill_zero(void* data, std::size_t bytes, void*) override { std::memset(data, 0, bytes); }
   void set_mismatch_check(ddp::MismatchCheck) override {}
+  void abort(const std::string&) override {}  // the Reducer never aborts
 };
 
 Context scripted_context(std::unique_ptr<ScriptedComm> comm) {

@@ -4,6 +4,7 @@
 // (or in a build without the CUDA trainer) the GPU cases skip with the reason, and the case
 // that checks the refusal runs instead.
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <filesystem>
 #include <regex>
 #include <sstream>
@@ -130,4 +131,22 @@ TEST_CASE("the Reducer overhead hook (skip_allreduce) runs on one GPU rank") {
   INFO(result.output);
   REQUIRE(result.status == 0);
   CHECK(last_accuracy(result.output) > 60.0);
+}
+
+TEST_CASE("a GPU worker whose communicator is aborted writes its error file and exits") {
+  if (!can_train_on_gpu()) return;
+  // The communicator is aborted once step 5's gradient all-reduces are queued: the step's
+  // wait on them (or the next collective) fails with the reason, the worker writes its error
+  // file, frees its device memory and exits, and ddprun's report shows the reason.
+  const auto start = std::chrono::steady_clock::now();
+  const auto result = train("", "--device cuda --epochs 1 --timeout 120 --abort_at_step 5");
+  INFO(result.output);
+  CHECK(result.status != 0);
+  CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(100));
+  CHECK(result.output.find("the NCCL communicator was aborted: test hook: --abort_at_step 5") !=
+        std::string::npos);
+  // The error file carries the reason into ddprun's failure report.
+  CHECK(std::regex_search(result.output,
+                          std::regex("message   : [^\\n]*test hook: --abort_at_step 5")));
+  CHECK(result.output.find("epoch 1/1: train loss") == std::string::npos);
 }

@@ -6,11 +6,14 @@
 // groups); every rank must issue the same collectives in the same order. Asynchronous
 // operations run in issue order. Buffers must stay alive until the returned Work completed.
 // Gloo: after a collective fails (a timeout, a lost peer, a mismatch) the communicator is broken:
-// every later call fails with that first error.
+// every later call fails with that first error. NCCL: a watchdog thread aborts the
+// communicator when a collective passes its timeout or NCCL reports an asynchronous error;
+// every pending and later call then fails with that reason. abort() does the same on demand.
 
 #include <cstddef>
 #include <memory>
 #include <optional>
+#include <string>
 
 #include "ddp/types.hpp"
 #include "ddp/work.hpp"
@@ -71,6 +74,18 @@ class Communicator {
 
   // Sets when calls are compared across ranks (see MismatchCheck).
   virtual void set_mismatch_check(MismatchCheck check) = 0;
+
+  // Ends this communicator's communication, e.g. for a rank that is stuck behind a lost peer
+  // or is about to exit on an error. Every Work not yet complete and every later call fails
+  // with CommError carrying `reason`; the first reason is kept, later aborts do nothing.
+  // Thread-safe: meant to be called from another thread while one is blocked in a wait.
+  // NCCL: pending waits fail at once, then ncclCommAbort ends the kernels (so freeing device
+  // memory, which synchronises the device, no longer waits for a lost peer). Gloo: a
+  // collective already running on the communication thread cannot be interrupted (Gloo has
+  // no way to cancel a blocked TCP operation); its Work fails with `reason` when it ends, at
+  // the latest at the collective timeout. Queued ones fail at once. The communicator can
+  // only be destroyed afterwards.
+  virtual void abort(const std::string& reason) = 0;
 
   // Internal to libddp: where this communicator records its collectives (the collective
   // record, docs/runtime.md); nullptr while recording is off. Set by init() before the first

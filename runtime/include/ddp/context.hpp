@@ -116,6 +116,13 @@ class Context {
   Work barrier_async() { return communicator_->barrier(); }
   void barrier() { barrier_async().wait(timeout_); }
 
+  // Ends this rank's communication (Communicator::abort): every pending and later collective
+  // fails with CommError carrying `reason`. Thread-safe; for a program (or its hang handling)
+  // that must end a stuck rank, and before freeing GPU memory on an error path: cudaFree
+  // synchronises the device, which never finishes behind a collective waiting for a lost
+  // peer. Afterwards the Context can only be destroyed.
+  void abort(const std::string& reason) { communicator_->abort(reason); }
+
  private:
   // Throws CommError unless whole == world_size() * part.
   void check_sizes(const char* op, std::size_t part, std::size_t whole) const;

@@ -38,11 +38,14 @@ class Work {
   // Blocks until the operation completed; throws CommError (or the operation's own error)
   // on failure and CommError naming the operation after timeout. NCCL: a wait that times
   // out aborts the communicator (every later call fails); poll with completed() instead.
+  // After an abort (Context::abort, the NCCL watchdog) it throws the abort's reason.
   void wait(std::chrono::milliseconds timeout = kDefaultCollectiveTimeout) const;
   // True when the operation completed. Never blocks.
   bool completed() const;
-  // GPU: makes `stream` (a cudaStream_t) wait for the operation without a host sync.
-  // CPU: the same as wait().
+  // GPU: makes `stream` (a cudaStream_t) wait for the operation without a host sync; when
+  // the operation has not finished within `timeout`, the watchdog aborts the communicator
+  // (the stream then moves on, and the next call or wait throws the reason). Throws at once
+  // when the operation already failed. CPU: the same as wait().
   void wait_on_stream(void* stream,
                       std::chrono::milliseconds timeout = kDefaultCollectiveTimeout) const;
 

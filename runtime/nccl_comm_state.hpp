@@ -1,0 +1,96 @@
+#pragma once
+// What a NCCL communicator shares with its Work handles and its watchdog: the ncclComm_t,
+// whether (and why) it was aborted, and the collectives queued on its stream that have not
+// been seen to finish. Internal to libddp; built only with CUDA + NCCL.
+//
+// The watchdog is one thread per communicator. Every few milliseconds it polls the CUDA event
+// recorded after each queued collective (completing its Work), checks each one's deadline
+// (the collective timeout from when it was queued, or a shorter bound from
+// Work::wait_on_stream) and reads ncclCommGetAsyncError. A deadline passed or an asynchronous
+// NCCL error aborts the communicator with a reason naming the collective. No host callback
+// is queued on the stream: a stuck stream holds nothing of the host's.
+
+#include <nccl.h>
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+
+namespace ddp::detail {
+
+using NcclClock = std::chrono::steady_clock;
+
+class NcclWork;
+
+class NcclCommState {
+ public:
+  NcclCommState() = default;
+  // Stops the watchdog if it still runs.
+  ~NcclCommState();
+  NcclCommState(const NcclCommState&) = delete;
+  NcclCommState& operator=(const NcclCommState&) = delete;
+
+  // Held around every NCCL call on `comm` (enqueues, finalize, abort, the watchdog's
+  // ncclCommGetAsyncError), so that an abort never races a call into NCCL.
+  std::mutex mutex;
+  ncclComm_t comm = nullptr;  // set once built; null again once aborted or destroyed
+
+  // True from the moment an abort starts. Never blocks.
+  bool aborting() const { return aborting_.load(); }
+  // "" until aborted; then the first abort's reason.
+  std::string aborted_because() const;
+  // The error every wait and call of `what` fails with after the abort: CommError
+  // "<what>: the NCCL communicator was aborted: <reason>".
+  std::exception_ptr aborted_error(const std::string& what) const;
+  // Throws aborted_error(what) once aborting. Never blocks.
+  void throw_if_aborted(const std::string& what) const;
+
+  // Aborts once; the first reason is kept and later calls return at once. In this order:
+  // the reason is set, every pending Work fails with it (their waiters wake now, whatever
+  // NCCL does next), then ncclCommAbort runs under `mutex` (its kernels exit; an operation
+  // still queued behind other work sees NCCL's abort flag when it starts). Thread-safe;
+  // blocks while another thread holds `mutex` (an enqueue, which stops waiting once it sees
+  // aborting()) and while ncclCommAbort runs.
+  void abort(const std::string& reason);
+  // The same with `mutex` already held by the caller.
+  void abort_locked(const std::string& reason);
+
+  // Hands a collective just queued on the stream to the watchdog (in stream order). Fails
+  // it at once when the communicator is aborting.
+  void watch(std::shared_ptr<NcclWork> work);
+
+  // Starts the watchdog thread on `device`. Call once, after `comm` is set.
+  void start_watchdog(int device);
+  // Stops and joins the watchdog, then settles what is still pending: a collective whose
+  // event has completed succeeds (unless aborted), any other fails ("destroyed before it
+  // finished"). Idempotent.
+  void stop_watchdog();
+
+ private:
+  void begin_abort(const std::string& reason);  // sets the reason and fails pending works
+  void watchdog_loop(int device);
+  // One look at the pending works: completes the finished ones, drops them from the list,
+  // and aborts past a deadline. Called without pending_mutex_ held.
+  void check_pending();
+  // Aborts when NCCL reports an asynchronous error; skipped while an enqueue holds `mutex`
+  // (the enqueue reads it itself).
+  void check_async_error();
+
+  std::atomic<bool> aborting_{false};
+  mutable std::mutex reason_mutex_;
+  std::string reason_;  // guarded by reason_mutex_
+
+  std::mutex pending_mutex_;
+  std::condition_variable wake_;                   // a new work, or stop
+  std::deque<std::shared_ptr<NcclWork>> pending_;  // guarded by pending_mutex_; stream order
+  bool stopping_ = false;                          // guarded by pending_mutex_
+  std::thread watchdog_;
+};
+
+}  // namespace ddp::detail
