@@ -19,8 +19,10 @@
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "collective_recorder.hpp"  // libddp's internal recorder: its cost per call
 #include "ddp/common/collective_record.hpp"
 #include "ddp/runtime.hpp"
 
@@ -133,6 +135,34 @@ class RecordPage {
   int fd_ = -1;
   const ddp::record::RecordPage* page_ = nullptr;
 };
+
+// The recorder's own cost, without communication: ns per collective (queued, started,
+// finished) and per Reducer step (begin, ready, finalized), over a page of its own.
+std::pair<double, double> record_cost_ns(int rank, int world_size) {
+  RecordPage page;
+  auto recorder =
+      ddp::detail::CollectiveRecorder::attach(page.fd(), rank, world_size, ddp::Backend::Gloo);
+  if (!recorder) throw std::runtime_error("could not attach a recorder to a fresh page");
+  constexpr int kCalls = 200000;
+  const auto word = ddp::detail::CollectiveRecorder::dtype_word(ddp::DType::F32);
+  auto start = Clock::now();
+  for (int i = 0; i < kCalls; ++i) {
+    const auto seq = recorder->on_queued(ddp::record::Op::kAllReduce, word, 1000, 4000, i % 5);
+    recorder->on_started(seq);
+    recorder->on_finished(seq, false);
+  }
+  const double collective =
+      std::chrono::duration<double, std::nano>(Clock::now() - start).count() / kCalls;
+  start = Clock::now();
+  for (int i = 0; i < kCalls; ++i) {
+    recorder->step_begin();
+    recorder->step_ready();
+    recorder->step_finalized();
+  }
+  const double step =
+      std::chrono::duration<double, std::nano>(Clock::now() - start).count() / kCalls;
+  return {collective, step};
+}
 
 // Median of this rank's step times, then the largest over ranks (the job's pace).
 double job_median_ms(ddp::Context& ctx, std::vector<double> times) {
@@ -249,6 +279,15 @@ int run(const BenchConfig& config) {
         std::to_string((with_record - with_reducer) / with_reducer * 100.0) +
         ", \"recorded_collectives\": " + std::to_string(record_page->page().finished.load()) +
         ", \"recorded_steps\": " + std::to_string(record_page->page().steps.load());
+    // What recording adds to a step by its own cost: a record per bucket all-reduce and the
+    // step marks, against the step without recording.
+    const auto [collective_ns, step_ns] = record_cost_ns(ctx.rank(), ctx.world_size());
+    const double per_step_ns =
+        collective_ns * static_cast<double>(reducer.buckets().size()) + step_ns;
+    record_fields +=
+        ", \"record_ns_per_collective\": " + std::to_string(collective_ns) +
+        ", \"record_ns_per_step_marks\": " + std::to_string(step_ns) +
+        ", \"record_cost_pct\": " + std::to_string(per_step_ns / (with_reducer * 1e6) * 100.0);
   }
   log.info("{\"impl\": \"ddp\", \"world\": ", ctx.world_size(), ", \"params\": ", total,
            ", \"buckets\": ", reducer.buckets().size(), ", \"tokens\": ", config.tokens,

@@ -14,3 +14,5 @@ target_link_libraries(ddp-reducer-bench PRIVATE ddp::runtime CLI11::CLI11 ${BLAS
 ddp_strict(ddp-reducer-bench)
 # --record reads the collective record page it hands to libddp (the worker contract's layout).
 target_include_directories(ddp-reducer-bench PRIVATE ${PROJECT_SOURCE_DIR}/common/include)
+# ... and times libddp's internal recorder on its own (a benchmark, not a user of the API).
+target_include_directories(ddp-reducer-bench PRIVATE ${PROJECT_SOURCE_DIR}/runtime)

@@ -393,8 +393,8 @@ void NcclCommunicator::check_call(const CallDescriptor& call) {
 }
 
 template <typename Enqueue>
-Work NcclCommunicator::launch(const CallDescriptor& call, void* after, Enqueue&& enqueue,
-                              std::optional<std::size_t> bucket) {
+Work NcclCommunicator::launch(const CallDescriptor& call, void* after,
+                              std::optional<std::size_t> bucket, Enqueue&& enqueue) {
   const std::string what = call.str() + " #" + std::to_string(++sequence_) + where(rank_);
   state_->throw_if_aborted(what);  // at once, even while an abort is under way
   // Recorded as queued here, started once handed to the stream, finished by NcclWork::finish.
@@ -454,32 +454,23 @@ Work NcclCommunicator::allreduce(void* data, std::size_t count, DType dtype, Red
   CallDescriptor call{CallKind::Allreduce, dtype, count, static_cast<std::int64_t>(op)};
   const std::size_t bytes = count * size_of(dtype);
   if (is_device_memory(data)) {
-    return launch(
-        call, options.after_stream,
-        [&] {
-          if (count == 0) return;
-          enqueued(ncclAllReduce(data, data, count, nccl_type(dtype), nccl_op(op), comm_, stream_),
-                   call.str());
-        },
-        options.bucket);
+    return launch(call, options.after_stream, options.bucket, [&] {
+      if (count == 0) return;
+      enqueued(ncclAllReduce(data, data, count, nccl_type(dtype), nccl_op(op), comm_, stream_),
+               call.str());
+    });
   }
   state_->throw_if_aborted(call.str() + where(rank_));  // before allocating staging memory
   void* device = staging(bytes, 0);
   void* host = pinned(bytes, 0);
   if (bytes != 0) std::memcpy(host, data, bytes);
-  Work work = launch(
-      call, options.after_stream,
-      [&] {
-        if (count == 0) return;
-        cuda_check(cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, stream_),
-                   call.str());
-        enqueued(
-            ncclAllReduce(device, device, count, nccl_type(dtype), nccl_op(op), comm_, stream_),
-            call.str());
-        cuda_check(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, stream_),
-                   call.str());
-      },
-      options.bucket);
+  Work work = launch(call, options.after_stream, options.bucket, [&] {
+    if (count == 0) return;
+    cuda_check(cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, stream_), call.str());
+    enqueued(ncclAllReduce(device, device, count, nccl_type(dtype), nccl_op(op), comm_, stream_),
+             call.str());
+    cuda_check(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, stream_), call.str());
+  });
   work.wait(timeout_);  // host memory: complete before returning, as the caller may reuse it
   if (bytes != 0) std::memcpy(data, host, bytes);
   return work;
@@ -502,19 +493,16 @@ Work NcclCommunicator::allreduce_compressed(void* data, std::size_t count, Reduc
   // Min and max commute with the narrowing; sum and the pre-divided average are sums.
   const ncclRedOp_t reduce = op == ReduceOp::Avg ? ncclSum : nccl_op(op);
   auto* values = static_cast<float*>(data);
-  return launch(
-      call, options.after_stream,
-      [&] {
-        if (count == 0) return;
-        void* buffer = wire_buffer(count * size_of(wire));
-        cuda_check(narrow_on_stream(values, buffer, count, type, scale, stream_),
-                   call.str() + ": narrowing f32 to " + to_string(wire));
-        enqueued(ncclAllReduce(buffer, buffer, count, nccl_type(wire), reduce, comm_, stream_),
-                 call.str());
-        cuda_check(widen_on_stream(buffer, values, count, type, 1.0f, stream_),
-                   call.str() + ": widening " + to_string(wire) + " to f32");
-      },
-      options.bucket);
+  return launch(call, options.after_stream, options.bucket, [&] {
+    if (count == 0) return;
+    void* buffer = wire_buffer(count * size_of(wire));
+    cuda_check(narrow_on_stream(values, buffer, count, type, scale, stream_),
+               call.str() + ": narrowing f32 to " + to_string(wire));
+    enqueued(ncclAllReduce(buffer, buffer, count, nccl_type(wire), reduce, comm_, stream_),
+             call.str());
+    cuda_check(widen_on_stream(buffer, values, count, type, 1.0f, stream_),
+               call.str() + ": widening " + to_string(wire) + " to f32");
+  });
 }
 
 void* NcclCommunicator::wire_buffer(std::size_t bytes) {

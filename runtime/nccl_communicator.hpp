@@ -85,8 +85,12 @@ class NcclCommunicator : public Communicator {
   // pooled event after it and hands the Work (numbered: "#<sequence>") to the watchdog.
   // Records the call (with its Reducer bucket) when recording.
   template <typename Enqueue>
-  Work launch(const CallDescriptor& call, void* after, Enqueue&& enqueue,
-              std::optional<std::size_t> bucket = std::nullopt);
+  Work launch(const CallDescriptor& call, void* after, std::optional<std::size_t> bucket,
+              Enqueue&& enqueue);
+  template <typename Enqueue>
+  Work launch(const CallDescriptor& call, void* after, Enqueue&& enqueue) {
+    return launch(call, after, std::nullopt, std::forward<Enqueue>(enqueue));
+  }
   // allgather / reduce_scatter: runs collective(src, dst) on device buffers, staging `in`
   // and `out` when either is host memory.
   template <typename Collective>

@@ -7,6 +7,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <boost/asio/io_context.hpp>
 #include <catch2/catch.hpp>
 #include <cstdio>
 #include <fstream>
@@ -19,6 +20,7 @@
 #include "ddp/common/collective_record.hpp"
 #include "ddp/runtime.hpp"
 #include "ddp/store/memory_store.hpp"
+#include "ddp/store/server.hpp"
 #include "test_support.hpp"
 #include "thread_world.hpp"
 
@@ -32,8 +34,9 @@ namespace {
 // here for reading.
 class AgentPage {
  public:
-  explicit AgentPage(std::size_t bytes = sizeof(RecordPage)) {
-    fd_ = memfd_create("ddp-record-test", MFD_CLOEXEC);
+  // inherited: the descriptor stays open across exec (as the agent hands it to a worker).
+  explicit AgentPage(std::size_t bytes = sizeof(RecordPage), bool inherited = false) {
+    fd_ = memfd_create("ddp-record-test", inherited ? 0u : MFD_CLOEXEC);
     REQUIRE(fd_ >= 0);
     REQUIRE(ftruncate(fd_, static_cast<off_t>(bytes)) == 0);
     if (bytes == sizeof(RecordPage)) {
@@ -468,4 +471,32 @@ TEST_CASE("A Gloo job with a Reducer records every collective with its bucket an
     CHECK(page.compute_ns_total.load() == compute);
     CHECK(page.wait_ns_total.load() == wait);
   }
+}
+
+TEST_CASE("A worker process records into the page named by DDPRUN_RECORD_FD") {
+  AgentPage agent(sizeof(RecordPage), /*inherited=*/true);
+  boost::asio::io_context io;
+  ddp::store::ServerOptions server_options;
+  server_options.host = "127.0.0.1";
+  const auto port = ddp::store::Server(io, server_options).port();  // free a moment ago
+  const auto result = ddp::test::run_shell(
+      "RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
+          std::to_string(port) +
+          " TORCHELASTIC_RESTART_COUNT=0 DDPRUN_RECORD_FD=" + std::to_string(agent.fd()) + " " +
+          ddp::test::bin_path("ddp-example-sum").string() + " 2>&1",
+      60);
+  INFO(result.output);
+  REQUIRE(result.status == 0);
+  CHECK_THAT(result.output, Catch::Contains("sum=1"));
+  const RecordPage& page = agent.page();
+  REQUIRE(page.magic.load() == kRecordMagic);
+  CHECK(page.pid.load() != 0);
+  CHECK(page.pid.load() != static_cast<std::uint64_t>(getpid()));  // the worker's own
+  CHECK(page.queued.load() == 2);                                  // its all-reduce and its barrier
+  CHECK(page.finished.load() == 2);
+  const Collective all_reduce = read_collective(page, 1);
+  CHECK(op_name(all_reduce.op) == std::string("all_reduce"));
+  CHECK(all_reduce.count == 1000);
+  CHECK(unpack_name(all_reduce.dtype) == "float32");
+  CHECK(op_name(read_collective(page, 2).op) == std::string("barrier"));
 }

@@ -7,12 +7,18 @@
 // Who does what:
 // - The agent creates the page (a memfd of sizeof(RecordPage) bytes, zeroed), maps it, and
 //   hands it to the worker as an inherited descriptor whose number is in DDPRUN_RECORD_FD.
-// - libddp (the first communicator a process makes) maps that descriptor, fills the
-//   header, and publishes it by storing kRecordMagic last. A worker that never does
+// - libddp (the first communicator a process makes) maps that descriptor, claims the page by
+//   a compare-exchange of `pid` from 0 to its own pid (a second communicator of the process,
+//   or a child that inherited the descriptor, then leaves the page alone), fills the rest of
+//   the header, and publishes it by storing kRecordMagic last. A worker that never does
 //   (PyTorch, a program without libddp) leaves magic at 0: the agent knows nothing of it.
 // - Writes on the hot path are relaxed atomic stores of 64-bit words: no syscall, no lock,
-//   no allocation. Each slot is a small seqlock (`seq` is odd while the slot is written), so
+//   no allocation. Each slot is a small seqlock (`version` is odd while the slot is written), so
 //   the reader drops a slot it caught half-written and keeps the rest.
+// - The issuing thread reuses a ring slot only once the collective it held (seq -
+//   kCollectiveSlots) finished; with more than kCollectiveSlots collectives in flight, the
+//   newer one is not written to its slot (the counters still move). So the reader checks a
+//   slot's `seq` before taking it for collective `seq`.
 //
 // Times are CLOCK_MONOTONIC nanoseconds (std::chrono::steady_clock on Linux), the same
 // clock in every process of a node: the agent compares them with its own.
@@ -84,13 +90,16 @@ struct CollectiveSlot {
   std::atomic<std::uint64_t> version;      // seqlock: odd while written, even when stable
   std::atomic<std::uint64_t> seq;          // the collective's number; 0: never used
   std::atomic<std::uint64_t> op;           // Op
-  std::atomic<std::uint64_t> dtype;        // pack_name("float32")
-  std::atomic<std::uint64_t> count;        // elements
+  std::atomic<std::uint64_t> dtype;        // pack_name of PyTorch's name ("float32", "bfloat16",
+                                           // "int64"...): the type on the wire; 0 for a barrier
+  std::atomic<std::uint64_t> count;        // elements (per rank for all_gather / reduce_scatter)
   std::atomic<std::uint64_t> bytes;        // count * element size
   std::atomic<std::uint64_t> bucket;       // Reducer bucket index, kNoBucket outside one
   std::atomic<std::uint64_t> queued_ns;    // issued by the program
-  std::atomic<std::uint64_t> started_ns;   // began to run (0: not yet)
-  std::atomic<std::uint64_t> finished_ns;  // completed (0: not yet)
+  std::atomic<std::uint64_t> started_ns;   // began to run (0: not yet); Gloo: the
+                                           // communication thread took it; NCCL: handed to
+                                           // the stream
+  std::atomic<std::uint64_t> finished_ns;  // completed (0: not yet); NCCL: the stream passed it
   std::atomic<std::uint64_t> failed;       // 1: completed with an error
   std::atomic<std::uint64_t> reserved[5];
 };
@@ -112,7 +121,7 @@ static_assert(sizeof(StepSlot) == 64);
 struct RecordPage {
   std::atomic<std::uint64_t> magic;    // kRecordMagic once the worker attached; stored last
   std::atomic<std::uint64_t> version;  // kRecordVersion
-  std::atomic<std::uint64_t> pid;      // the worker process
+  std::atomic<std::uint64_t> pid;      // the worker process; its claim (see above)
   std::atomic<std::uint64_t> rank;     // global rank of the communicator
   std::atomic<std::uint64_t> world_size;
   std::atomic<std::uint64_t> backend;  // pack_name("gloo") / pack_name("nccl")
