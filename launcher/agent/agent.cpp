@@ -7,10 +7,13 @@
 #include <boost/asio/signal_set.hpp>
 #include <csignal>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <random>
 #include <system_error>
 
+#include "../diagnosis/trace_events.hpp"
 #include "../output/console_writer.hpp"
 #include "../process/group_reaper.hpp"
 #include "agent_machine.hpp"
@@ -96,7 +99,11 @@ class Agent::Impl {
       options_.base_env["OMP_NUM_THREADS"] = "1";
       notice(omp_notice());
     }
+    if (config_.trace_file) {
+      trace_.emplace(monotonic_now_ns(), host_ + " (pid " + std::to_string(::getpid()) + ")");
+    }
     start_machine(self.node_id);
+    if (trace_) collect_trace();
     io_.run();
     console_.flush();  // the report is queued last; waits for the console to take it all
     remove_temp_dir();
@@ -160,6 +167,11 @@ class Agent::Impl {
     }
     context.on_done = [this](AgentOutcome outcome) { stop(std::move(outcome)); };
     context.collectives = [this] { return hang_monitor_->summary_now(); };
+    if (trace_) {
+      context.milestone = [this](const std::string& what, const std::string& detail) {
+        trace_milestone(what, detail);
+      };
+    }
 
     HangMonitorOptions hang;
     hang.hang_timeout = config_.hang_timeout;
@@ -196,6 +208,7 @@ class Agent::Impl {
   // else runs on it, such as a store server); run() then flushes the console.
   void stop(AgentOutcome outcome) {
     exit_code_ = outcome.exit_code;
+    if (trace_) write_trace();
     if (auto steps = hang_monitor_->step_summary_now(); !steps.empty()) notice("ddprun: " + steps);
     if (auto incomplete = log_errors_->take_incomplete_files_notice(); !incomplete.empty()) {
       notice(incomplete);
@@ -222,6 +235,58 @@ class Agent::Impl {
     std::vector<RankView> remote = exchange_.remote();
     views.insert(views.end(), remote.begin(), remote.end());
     return views;
+  }
+
+  // The timeline (--trace_file): the ranks' records are read every kTraceInterval, often
+  // enough that their rings (256 collectives, 64 steps) do not move on unread.
+  static constexpr std::chrono::milliseconds kTraceInterval{50};
+
+  void collect_trace() {
+    const int round = workers_->round().round;
+    workers_->for_each_record(
+        [&](int rank, const record::RecordPage& page) { trace_->collect(round, rank, page); });
+    trace_timer_.expires_after(kTraceInterval);
+    trace_timer_.async_wait([this](boost::system::error_code ec) {
+      if (!ec) collect_trace();
+    });
+  }
+
+  void trace_milestone(const std::string& what, const std::string& detail) {
+    const std::uint64_t now = monotonic_now_ns();
+    if (what == "rendezvous") {
+      rendezvous_began_ns_ = now;
+    } else if (what == "round ready" && rendezvous_began_ns_) {
+      trace_->agent_span("rendezvous", *rendezvous_began_ns_, now, detail);
+      rendezvous_began_ns_.reset();
+    } else {
+      if (what == "hang" || what == "worker failed" || what == "done") {  // before it goes
+        const int round = workers_->round().round;
+        workers_->for_each_record(
+            [&](int rank, const record::RecordPage& page) { trace_->collect(round, rank, page); });
+      }
+      trace_->agent_instant(what, now, detail);
+    }
+  }
+
+  void write_trace() {
+    trace_timer_.cancel();
+    const std::string path = *config_.trace_file;
+    std::ofstream out(path, std::ios::trunc);
+    out << trace_->json() << "\n";
+    out.close();
+    if (!out) {
+      notice("ddprun: cannot write the trace to " + path + ": " + std::strerror(errno));
+      return;
+    }
+    std::string note = "ddprun: the job's timeline is in " + path + " (" +
+                       std::to_string(trace_->size()) +
+                       " events; open it in Perfetto or "
+                       "chrome://tracing)";
+    if (trace_->missed() > 0) {
+      note += "; " + std::to_string(trace_->missed()) +
+              " collectives went by unread (the record rings moved on)";
+    }
+    notice(note);
   }
 
   bool handles(int signal) const {
@@ -263,7 +328,11 @@ class Agent::Impl {
   std::optional<int> exit_code_;
   std::shared_ptr<LogFileErrors> log_errors_ =
       std::make_shared<LogFileErrors>([this](std::string line) { notice(line); });
-  bool lingering_ = false;  // the job is over; the rendezvous store waits for the others
+  bool lingering_ = false;
+  std::optional<TraceEvents> trace_;  // --trace_file
+  boost::asio::steady_timer trace_timer_{io_};
+  std::optional<std::uint64_t>
+      rendezvous_began_ns_;  // the job is over; the rendezvous store waits for the others
 };
 
 Agent::Agent(LaunchConfig config, WorkerCommand command, AgentOptions options)

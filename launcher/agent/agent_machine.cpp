@@ -19,9 +19,14 @@ void AgentMachine::handle(const AgentEvent& event) {
 
 // Rendezvous: ask for the next round; every callback is tagged with its sequence number so
 // that a late one of an earlier round is recognised and dropped.
+void AgentMachine::mark(const std::string& what, const std::string& detail) const {
+  if (ctx_.milestone) ctx_.milestone(what, detail);
+}
+
 void AgentMachine::join_next_round() {
   state_ = State::kRendezvous;
   const int round = ++round_;
+  mark("rendezvous", "");
   last_wait_notice_.reset();
   const int worker_store_port = ctx_.open_worker_store ? ctx_.open_worker_store() : 0;
   auto post = ctx_.post;
@@ -44,6 +49,9 @@ void AgentMachine::on(const event::RoundReady& e) {
   state_ = State::kStarting;
   info_ = e.info;
   group_size_ = info_->members.at(static_cast<std::size_t>(info_->group_rank)).local_world_size;
+  mark("round ready", "round " + std::to_string(info_->round) + ", restart count " +
+                          std::to_string(info_->restart_count) + ", " +
+                          std::to_string(info_->members.size()) + " node(s)");
   exits_seen_ = 0;
   group_exited_ = false;
   reason_.reset();
@@ -126,6 +134,8 @@ void AgentMachine::on(const event::Hung& e) {
 
 void AgentMachine::fail_round(WorkerFailure root_cause) {
   root_cause_ = std::move(root_cause);
+  mark(root_cause_->hung ? "hang" : "worker failed",
+       "rank " + std::to_string(root_cause_->rank) + ": " + root_cause_->describe_exit());
   state_ = State::kStopping;
   StopReason reason;
   reason.kind = StopReason::Kind::kWorkerFailed;
@@ -232,6 +242,7 @@ void AgentMachine::decide_after_stop() {
   ctx_.timers->cancel(TimerId::kGrace);
   const StopReason reason = *reason_;
   if (reason.kind != StopReason::Kind::kWorkerFailed) {
+    mark("re-form", stop_reason_text(reason));
     ctx_.notice("ddprun: " + stop_reason_text(reason) +
                 "; re-forming the group (a membership change, not counted against "
                 "--max_restarts)");
@@ -239,6 +250,7 @@ void AgentMachine::decide_after_stop() {
   }
   const int restarts = info_ ? info_->restart_count : 0;
   if (restarts >= config_.max_restarts) return give_up(reason);
+  mark("restart", stop_reason_text(reason));
   ctx_.notice("ddprun: worker group failed (" + stop_reason_text(reason) +
               "); restarting it (restart " + std::to_string(restarts + 1) + " of at most " +
               std::to_string(config_.max_restarts) + ")");
@@ -293,6 +305,7 @@ void AgentMachine::on(const event::Signal& e) {
 // Draining: the outcome is known; wait (bounded) for the last teed output.
 void AgentMachine::finish(AgentOutcome outcome) {
   outcome_ = std::move(outcome);
+  mark("done", "exit status " + std::to_string(outcome_.exit_code));
   state_ = State::kDraining;
   ctx_.timers->cancel(TimerId::kKill);
   ctx_.timers->cancel(TimerId::kGrace);

@@ -63,6 +63,9 @@ struct AgentMachineContext {
   std::function<int()> open_worker_store;          // before each round: a fresh worker store's port
                                                    // (c10d); unset: 0 (the master is fixed)
   std::function<void(AgentOutcome)> on_done;       // once, when the job is over and output drained
+  // A step of the job's life for the timeline (--trace_file): "rendezvous", "round ready",
+  // "workers started", "worker failed", "restart", "hang", "done", with a detail. Unset: none.
+  std::function<void(const std::string& what, const std::string& detail)> milestone;
   // Where the round's collectives are, for a failure's report (one line; empty: no worker
   // records them). Unset: none.
   std::function<std::string()> collectives;
@@ -108,6 +111,7 @@ class AgentMachine {
 
   bool current(int round) const { return round == round_; }
   void join_next_round();
+  void mark(const std::string& what, const std::string& detail) const;
   void on_local_failure(int local_rank);
   void fail_round(WorkerFailure root_cause);
   void stop_workers(int signal);

@@ -96,6 +96,13 @@ void ProcessWorkerGroup::release() {
   }
 }
 
+void ProcessWorkerGroup::for_each_record(
+    const std::function<void(int rank, const record::RecordPage& page)>& fn) const {
+  for (std::size_t i = 0; i < workers_.size() && i < records_.size(); ++i) {
+    fn(elastic::worker_ranks(round_, workers_[i]->local_rank()).rank, records_[i]->page());
+  }
+}
+
 fs::path ProcessWorkerGroup::attempt_dir() const {
   return options_.log_root / ("attempt_" + std::to_string(round_.restart_count));
 }

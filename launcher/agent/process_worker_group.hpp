@@ -54,6 +54,9 @@ class ProcessWorkerGroup : public WorkerGroup {
   bool output_pending() const override { return pending_tees_ > 0; }
   std::vector<RankView> rank_views() const override;
 
+  // Calls fn with each worker's rank and record page (for the timeline).
+  void for_each_record(
+      const std::function<void(int rank, const record::RecordPage& page)>& fn) const;
   // The round the workers were last started for.
   const elastic::RoundInfo& round() const { return round_; }
   // The round's attempt directory: <log_root>/attempt_<restart count>/.

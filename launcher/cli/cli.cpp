@@ -208,6 +208,7 @@ void parse_lifecycle(const RawOptions& raw, LaunchConfig& config) {
 
 void parse_logs(const RawOptions& raw, LaunchConfig& config) {
   if (!raw.values.at("log_dir").empty()) config.log_dir = raw.values.at("log_dir");
+  if (!raw.values.at("trace_file").empty()) config.trace_file = raw.values.at("trace_file");
   config.redirects = parse_std_spec(where(raw, "redirects"), raw.values.at("redirects"));
   config.tee = parse_std_spec(where(raw, "tee"), raw.values.at("tee"));
   const std::string& filter = raw.values.at("local_ranks_filter");

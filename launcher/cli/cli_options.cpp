@@ -65,6 +65,11 @@ constexpr std::array kOptions = {
     OptionSpec{"straggler_threshold", "", true, false, "SECONDS", "0.005", kLife,
                "How much later than the median rank's (and at least 20 % of its compute "
                "time) a step's gradients must be to count as late."},
+    OptionSpec{"trace_file", "", true, false, "PATH", "", kLogs,
+               "Write the job's timeline here at the end, as Chrome Trace Event JSON "
+               "(Perfetto, chrome://tracing): the agent's events, each libddp rank's "
+               "collectives and Reducer steps.",
+               true},
     OptionSpec{"role", "", false, false, "NAME", "default", kLife,
                "Worker role: ROLE_NAME and the [<role><local_rank>]: prefix of teed lines."},
     OptionSpec{"log_dir", "", true, false, "DIR", "", kLogs,

@@ -66,6 +66,7 @@ struct LaunchConfig {
 
   // Logs.
   std::optional<std::string> log_dir;               // --log_dir; a temp dir when unset
+  std::optional<std::string> trace_file;            // --trace_file: the job's timeline
   StdSpec redirects;                                // -r/--redirects
   StdSpec tee;                                      // -t/--tee
   std::optional<std::set<int>> local_ranks_filter;  // --local_ranks_filter (console only)
