@@ -150,6 +150,7 @@ void AgentMachine::fail_round(WorkerFailure root_cause) {
   if (root_cause_->error) reason.message = root_cause_->error->message;
   sent_reason_ = reason;
   ctx_.rendezvous->stop_round(reason);
+  ctx_.workers->dump_python_stacks();
   stop_workers(SIGTERM);
 }
 
@@ -198,6 +199,7 @@ void AgentMachine::on(const event::RoundStopped& e) {
     reason_ = e.reason;
     ctx_.notice("ddprun: stopping the workers: " + stop_reason_text(e.reason));
     state_ = State::kStopping;
+    if (e.reason.kind == StopReason::Kind::kWorkerFailed) ctx_.workers->dump_python_stacks();
     return stop_workers(SIGTERM);
   }
   if (state_ == State::kStopping || state_ == State::kBarrier) {

@@ -1,5 +1,7 @@
 #include "process_worker_group.hpp"
 
+#include <sys/resource.h>
+
 #include <csignal>
 
 #include "ddp/launcher/output_tee.hpp"
@@ -44,6 +46,11 @@ void ProcessWorkerGroup::start_worker(int local_rank, const fs::path& dir, ExitH
       options_.base_env, worker_variables(options_.config, master, identity, options_.base_env));
   // The collective record page libddp writes and the hang monitor reads.
   auto record = std::make_unique<RecordMapping>();
+  // Python workers print their stacks on a fatal signal (dump_python_stacks), unless the
+  // user chose otherwise.
+  if (options_.command.python && !options_.base_env.contains("PYTHONFAULTHANDLER")) {
+    spawn.env.push_back("PYTHONFAULTHANDLER=1");
+  }
   std::erase_if(spawn.env, [](const std::string& entry) {  // one of an outer ddprun
     return entry.starts_with(std::string(record::kRecordFdVariable) + "=");
   });
@@ -100,6 +107,18 @@ void ProcessWorkerGroup::for_each_record(
     const std::function<void(int rank, const record::RecordPage& page)>& fn) const {
   for (std::size_t i = 0; i < workers_.size() && i < records_.size(); ++i) {
     fn(elastic::worker_ranks(round_, workers_[i]->local_rank()).rank, records_[i]->page());
+  }
+}
+
+void ProcessWorkerGroup::dump_python_stacks() {
+  if (!options_.command.python) return;
+  const auto set = options_.base_env.find("PYTHONFAULTHANDLER");
+  if (set != options_.base_env.end() && set->second.empty()) return;  // turned off by the user
+  for (auto& worker : workers_) {
+    if (!worker->running()) continue;
+    const rlimit no_core{0, 0};  // the stack, not a core file of a large process
+    ::prlimit(worker->pid(), RLIMIT_CORE, &no_core, nullptr);
+    ::kill(worker->pid(), SIGABRT);  // the process only: its own children get SIGTERM next
   }
 }
 

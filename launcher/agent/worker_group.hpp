@@ -47,6 +47,10 @@ class WorkerGroup {
   // True while teed output of any round has not reached end-of-file.
   virtual bool output_pending() const = 0;
 
+  // Before the group is stopped for a failure or a hang: Python workers still running print
+  // every thread's Python stack on their stderr (faulthandler, through SIGABRT) and end.
+  virtual void dump_python_stacks() {}
+
   // Each worker of the round as its collective record shows it (empty: none recorded).
   virtual std::vector<RankView> rank_views() const { return {}; }
 };

@@ -169,6 +169,7 @@ WorkerCommand resolve_worker_command(const LaunchConfig& config, const EnvLookup
     std::string interpreter;
     command.program = python_program(getenv, path, interpreter);
     command.argv = {interpreter, "-u"};
+    command.python = true;
     const bool module = config.entrypoint_kind == EntrypointKind::kModule;
     if (module || config.run_path) {  // torchrun's @record, by ddprun's wrapper
       command.argv.push_back("-c");

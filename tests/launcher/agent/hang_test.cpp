@@ -8,9 +8,11 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "process_harness.hpp"
+#include "skip.hpp"
 #include "test_support.hpp"
 
 using namespace ddp::test;
@@ -39,12 +41,17 @@ std::string verdict_line(const std::string& err) {
 }
 
 // Runs the job to its end; returns its result and how long it took.
-std::pair<ProcessResult, double> run_timed(const std::vector<std::string>& argv) {
+std::pair<ProcessResult, double> run_timed_env(const std::vector<std::string>& argv,
+                                               const std::map<std::string, std::string>& env) {
   const auto start = std::chrono::steady_clock::now();
-  ProcessResult result = run_process(argv, {}, {}, milliseconds(60000));
+  ProcessResult result = run_process(argv, env, {}, milliseconds(90000));
   const double took =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   return {result, took};
+}
+
+std::pair<ProcessResult, double> run_timed(const std::vector<std::string>& argv) {
+  return run_timed_env(argv, {});
 }
 
 }  // namespace
@@ -154,4 +161,21 @@ TEST_CASE("straggler: a rank 20 ms slower every step is named, and a balanced ru
   INFO("balanced stderr:\n" << balanced.err);
   REQUIRE(balanced.status == 0);
   CHECK_THAT(balanced.err, !Catch::Contains("straggler"));
+}
+
+TEST_CASE("a PyTorch rank blocked before all_reduce: the stop shows its Python stack") {
+  if (!torch_available()) {
+    return skip(torch_python() + " cannot import torch.distributed with Gloo");
+  }
+  TempDir logs;
+  const std::vector<std::string> argv = {
+      bin_path("ddprun").string(), "--nproc_per_node=2", "--log_dir=" + logs.path().string(),
+      source_path("tests/launcher/agent/python/sleep_before_allreduce.py").string()};
+  auto [result, took] = run_timed_env(argv, {{"PYTHON_EXEC", torch_python()}});
+  INFO("stderr:\n" << result.err);
+  CHECK(result.status == 1);  // rank 0's timeout
+  CHECK(took < 60);           // not rank 1's 120 s sleep
+  // faulthandler's dump of rank 1, at the sleep.
+  CHECK_THAT(result.err, Catch::Contains("Fatal Python error: Aborted"));
+  CHECK_THAT(result.err, Catch::Contains("sleep_before_allreduce.py\", line 12 in <module>"));
 }

@@ -15,6 +15,7 @@ struct WorkerCommand {
   std::string program;            // the file to execute, resolved against PATH
   std::vector<std::string> argv;  // argv[0] onwards, the same for every worker
   std::size_t args_begin = 0;     // index in argv of the entrypoint's first argument
+  bool python = false;            // a Python script or module (under the interpreter)
 };
 
 using EnvLookup = std::function<std::optional<std::string>(const std::string&)>;
