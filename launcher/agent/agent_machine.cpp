@@ -151,6 +151,7 @@ void AgentMachine::fail_round(WorkerFailure root_cause) {
   sent_reason_ = reason;
   ctx_.rendezvous->stop_round(reason);
   ctx_.workers->dump_python_stacks();
+  if (auto note = ctx_.workers->flight_recorder_note(); !note.empty()) ctx_.notice(note);
   stop_workers(SIGTERM);
 }
 

@@ -2,6 +2,7 @@
 
 #include <sys/resource.h>
 
+#include <algorithm>
 #include <csignal>
 
 #include "ddp/launcher/output_tee.hpp"
@@ -9,6 +10,32 @@
 
 namespace ddp::launcher {
 namespace fs = std::filesystem;
+
+namespace {
+
+// PyTorch's Flight Recorder (its NCCL process groups): the last collectives of each rank in a
+// ring, dumped to <attempt dir>/nccl_trace_rank_<rank> when a collective times out. Both the
+// 2.x names and the newer TORCH_FR_ ones; nothing when the user set any of them.
+constexpr const char* kFlightRecorderPrefix = "nccl_trace_rank_";
+
+void add_flight_recorder(std::vector<std::string>& env, const fs::path& attempt_dir) {
+  static const char* const kNames[] = {
+      "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT",
+      "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_FR_DUMP_TEMP_FILE"};
+  for (const std::string& entry : env) {
+    for (const char* name : kNames) {
+      if (entry.starts_with(std::string(name) + "=")) return;
+    }
+  }
+  const std::string prefix = (attempt_dir / kFlightRecorderPrefix).string();
+  env.push_back("TORCH_NCCL_TRACE_BUFFER_SIZE=2000");
+  env.push_back("TORCH_FR_BUFFER_SIZE=2000");
+  env.push_back("TORCH_NCCL_DUMP_ON_TIMEOUT=1");
+  env.push_back("TORCH_NCCL_DEBUG_INFO_TEMP_FILE=" + prefix);
+  env.push_back("TORCH_FR_DUMP_TEMP_FILE=" + prefix);
+}
+
+}  // namespace
 
 ProcessWorkerGroup::ProcessWorkerGroup(boost::asio::io_context& io,
                                        ProcessWorkerGroupOptions options, ConsoleWriter& console,
@@ -51,6 +78,7 @@ void ProcessWorkerGroup::start_worker(int local_rank, const fs::path& dir, ExitH
   if (options_.command.python && !options_.base_env.contains("PYTHONFAULTHANDLER")) {
     spawn.env.push_back("PYTHONFAULTHANDLER=1");
   }
+  if (options_.command.python) add_flight_recorder(spawn.env, dir.parent_path());
   std::erase_if(spawn.env, [](const std::string& entry) {  // one of an outer ddprun
     return entry.starts_with(std::string(record::kRecordFdVariable) + "=");
   });
@@ -120,6 +148,23 @@ void ProcessWorkerGroup::dump_python_stacks() {
     ::prlimit(worker->pid(), RLIMIT_CORE, &no_core, nullptr);
     ::kill(worker->pid(), SIGABRT);  // the process only: its own children get SIGTERM next
   }
+}
+
+std::string ProcessWorkerGroup::flight_recorder_note() const {
+  std::error_code ec;
+  std::vector<std::string> dumps;
+  for (const auto& entry : fs::directory_iterator(attempt_dir(), ec)) {
+    if (entry.path().filename().string().starts_with(kFlightRecorderPrefix)) {
+      dumps.push_back(entry.path().string());
+    }
+  }
+  if (dumps.empty()) return "";
+  std::sort(dumps.begin(), dumps.end());
+  std::string note =
+      "ddprun: PyTorch's Flight Recorder left " + std::to_string(dumps.size()) + " dump(s):";
+  for (const auto& dump : dumps) note += " " + dump;
+  return note + "; analyse them with: python -m torch.distributed.flight_recorder.fr_trace " +
+         attempt_dir().string() + " --prefix " + kFlightRecorderPrefix + " (PyTorch 2.6+)";
 }
 
 fs::path ProcessWorkerGroup::attempt_dir() const {

@@ -54,6 +54,7 @@ class ProcessWorkerGroup : public WorkerGroup {
   bool output_pending() const override { return pending_tees_ > 0; }
   std::vector<RankView> rank_views() const override;
   void dump_python_stacks() override;
+  std::string flight_recorder_note() const override;
 
   // Calls fn with each worker's rank and record page (for the timeline).
   void for_each_record(

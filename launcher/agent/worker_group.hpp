@@ -51,6 +51,10 @@ class WorkerGroup {
   // every thread's Python stack on their stderr (faulthandler, through SIGABRT) and end.
   virtual void dump_python_stacks() {}
 
+  // PyTorch's Flight Recorder dumps this round's workers left (TORCH_NCCL_DUMP_ON_TIMEOUT),
+  // as a line for the console; empty when none.
+  virtual std::string flight_recorder_note() const { return ""; }
+
   // Each worker of the round as its collective record shows it (empty: none recorded).
   virtual std::vector<RankView> rank_views() const { return {}; }
 };
