@@ -47,11 +47,16 @@ std::string segment_name() {
 
 }  // namespace
 
+// Ranks a segment's header has a call word for.
+constexpr int kMaxShmRanks = 496;
+
 // The barrier: ranks count themselves in `arrived`; the last one resets it and bumps
-// `generation`, which the others wait on.
+// `generation`, which the others wait on. `calls`: what each rank called (count, dtype, op),
+// compared after the first barrier of every all-reduce.
 struct ShmAllreduce::Header {
   alignas(64) std::atomic<std::uint32_t> arrived;
   alignas(64) std::atomic<std::uint32_t> generation;
+  alignas(64) std::atomic<std::uint64_t> calls[kMaxShmRanks];
 };
 static_assert(sizeof(ShmAllreduce::Header) <= 4096);
 static_assert(std::atomic<std::uint32_t>::is_always_lock_free);
@@ -62,6 +67,7 @@ std::size_t ShmAllreduce::segment_bytes(int world_size) {
 
 std::unique_ptr<ShmAllreduce> ShmAllreduce::create(store::Store& store, int rank, int world_size,
                                                    std::chrono::milliseconds timeout) {
+  if (world_size > kMaxShmRanks) return nullptr;  // every rank alike: all fall back to TCP
   const std::size_t bytes = segment_bytes(world_size);
   void* base = nullptr;
   std::string name;
@@ -157,15 +163,56 @@ void ShmAllreduce::barrier() {
   }
 }
 
+namespace {
+
+// count (48 bits), dtype, op: what every rank must call alike.
+std::uint64_t call_word(std::size_t count, DType dtype, ReduceOp op) {
+  return (static_cast<std::uint64_t>(count) << 16) | (static_cast<std::uint64_t>(dtype) << 8) |
+         static_cast<std::uint64_t>(op);
+}
+
+std::string call_text(std::uint64_t word) {
+  return std::to_string(word >> 16) + " " + to_string(static_cast<DType>((word >> 8) & 0xff)) +
+         " (" + to_string(static_cast<ReduceOp>(word & 0xff)) + ")";
+}
+
+}  // namespace
+
+// Every rank's call is compared with rank 0's after the first barrier, so that ranks that
+// called it differently (a desync) all fail at once with the same error instead of reducing
+// garbage or falling out of step on the barriers.
+void ShmAllreduce::check_calls(std::uint64_t mine) {
+  const std::uint64_t reference = header().calls[0].load(std::memory_order_relaxed);
+  for (int r = 1; r < world_size_; ++r) {
+    const std::uint64_t theirs = header().calls[r].load(std::memory_order_relaxed);
+    if (theirs == reference) continue;
+    throw CommError("rank " + std::to_string(rank_) + ": all_reduce desync: rank " +
+                    std::to_string(r) + " called it with " + call_text(theirs) + ", rank 0 with " +
+                    call_text(reference) +
+                    (mine == reference ? "" : " (this rank: " + call_text(mine) + ")") +
+                    "; every rank must issue the same collectives with the same count, dtype "
+                    "and op, in the same order");
+  }
+}
+
 void ShmAllreduce::allreduce(void* data, std::size_t count, DType dtype, ReduceOp op) {
   const std::size_t element = size_of(dtype);
   const std::size_t chunk = kSlotBytes / element;
   const ReduceFn reduce = reduce_function(dtype, op);
   auto* bytes = static_cast<char*>(data);
+  // The first chunk and this rank's call, then the first barrier, also for count 0.
+  const std::uint64_t mine = call_word(count, dtype, op);
+  std::memcpy(slot(rank_), bytes, std::min(chunk, count) * element);
+  header().calls[rank_].store(mine, std::memory_order_relaxed);
+  barrier();  // every slot holds its rank's first chunk; every call is known
+  check_calls(mine);
+  if (count == 0) return barrier();  // nobody writes `calls` again before all have read it
   for (std::size_t offset = 0; offset < count; offset += chunk) {
     const std::size_t n = std::min(chunk, count - offset);
-    std::memcpy(slot(rank_), bytes + offset * element, n * element);
-    barrier();  // every slot holds its rank's chunk
+    if (offset > 0) {
+      std::memcpy(slot(rank_), bytes + offset * element, n * element);
+      barrier();  // every slot holds its rank's chunk
+    }
     // This rank's share of the chunk, cut at 16-element boundaries (whole cache lines).
     const std::size_t share = (n / world_size_ + 16) & ~std::size_t{15};
     const std::size_t lo = std::min(n, share * rank_);

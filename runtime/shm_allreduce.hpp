@@ -38,7 +38,8 @@ class ShmAllreduce {
   ShmAllreduce& operator=(const ShmAllreduce&) = delete;
 
   // In place over count elements. Throws CommError when another rank does not reach a
-  // barrier within the timeout.
+  // barrier within the timeout, or called it with another count, dtype or op (every rank
+  // throws then).
   void allreduce(void* data, std::size_t count, DType dtype, ReduceOp op);
 
   struct Header;
@@ -48,6 +49,8 @@ class ShmAllreduce {
   Header& header() const;
   char* slot(int rank) const;  // rank == world_size: the reduced chunk
   void barrier();
+  // Throws CommError when the ranks' calls (in the header) differ.
+  void check_calls(std::uint64_t mine);
 
   void* base_;
   std::size_t bytes_;

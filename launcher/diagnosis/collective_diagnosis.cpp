@@ -64,6 +64,65 @@ std::string absence_text(const RankView& r) {
   return text;
 }
 
+using Calls = std::vector<std::pair<CollectiveInfo, std::vector<int>>>;
+
+// "ranks 0-2 called all_reduce of ...; rank 3 called ...", blaming all but the largest group.
+std::string desync_text(const Calls& calls, CollectiveDiagnosis& d) {
+  std::size_t largest = 0;
+  for (std::size_t i = 1; i < calls.size(); ++i) {
+    if (calls[i].second.size() > calls[largest].second.size()) largest = i;
+  }
+  std::string text;
+  for (std::size_t i = 0; i < calls.size(); ++i) {
+    text += (i ? "; " : "") + plural_ranks(calls[i].second) + " called " +
+            signature_text(calls[i].first);
+    if (i != largest) {
+      d.blamed.insert(d.blamed.end(), calls[i].second.begin(), calls[i].second.end());
+    }
+  }
+  return text;
+}
+
+// No rank waits: either every rank is between collectives, or the last one failed (libddp
+// fails a collective on every rank when their calls differ): then who called it how.
+CollectiveDiagnosis diagnose_failed(const std::vector<RankView>& ranks, CollectiveDiagnosis d) {
+  std::optional<std::uint64_t> failed;
+  for (const RankView& r : ranks) {
+    if (r.attached && r.last && r.last->failed) {
+      failed = std::min(failed.value_or(r.last->seq), r.last->seq);
+    }
+  }
+  if (!failed) {
+    d.headline = "no collective in flight: every recording rank has finished collective " +
+                 std::to_string(*d.collective - 1) + " and not issued the next";
+    return d;
+  }
+  d.collective = failed;
+  Calls calls;
+  std::vector<int> failed_on;
+  for (const RankView& r : ranks) {
+    if (!r.attached || !r.last || r.last->seq != *failed) continue;
+    if (r.last->failed) failed_on.push_back(r.rank);
+    auto same = std::find_if(calls.begin(), calls.end(),
+                             [&](const auto& call) { return call.first.same_call(*r.last); });
+    if (same == calls.end()) {
+      calls.push_back({*r.last, {r.rank}});
+    } else {
+      same->second.push_back(r.rank);
+    }
+  }
+  const std::string at = "collective " + std::to_string(*failed);
+  if (calls.size() > 1) {
+    d.desync = true;
+    d.headline =
+        at + " failed: its ranks called it differently (a desync): " + desync_text(calls, d);
+  } else {
+    d.headline =
+        at + " (" + call_text(calls.front().first) + ") failed on " + plural_ranks(failed_on);
+  }
+  return d;
+}
+
 }  // namespace
 
 std::string rank_list(std::vector<int> ranks) {
@@ -139,24 +198,10 @@ CollectiveDiagnosis diagnose(std::vector<RankView> ranks) {
     }
   }
   const std::string at = "collective " + std::to_string(k);
-  if (waiting.empty()) {
-    d.headline = "no collective in flight: every recording rank has finished collective " +
-                 std::to_string(k - 1) + " and not issued the next";
-    return d;
-  }
+  if (waiting.empty()) return diagnose_failed(ranks, std::move(d));
   if (calls.size() > 1) {
     d.desync = true;
-    std::size_t largest = 0;
-    for (std::size_t i = 1; i < calls.size(); ++i) {
-      if (calls[i].second.size() > calls[largest].second.size()) largest = i;
-    }
-    d.headline = at + ": its ranks called it differently (a desync): ";
-    for (std::size_t i = 0; i < calls.size(); ++i) {
-      d.headline += (i ? "; " : "") + plural_ranks(calls[i].second) + " called " +
-                    signature_text(calls[i].first);
-      if (i != largest)
-        d.blamed.insert(d.blamed.end(), calls[i].second.begin(), calls[i].second.end());
-    }
+    d.headline = at + ": its ranks called it differently (a desync): " + desync_text(calls, d);
   } else {
     d.headline = at;
     if (!calls.empty()) d.headline += " (" + call_text(calls.front().first) + ")";

@@ -1,5 +1,5 @@
-// Hang diagnosis across two agents (c10d on loopback): the rank to blame lives on the other
-// node, and both agents' reports name it.
+// Hang diagnosis across two agents (c10d on loopback): the rank to blame (blocked before the
+// 3rd all-reduce) lives on the other node, and both agents' reports name it.
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <sstream>
@@ -17,17 +17,20 @@ std::vector<std::string> hang_node(int port, const std::string& run_id,
     if (option == "--nproc_per_node=1") option = "--nproc_per_node=2";
     argv.push_back(option);
   }
-  argv.insert(argv.end(),
-              {"--hang_timeout=2", "--shutdown_timeout=5", "--log_dir=" + logs.string(),
-               bin_path("ddp-hang-worker").string(), "--steps", "5", "--rank", "2", "--skip", "3"});
+  argv.insert(argv.end(), {"--hang_timeout=2", "--shutdown_timeout=5", "--log_dir=" + logs.string(),
+                           bin_path("ddp-hang-worker").string(), "--steps", "5", "--rank", "2",
+                           "--sleep-before", "3"});
   return argv;
 }
 
+// The verdict: its own ("ddprun: the job hung at ...") on the agent that saw the hang first,
+// the reason it stops ("ddprun: stopping the workers: the job hung at ...") on the other.
 std::string verdict_line(const std::string& err) {
   std::istringstream lines(err);
   std::string line;
   while (std::getline(lines, line)) {
-    if (line.rfind("ddprun: the job hung", 0) == 0) return line;
+    const auto at = line.find("the job hung at ");
+    if (line.rfind("ddprun: ", 0) == 0 && at != std::string::npos) return line.substr(at);
   }
   return "";
 }
@@ -46,7 +49,7 @@ TEST_CASE("hang across two agents: both name the rank on the other node that nev
   CHECK(rb.status != 0);
   for (const std::string& err : {ra.err, rb.err}) {
     const std::string verdict = verdict_line(err);
-    CHECK_THAT(verdict, Catch::StartsWith("ddprun: the job hung at collective 3 (all_reduce"));
+    CHECK_THAT(verdict, Catch::StartsWith("the job hung at collective 3 (all_reduce"));
     CHECK_THAT(verdict, Catch::Contains("ranks 0, 1, 3 have waited in it"));
     CHECK_THAT(verdict, Catch::Contains("rank 2 ("));
     CHECK_THAT(verdict, Catch::Contains("never entered it"));

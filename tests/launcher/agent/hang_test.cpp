@@ -104,18 +104,20 @@ TEST_CASE("hang: a rank blocked before a collective is named, with each worker's
   }
 }
 
-TEST_CASE("hang: a rank that calls the collective with half the count is a desync, both named") {
+TEST_CASE("desync: a rank that calls the collective with half the count fails, both named") {
   TempDir logs;
   auto [result, took] =
       run_timed(hang_job(logs.path(), 4, {"--steps", "5", "--rank", "3", "--half-count", "3"}));
   INFO("stderr:\n" << result.err);
   CHECK(result.status != 0);
   CHECK(took < 30);
-  // Either the hang monitor or the failure a mismatch raises reports it; both name the groups.
-  CHECK_THAT(result.err, Catch::Contains("collective 3: its ranks called it differently (a "
-                                         "desync): ranks 0-2 called all_reduce of 1024 float32 "
-                                         "(4.0 KiB); rank 3 called all_reduce of 512 float32 "
-                                         "(2.0 KiB)"));
+  // libddp fails the collective on every rank at once, saying how they differ...
+  CHECK_THAT(result.err, Catch::Contains("all_reduce desync: rank 3 called it with 512 f32"));
+  // ...and ddprun's report says where every rank was: both groups, by their records.
+  CHECK_THAT(result.err, Catch::Contains("  collective: collective 3 failed: its ranks called it "
+                                         "differently (a desync): ranks 0-2 called all_reduce of "
+                                         "1024 float32 (4.0 KiB); rank 3 called all_reduce of "
+                                         "512 float32 (2.0 KiB)"));
 }
 
 TEST_CASE("kill -USR1 prints each rank's collective, and the job goes on to exit 0") {
@@ -177,5 +179,6 @@ TEST_CASE("a PyTorch rank blocked before all_reduce: the stop shows its Python s
   CHECK(took < 60);           // not rank 1's 120 s sleep
   // faulthandler's dump of rank 1, at the sleep.
   CHECK_THAT(result.err, Catch::Contains("Fatal Python error: Aborted"));
-  CHECK_THAT(result.err, Catch::Contains("sleep_before_allreduce.py\", line 12 in <module>"));
+  // (faulthandler writes a frame in pieces: other output may come between them.)
+  CHECK_THAT(result.err, Catch::Contains("sleep_before_allreduce.py\", line 12 in"));
 }

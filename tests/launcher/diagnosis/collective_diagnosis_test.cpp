@@ -93,6 +93,25 @@ TEST_CASE("ranks that entered a collective with different counts are a desync, g
         "(2.0 KiB)");
 }
 
+TEST_CASE("a collective that failed on every rank with different counts is a desync") {
+  std::vector<RankView> views;
+  for (int r = 0; r < 4; ++r) {
+    RankView v = rank(r, 3, 1);
+    v.last = all_reduce(3, r == 3 ? 512 : 1024, 1);
+    v.last->finished = true;
+    v.last->failed = true;
+    views.push_back(v);
+  }
+  const CollectiveDiagnosis d = diagnose(views);
+  CHECK(d.collective == 3u);
+  CHECK(d.desync);
+  CHECK(d.blamed == std::vector<int>{3});
+  CHECK(d.headline ==
+        "collective 3 failed: its ranks called it differently (a desync): ranks 0-2 called "
+        "all_reduce of 1024 float32 (4.0 KiB); rank 3 called all_reduce of 512 float32 (2.0 KiB)");
+  CHECK_FALSE(judge_hang(views, 0.5));  // a failure, not a hang
+}
+
 TEST_CASE("a rank that exited before the collective is named with its exit") {
   RankView gone = rank(1, 2, 80);
   gone.running = false;
