@@ -189,9 +189,9 @@ struct Client::Impl {
   // Applies the transaction build(token) exactly once (write_marker.hpp); what: for messages.
   detail::Written write(const std::string& what,
                         const std::function<json(const std::string&)>& build) {
-    return marker.apply(
-        what, build, [this](const json& txn) { return send_txn(txn); },
-        Clock::now() + options.request_timeout);
+    return marker.apply(what, build, [this](const json& txn, bool resend_ok) {
+      return resend_ok ? call("/v3/kv/txn", txn) : send_txn(txn);
+    });
   }
 
   json post_authenticated(detail::HttpConnection& c, const std::string& path,

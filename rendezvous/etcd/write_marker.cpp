@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cstdio>
 #include <random>
-#include <thread>
 #include <vector>
 
 #include "etcd_json.hpp"
@@ -14,8 +13,8 @@ namespace ddp::etcd::detail {
 using nlohmann::json;
 using Kind = EtcdError::Kind;
 
-// Between two fences while no member can tell (etcd elects a leader within about 1 s).
-constexpr auto kFenceRetryInterval = std::chrono::milliseconds(100);
+// How often a write is sent whose answer got lost and that then did not apply.
+constexpr int kMaxSends = 3;
 
 WriteMarker::WriteMarker(std::string key) : key_(std::move(key)), key_b64_(base64_encode(key_)) {}
 
@@ -89,15 +88,20 @@ bool WriteMarker::carries(const std::string& value, const std::string& token,
 
 Written WriteMarker::apply(const std::string& what,
                            const std::function<json(const std::string&)>& build,
-                           const SendTxn& send, Clock::time_point deadline) {
-  while (true) {
+                           const SendTxn& send) {
+  for (int attempt = 0;; ++attempt) {
     std::string token = next_token();
     json answer;
     try {
-      answer = send(guard(build(token)));
+      answer = send(guard(build(token)), false);
     } catch (const MemberFailure& failure) {  // sent, and it may have applied
-      if (auto written = settle(what, token, failure.what(), send, deadline)) return *written;
-      continue;  // a fence applied first: this write never will; send it again
+      if (auto written = settle(what, token, failure.what(), send)) return *written;
+      if (attempt + 1 >= kMaxSends) {
+        throw EtcdError(failure.kind(),
+                        "etcd lost the answer to " + what + " " + std::to_string(kMaxSends) +
+                            " times; it did not apply (last: " + failure.what() + ")");
+      }
+      continue;  // the fence applied first: this write never will; send it again
     }
     if (answer.value("succeeded", false)) {
       advance(value_after(answer, token));
@@ -107,7 +111,7 @@ Written WriteMarker::apply(const std::string& what,
     if (value == last_) return {answer, false, ""};  // the caller's compare failed
     // The marker moved on without this client knowing: a write whose outcome was reported
     // unknown applied after all. Take its value and send this one again.
-    if (!value || Clock::now() >= deadline) {
+    if (!value || attempt + 1 >= kMaxSends) {
       throw EtcdError(Kind::kProtocol, "etcd: the write marker " + key_ +
                                            " of this client changed under it while writing " +
                                            what + "; does another client use its key?");
@@ -117,48 +121,35 @@ Written WriteMarker::apply(const std::string& what,
 }
 
 std::optional<Written> WriteMarker::settle(const std::string& what, const std::string& token,
-                                           const std::string& lost, const SendTxn& send,
-                                           Clock::time_point deadline) {
-  std::vector<std::string> fences;  // sent, outcome unknown
-  while (true) {
-    std::string fence = next_token();
-    json answer;
-    try {
-      answer = send(this->fence(fence));
-    } catch (const MemberFailure& failure) {
-      if (failure.kind() == Kind::kProtocol || Clock::now() + kFenceRetryInterval >= deadline) {
-        throw EtcdError(failure.kind(), "etcd's answer to " + what + " was lost (" + lost +
-                                            "), and whether it applied could not be learnt (" +
-                                            failure.what() + ")");
-      }
-      fences.push_back(fence);
-      std::this_thread::sleep_for(kFenceRetryInterval);
-      continue;
-    }
-    if (answer.value("succeeded", false)) {
-      advance(fence);
-      if (Clock::now() >= deadline) {
-        throw EtcdError(Kind::kNoQuorum, "etcd's answer to " + what + " was lost (" + lost +
-                                             ") and it did not apply; no time is left to send it "
-                                             "again");
-      }
-      return std::nullopt;
-    }
-    auto value = value_in(answer);
-    std::string outcome;
-    if (value && carries(*value, token, &outcome)) {
-      advance(*value);
-      return Written{answer, true, outcome};
-    }
-    if (value && std::find(fences.begin(), fences.end(), *value) != fences.end()) {
-      advance(*value);
-      return std::nullopt;
-    }
-    throw EtcdError(Kind::kProtocol, "etcd: the write marker " + key_ +
-                                         " of this client holds a value it never wrote while "
-                                         "settling " +
-                                         what + "; does another client use its key?");
+                                           const std::string& lost, const SendTxn& send) {
+  // Every copy of the fence carries one token and compares the same value: it may be sent
+  // again anywhere (at most one copy applies), so it rides out an election like a read.
+  std::string fence = next_token();
+  json answer;
+  try {
+    answer = send(this->fence(fence), true);
+  } catch (const EtcdError& e) {
+    throw EtcdError(e.kind(), "etcd's answer to " + what + " was lost (" + lost +
+                                  "), and whether it applied could not be learnt: " + e.what());
   }
+  if (answer.value("succeeded", false)) {
+    advance(fence);
+    return std::nullopt;
+  }
+  auto value = value_in(answer);
+  std::string outcome;
+  if (value && carries(*value, token, &outcome)) {
+    advance(*value);
+    return Written{answer, true, outcome};
+  }
+  if (value && *value == fence) {  // an earlier copy of the fence applied
+    advance(*value);
+    return std::nullopt;
+  }
+  throw EtcdError(Kind::kProtocol, "etcd: the write marker " + key_ +
+                                       " of this client holds a value it never wrote while "
+                                       "settling " +
+                                       what + "; does another client use its key?");
 }
 
 std::string marker_key(const std::string& prefix) {

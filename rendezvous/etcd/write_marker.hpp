@@ -9,13 +9,12 @@
 // After an answer was lost the client sends a fence: a transaction on the marker alone with
 // the same compare. If the fence applies, the lost write never can (its compare no longer
 // holds), so it is sent again; if not, the marker names the transaction that applied: the
-// lost write (done, with its outcome) or an earlier fence (send again).
+// lost write (done, with its outcome) or a copy of the fence (send again).
 //
 // A write whose outcome the caller must learn too (a delete: was a key there?) nests a
 // transaction (outcome_txn) whose branches give the marker token + ":1" or token + ":0".
 // Not thread-safe: one writer at a time, like the Client. Its I/O is the caller's send.
 
-#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -33,9 +32,10 @@ struct Written {
   std::string outcome;
 };
 
-// Sends one transaction once, over any member; throws MemberFailure when it may have applied
-// (http_connection.hpp), EtcdError when it did not and no member would take it.
-using SendTxn = std::function<nlohmann::json(const nlohmann::json& txn)>;
+// Sends one transaction; throws EtcdError when no member took it. resend_ok false: sent
+// once, over any member, and MemberFailure (http_connection.hpp) when it may have applied;
+// true: sent again after any failure, like a read.
+using SendTxn = std::function<nlohmann::json(const nlohmann::json& txn, bool resend_ok)>;
 
 class WriteMarker {
  public:
@@ -45,13 +45,13 @@ class WriteMarker {
   const std::string& key() const { return key_; }
 
   // Applies the transaction build(token) exactly once through send: after a lost answer it
-  // fences until the marker tells whether it applied, and sends it again only when it never
-  // will. Fences and sends again until deadline; then EtcdError saying the outcome is
-  // unknown (or that it did not apply). A garbled answer to a fence: EtcdError(kProtocol)
-  // at once. what: for messages ("a put of 'k'").
+  // sends a fence (again after any failure) and learns from the marker whether the write
+  // applied; sends the write again only when it never will (at most 3 times in all). When
+  // the fence gets no answer: EtcdError saying the outcome is unknown. what: for messages
+  // ("a put of 'k'").
   Written apply(const std::string& what,
-                const std::function<nlohmann::json(const std::string&)>& build, const SendTxn& send,
-                std::chrono::steady_clock::time_point deadline);
+                const std::function<nlohmann::json(const std::string&)>& build,
+                const SendTxn& send);
 
   // A token no earlier transaction of this client carried.
   std::string next_token();
@@ -85,8 +85,7 @@ class WriteMarker {
   // After the answer to the write carrying token was lost (lost: why): its outcome, or
   // nullopt once a fence made sure it never applies.
   std::optional<Written> settle(const std::string& what, const std::string& token,
-                                const std::string& lost, const SendTxn& send,
-                                std::chrono::steady_clock::time_point deadline);
+                                const std::string& lost, const SendTxn& send);
 
   std::string key_;
   std::string key_b64_;

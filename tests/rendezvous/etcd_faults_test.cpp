@@ -98,7 +98,7 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "etcd faults: a garbled answer to a write is settled; garbled answers only are a "
+    "etcd faults: a garbled answer to a write is settled, garbled answers only are a "
     "typed kProtocol error") {
   if (!EtcdCluster::available()) return ddp::test::skip(EtcdCluster::kMissing);
   EtcdCluster cluster(EtcdClusterOptions{.members = 1});

@@ -46,7 +46,7 @@ struct Backend {
 
 }  // namespace
 
-TEST_CASE("exit barrier: with one member missing it does not pass; once all arrive it does") {
+TEST_CASE("exit barrier: with one member missing it does not pass, once all arrive it does") {
   std::string backend = GENERATE("c10d", "etcd");
   INFO(backend);
   Backend b{backend, nullptr, nullptr};
