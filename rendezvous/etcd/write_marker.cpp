@@ -1,9 +1,7 @@
 #include "write_marker.hpp"
 
-#include <algorithm>
 #include <cstdio>
 #include <random>
-#include <vector>
 
 #include "etcd_json.hpp"
 #include "http_connection.hpp"
