@@ -4,7 +4,9 @@
 // the rendezvous engine rides both out.
 
 #include <catch2/catch.hpp>
+#include <exception>
 #include <mutex>
+#include <thread>
 
 #include "ddp/etcd/etcd_store.hpp"
 #include "etcd_cluster.hpp"
@@ -60,6 +62,40 @@ TEST_CASE("etcd faults: an add whose answer is lost after it applied applies exa
     CHECK(direct.get("n") == std::to_string(i));
   }
   CHECK(version_of(direct, "n") == 4);
+}
+
+TEST_CASE("etcd faults: two clients adding at once with answers lost count every add once") {
+  if (!EtcdCluster::available()) return ddp::test::skip(EtcdCluster::kMissing);
+  EtcdCluster cluster(EtcdClusterOptions{.members = 1});
+  constexpr int kAdds = 15;
+  FaultProxy proxy_a(cluster.endpoint(0));
+  FaultProxy proxy_b(cluster.endpoint(0));
+  // Every third transaction of each client applies and loses its answer.
+  for (auto* proxy : {&proxy_a, &proxy_b}) {
+    for (int i = 0; i < kAdds; i += 3) proxy->arm(Fault::kDropAfterForward, "/v3/kv/txn", 1, 2);
+  }
+  EtcdStore a = store_at(proxy_a.endpoint());
+  EtcdStore b = store_at(proxy_b.endpoint());
+  std::exception_ptr failure;
+  std::thread other([&] {
+    try {
+      for (int i = 0; i < kAdds; ++i) b.add("n", 1);
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  });
+  std::string mine;
+  try {
+    for (int i = 0; i < kAdds; ++i) a.add("n", 1);
+  } catch (const std::exception& e) {
+    mine = e.what();
+  }
+  other.join();
+  CHECK(mine == "");
+  if (failure) std::rethrow_exception(failure);
+  EtcdStore direct = store_at(cluster.endpoints());
+  CHECK(direct.get("n") == std::to_string(2 * kAdds));
+  CHECK(proxy_a.armed() + proxy_b.armed() < 2 * ((kAdds + 2) / 3));  // faults did happen
 }
 
 TEST_CASE(

@@ -62,9 +62,9 @@ FaultProxy::~FaultProxy() {
 
 std::string FaultProxy::endpoint() const { return "127.0.0.1:" + std::to_string(port_); }
 
-void FaultProxy::arm(Fault fault, std::string target, int times) {
+void FaultProxy::arm(Fault fault, std::string target, int times, int skip) {
   std::lock_guard lock(mutex_);
-  rules_.push_back(Rule{fault, std::move(target), times});
+  rules_.push_back(Rule{fault, std::move(target), times, skip});
 }
 
 void FaultProxy::disarm() {
@@ -81,13 +81,16 @@ int FaultProxy::armed() const {
 
 bool FaultProxy::take_fault(const std::string& target, Fault* fault) {
   std::lock_guard lock(mutex_);
-  for (auto it = rules_.begin(); it != rules_.end(); ++it) {
-    if (!it->target.empty() && it->target != target) continue;
-    *fault = it->fault;
-    if (--it->times <= 0) rules_.erase(it);
-    return true;
+  if (rules_.empty()) return false;
+  Rule& rule = rules_.front();
+  if (!rule.target.empty() && rule.target != target) return false;
+  if (rule.skip > 0) {
+    --rule.skip;
+    return false;
   }
-  return false;
+  *fault = rule.fault;
+  if (--rule.times <= 0) rules_.pop_front();
+  return true;
 }
 
 void FaultProxy::accept_loop() {

@@ -40,9 +40,10 @@ class FaultProxy {
   // "127.0.0.1:port", to give a client instead of the member's address.
   std::string endpoint() const;
 
-  // The next `times` requests whose target is `target` (a path such as "/v3/kv/txn"; empty:
-  // any) get `fault`; faults armed earlier are used first. Other requests pass through.
-  void arm(Fault fault, std::string target = "", int times = 1);
+  // After `skip` more requests whose target is `target` (a path such as "/v3/kv/txn"; empty:
+  // any) passed, the next `times` get `fault`. Rules apply one after the other, in the order
+  // armed; requests no rule is at pass through.
+  void arm(Fault fault, std::string target = "", int times = 1, int skip = 0);
   // Forgets every armed fault not used yet.
   void disarm();
   // Armed faults not used yet.
@@ -55,6 +56,7 @@ class FaultProxy {
     Fault fault;
     std::string target;
     int times;
+    int skip;
   };
 
   // The fault for the next request to target, if one is armed (and uses it up).
