@@ -160,6 +160,20 @@ class EtcdBackend final : public RunBackend {
     return std::make_unique<LeaseObserver>(keys());
   }
 
+  // One range over round_<r>/done/.
+  bool all_arrived(store::Store& store, int round,
+                   const std::vector<std::string>& node_ids) override {
+    auto present = arrived(store, round);
+    return std::all_of(node_ids.begin(), node_ids.end(),
+                       [&](const std::string& id) { return present.contains(id); });
+  }
+  bool any_arrived(store::Store& store, int round,
+                   const std::vector<std::string>& node_ids) override {
+    auto present = arrived(store, round);
+    return std::any_of(node_ids.begin(), node_ids.end(),
+                       [&](const std::string& id) { return present.contains(id); });
+  }
+
   std::string dead_text() const override {
     const auto& t = settings_.timeouts;
     return "its etcd lease expired, no keep-alive for " + seconds_text(heartbeat_budget(t)) +
@@ -184,6 +198,14 @@ class EtcdBackend final : public RunBackend {
                                                    settings_.timeouts.read);
     store->wake_on_delete(keys().heartbeats());
     return store;
+  }
+
+  // The ids of the nodes whose round_<r>/done/<id> exists.
+  std::set<std::string> arrived(store::Store& store, int round) const {
+    std::string prefix = keys().done(round);
+    std::set<std::string> ids;
+    for (const auto& key : etcd_of(store).keys_under(prefix)) ids.insert(key.substr(prefix.size()));
+    return ids;
   }
 
   // This agent's lease, granted on first use with a TTL of the heartbeat budget.

@@ -101,7 +101,9 @@ std::optional<RoundJoiner::View> RoundJoiner::join(const View& view) {
     stop_requested_for_ = round;
     // A round some member already finished is ending well: do not restart it, wait (and be
     // told the job finished).
-    if (store_.add(session_.keys.done(round), 0) > 0) return out;
+    std::vector<std::string> members;
+    for (const auto& member : out.state->participants) members.push_back(member.node_id);
+    if (session_.backend->any_arrived(store_, round, members)) return out;
     auto joined = make_stop(StopReason::Kind::kNodeJoined, self_.node_id, self_.host);
     session_.end_round(store_, round, RoundEnd{false, joined});
   }

@@ -1,9 +1,12 @@
 #include "round_watcher.hpp"
 
 #include <algorithm>
+#include <thread>
 
 namespace ddp::elastic {
 namespace {
+
+using Ms = std::chrono::milliseconds;
 
 // Waits one slice for the round's end; returns it once set.
 std::optional<RoundEnd> wait_end(const StoreSession& session, store::Store& store, int round,
@@ -81,21 +84,47 @@ std::optional<StopReason> watch_until_end(const StoreSession& session, store::St
 }
 
 bool pass_exit_barrier(const StoreSession& session, store::Store& store, const RoundInfo& round) {
-  auto members = static_cast<std::int64_t>(round.members.size());
-  if (store.add(session.keys.done(round.round), 1) >= members) {
-    session.end_round(store, round.round, RoundEnd{true, {}});
-  }
+  std::vector<std::string> members;
+  for (const auto& member : round.members) members.push_back(member.node_id);
+  const std::string& self = session.settings.self.node_id;
+  const auto budget = session.backend->failure_budget();
   auto deadline = Clock::now() + session.settings.timeouts.exit_barrier;
+  bool arrived = false;
+  std::optional<Clock::time_point> failing_since;
   while (true) {
     session.check_cancel();
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-    if (auto end = wait_end(session, store, round.round, std::min(session.slice(), left))) {
-      if (!end->finished) return false;
-      // Whoever sees the barrier passed closes the rendezvous (idempotent).
-      session.modify(store, [&](const std::optional<RoundState>& current) {
-        return current ? finish(*current, round.round) : std::nullopt;
-      });
-      return true;
+    try {
+      if (!arrived) {
+        store.set(session.keys.done(round.round, self), "1");
+        arrived = true;
+      }
+      // Looked at every slice, not only on arrival: the last member may die right after it
+      // set its key, and a finish written by another node may have been lost with the store.
+      if (session.backend->all_arrived(store, round.round, members)) {
+        session.end_round(store, round.round, RoundEnd{true, {}});
+      }
+      auto end = wait_end(session, store, round.round, std::min(session.slice(), left));
+      if (failing_since) session.notice("ddprun: " + session.endpoint + " answers again");
+      failing_since.reset();
+      if (end) {
+        if (!end->finished) return false;
+        // Whoever sees the barrier passed closes the rendezvous (idempotent).
+        session.modify(store, [&](const std::optional<RoundState>& current) {
+          return current ? finish(*current, round.round) : std::nullopt;
+        });
+        return true;
+      }
+    } catch (const store::StoreError& e) {
+      auto now = Clock::now();
+      if (!failing_since) {
+        failing_since = now;
+        session.notice("ddprun: " + session.endpoint + " does not answer in the exit barrier (" +
+                       e.what() + "); retrying for " + seconds_text(budget));
+      }
+      if (now - *failing_since >= budget) throw;
+      // A store that fails at once is not asked again in a tight loop.
+      std::this_thread::sleep_for(std::min(session.slice(), std::max(left, Ms(0))));
     }
     if (Clock::now() >= deadline) return false;
   }

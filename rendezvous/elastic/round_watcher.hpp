@@ -20,10 +20,12 @@ namespace ddp::elastic {
 std::optional<StopReason> watch_until_end(const StoreSession& session, store::Store& store,
                                           const RoundInfo& round, const std::string& self_id);
 
-// The exit barrier: counts this node done; the last member to arrive ends the round as
-// finished. True once it is finished (the state is then marked finished, closing the
-// rendezvous); false when the round ended otherwise or timeouts.exit_barrier passed. Throws
-// Cancelled, StoreError.
+// The exit barrier: sets this node's round_<r>/done/<node_id>; whoever sees every member's
+// key there ends the round as finished. True once it is finished (the state is then marked
+// finished, closing the rendezvous); false when the round ended otherwise or
+// timeouts.exit_barrier passed. A failing store is retried for the backend's failure budget
+// (every step may be repeated: setting the key twice counts once), then StoreError. Throws
+// Cancelled.
 bool pass_exit_barrier(const StoreSession& session, store::Store& store, const RoundInfo& round);
 
 }  // namespace ddp::elastic

@@ -62,6 +62,23 @@ class RunBackend {
   // The node leaves: it stops counting as alive at once where the backend can. Best effort.
   virtual void retire(store::Store& store, const std::string& node_id) = 0;
 
+  // The exit barrier of round r (keys().done(r, id) set by each node that arrived): whether
+  // every one of node_ids arrived, and whether any did. By default one CHECK of the keys (a
+  // store has no range); a backend with ranges reads them at once. Throw StoreError.
+  virtual bool all_arrived(store::Store& store, int round,
+                           const std::vector<std::string>& node_ids) {
+    std::vector<std::string> done;
+    for (const auto& id : node_ids) done.push_back(keys().done(round, id));
+    return store.check(done);
+  }
+  virtual bool any_arrived(store::Store& store, int round,
+                           const std::vector<std::string>& node_ids) {
+    for (const auto& id : node_ids) {
+      if (store.check({keys().done(round, id)})) return true;
+    }
+    return false;
+  }
+
   virtual std::unique_ptr<LivenessObserver> observer() const = 0;
 
   // Why an observer called a node dead, for the stop reason ("no heartbeat for 15 s ...").

@@ -7,7 +7,8 @@
 //   round_<r>/closed   SET once round r closed (joiners WAIT on it)
 //   round_<r>/end      how running round r ended, first writer wins (compare_set from ""):
 //                      a StopReason, or {"finished":true} once the exit barrier passed
-//   round_<r>/done     exit barrier counter: members ADD 1 when their workers succeeded
+//   round_<r>/done/<node_id>  exit barrier: set by each member whose workers succeeded (one
+//                      key per node, never a counter: setting it twice counts once)
 
 #include <string>
 
@@ -25,7 +26,9 @@ class RunKeys {
   std::string heartbeat(const std::string& node_id) const { return heartbeats() + node_id; }
   std::string closed(int round) const { return round_key(round, "closed"); }
   std::string end(int round) const { return round_key(round, "end"); }
-  std::string done(int round) const { return round_key(round, "done"); }
+  // The exit barrier's keys of round r, by prefix, and this node's.
+  std::string done(int round) const { return round_key(round, "done/"); }
+  std::string done(int round, const std::string& node_id) const { return done(round) + node_id; }
 
  private:
   std::string round_key(int round, const char* name) const {

@@ -233,6 +233,7 @@ class StoreRendezvous final : public Rendezvous {
   // stop_heartbeats().
   void heartbeat_loop() {
     std::unique_ptr<store::Store> store;
+    bool odd_answer = false;  // the last beat failed with something not a StoreError
     const std::string& node_id = session_.settings.self.node_id;
     std::unique_lock lock(heartbeat_mutex_);
     while (!heartbeat_stop_) {
@@ -240,8 +241,19 @@ class StoreRendezvous final : public Rendezvous {
       try {
         if (!store) store = session_.backend->connect_once(kConnectSlice);
         session_.backend->beat(*store, node_id);
+        odd_answer = false;
       } catch (const store::StoreError&) {
         // The round and watch threads report a lost store; keep trying until stopped.
+      } catch (const std::exception& e) {
+        // Anything else (an answer of a type nobody expected) is a failing store too: say
+        // so once, start again on a new connection, and never end the agent from here.
+        if (!odd_answer) {
+          session_.notice("ddprun: a heartbeat to " + session_.endpoint +
+                          " failed with an unexpected answer (" + e.what() +
+                          "); retrying on a new connection");
+        }
+        odd_answer = true;
+        store.reset();
       }
       lock.lock();
       heartbeat_wake_.wait_for(lock, session_.settings.timeouts.keep_alive,

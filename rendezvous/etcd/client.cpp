@@ -1,13 +1,17 @@
 #include "ddp/etcd/client.hpp"
 
+#include <algorithm>
 #include <boost/asio/ssl/context.hpp>
+#include <functional>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <stdexcept>
 #include <thread>
 
 #include "etcd_json.hpp"
 #include "http_connection.hpp"
 #include "tls_context.hpp"
+#include "write_marker.hpp"
 
 namespace ddp::etcd {
 namespace {
@@ -31,6 +35,19 @@ constexpr int kGrpcFailedPrecondition = 9;
 constexpr int kGrpcUnavailable = 14;
 constexpr int kGrpcUnauthenticated = 16;
 
+// Runs f, which reads an answer; a JSON type error in it (a field of another type than etcd
+// sends) becomes EtcdError(kProtocol) naming what was asked.
+template <class F>
+auto reading(const std::string& what, F f) -> decltype(f()) {
+  try {
+    return f();
+  } catch (const json::exception& e) {
+    throw EtcdError(Kind::kProtocol, "etcd answered " + what +
+                                         " with JSON this client cannot read (" + e.what() +
+                                         "); is the endpoint an etcd v3 member (3.4 or later)?");
+  }
+}
+
 // The JSON object of an answer: the first line (streamed answers send one object a line),
 // unwrapped from a stream's {"result": ...}.
 json parse_answer(const std::string& body, bool* ok) {
@@ -42,7 +59,8 @@ json parse_answer(const std::string& body, bool* ok) {
 }  // namespace
 
 struct Client::Impl {
-  explicit Impl(ClientOptions o) : options(std::move(o)) {
+  explicit Impl(ClientOptions o)
+      : options(std::move(o)), marker(detail::marker_key(options.write_marker_prefix)) {
     if (options.endpoints.empty()) throw std::invalid_argument("etcd client: no endpoint given");
     if (options.tls) tls = detail::make_tls_context(options);
   }
@@ -52,9 +70,11 @@ struct Client::Impl {
   // Runs attempt(member index) on the active member, then on each other one while it throws
   // MemberFailure. When all fail and some member runs without a leader (an election under
   // way after the leader died), all are tried again until request_timeout has passed. Then
-  // EtcdError naming every member and what it said.
+  // EtcdError naming every member and what it said. Not idempotent (a write): a failure
+  // that may have applied it is rethrown at once, to be settled by write().
   template <class Attempt>
-  auto with_failover(const std::string& what, Attempt attempt) -> decltype(attempt(0)) {
+  auto with_failover(const std::string& what, Attempt attempt, bool idempotent = true)
+      -> decltype(attempt(0)) {
     auto deadline = Clock::now() + options.request_timeout;
     while (true) {
       std::string failures;
@@ -69,6 +89,10 @@ struct Client::Impl {
           used = true;
           return result;
         } catch (const MemberFailure& failure) {
+          if (!idempotent && failure.maybe_applied()) {
+            active = i;
+            throw;
+          }
           failures += (failures.empty() ? "" : "; ") + name(i) + ": " + failure.what();
           int r = failure_rank(failure.kind());
           if (r > rank) {
@@ -131,7 +155,9 @@ struct Client::Impl {
   }
 
   // POST path on member i (the kept-alive connection, or a new one), authenticated.
-  json call_member(std::size_t i, const std::string& path, const std::string& body) {
+  // idempotent: may be sent again after it was all written.
+  json call_member(std::size_t i, const std::string& path, const std::string& body,
+                   bool idempotent) {
     auto deadline = Clock::now() + options.request_timeout;
     detail::HttpConnection* c = &connection_to(i);
     bool reused = c->used();
@@ -139,15 +165,33 @@ struct Client::Impl {
       return post_authenticated(*c, path, body, deadline);
     } catch (const MemberFailure& failure) {
       if (!reused || failure.kind() != Kind::kUnreachable) throw;
+      if (!idempotent && failure.maybe_applied()) throw;
     }
     // The member closed the kept-alive connection meanwhile: once more on a new one.
     c = &connection_to(i);
     return post_authenticated(*c, path, body, deadline);
   }
 
+  // A read (or an idempotent request): sent again anywhere after any failure.
   json call(const std::string& path, const json& body) {
     std::string text = body.dump();
-    return with_failover(path, [&](std::size_t i) { return call_member(i, path, text); });
+    return with_failover(path, [&](std::size_t i) { return call_member(i, path, text, true); });
+  }
+
+  // One transaction, never sent twice: throws MemberFailure when it may have applied.
+  json send_txn(const json& txn) {
+    std::string text = txn.dump();
+    return with_failover(
+        "/v3/kv/txn", [&](std::size_t i) { return call_member(i, "/v3/kv/txn", text, false); },
+        false);
+  }
+
+  // Applies the transaction build(token) exactly once (write_marker.hpp); what: for messages.
+  detail::Written write(const std::string& what,
+                        const std::function<json(const std::string&)>& build) {
+    return marker.apply(what, build, [this](const json& txn, bool resend_ok) {
+      return resend_ok ? call("/v3/kv/txn", txn) : send_txn(txn);
+    });
   }
 
   json post_authenticated(detail::HttpConnection& c, const std::string& path,
@@ -191,13 +235,23 @@ struct Client::Impl {
         throw MemberFailure(Kind::kRefused, "the member serves only TLS (" + text +
                                                 "): use protocol=https with cacert=");
       }
-      throw MemberFailure(Kind::kProtocol, "HTTP " + std::to_string(reply.status) +
-                                               " with a body that is not etcd's JSON: " + text);
+      throw MemberFailure(
+          Kind::kProtocol,
+          "HTTP " + std::to_string(reply.status) + " with a body that is not etcd's JSON: " + text,
+          true);
     }
     if (reply.status == 200 && !answer.contains("error")) {
       return answer.contains("result") ? answer["result"] : answer;
     }
-    throw_error(c, reply.status, answer, path);
+    try {
+      throw_error(c, reply.status, answer, path);
+    } catch (const json::exception& e) {  // an error whose fields are not etcd's types
+      throw MemberFailure(Kind::kProtocol,
+                          "HTTP " + std::to_string(reply.status) +
+                              " with an error this client cannot read (" + e.what() +
+                              "): " + reply.body.substr(0, 200),
+                          true);
+    }
   }
 
   [[noreturn]] void throw_error(detail::HttpConnection& c, int status, const json& answer,
@@ -215,7 +269,9 @@ struct Client::Impl {
     std::string where = "etcd at " + c.name() + " answered " + path + ": " + message;
     if (code == kGrpcUnavailable || status == 503 || code == kGrpcDeadlineExceeded ||
         (code == kGrpcUnknown && message.find("deadline exceeded") != std::string::npos)) {
-      throw MemberFailure(Kind::kNoQuorum, message);
+      // "no leader" refuses before proposing; a timeout may still commit what it proposed.
+      bool refused = message.find("no leader") != std::string::npos;
+      throw MemberFailure(Kind::kNoQuorum, message, !refused);
     }
     if (code == kGrpcUnauthenticated) {
       expired_token = message.find("invalid auth token") != std::string::npos;
@@ -251,7 +307,8 @@ struct Client::Impl {
   std::size_t connection_index = 0;
   std::size_t active = 0;  // the member that answered last
   bool used = false;
-  std::string token;  // etcd auth token (user/password)
+  detail::WriteMarker marker;  // guards every write (write_marker.hpp)
+  std::string token;           // etcd auth token (user/password)
   bool auth_disabled = false;
   bool expired_token = false;
 };
@@ -329,20 +386,37 @@ std::int64_t header_revision(const json& answer) {
 RangeResult Client::range(const std::string& key, bool prefix, bool keys_only) {
   json request = key_request(key, prefix);
   if (keys_only) request["keys_only"] = true;
-  json answer = impl_->call("/v3/kv/range", request);
-  RangeResult result;
-  for (const json& kv : answer.value("kvs", json::array())) {
-    result.kvs.push_back(detail::key_value_from_json(kv));
-  }
-  result.count = detail::int64_field(answer, "count");
-  result.revision = header_revision(answer);
-  return result;
+  return reading("/v3/kv/range of '" + key + "'", [&] {
+    json answer = impl_->call("/v3/kv/range", request);
+    RangeResult result;
+    for (const json& kv : answer.value("kvs", json::array())) {
+      result.kvs.push_back(detail::key_value_from_json(kv));
+    }
+    result.count = detail::int64_field(answer, "count");
+    result.revision = header_revision(answer);
+    return result;
+  });
 }
 
+namespace {
+
+json put_request(const std::string& key, const std::string& value, std::int64_t lease) {
+  json put = {{"key", detail::base64_encode(key)}, {"value", detail::base64_encode(value)}};
+  if (lease != 0) put["lease"] = std::to_string(lease);
+  return {{"request_put", put}};
+}
+
+}  // namespace
+
 std::int64_t Client::put(const std::string& key, const std::string& value, std::int64_t lease) {
-  json request = {{"key", detail::base64_encode(key)}, {"value", detail::base64_encode(value)}};
-  if (lease != 0) request["lease"] = std::to_string(lease);
-  return header_revision(impl_->call("/v3/kv/put", request));
+  std::string what = "a put of '" + key + "'";
+  return reading(what, [&] {
+    auto written = impl_->write(what, [&](const std::string& token) {
+      return json{
+          {"success", json::array({put_request(key, value, lease), impl_->marker.put(token)})}};
+    });
+    return header_revision(written.answer);
+  });
 }
 
 TxnResult Client::put_if(const std::string& key, const std::string& value,
@@ -356,46 +430,72 @@ TxnResult Client::put_if(const std::string& key, const std::string& value,
     compare["target"] = "MOD";
     compare["mod_revision"] = std::to_string(mod_revision);
   }
-  json put = {{"key", k}, {"value", detail::base64_encode(value)}};
-  if (lease != 0) put["lease"] = std::to_string(lease);
-  json request = {{"compare", json::array({compare})},
-                  {"success", json::array({{{"request_put", put}}})},
-                  {"failure", json::array({{{"request_range", {{"key", k}}}}})}};
-  json answer = impl_->call("/v3/kv/txn", request);
-  TxnResult result;
-  result.succeeded = answer.value("succeeded", false);
-  result.revision = header_revision(answer);
-  if (!result.succeeded) {
-    for (const json& response : answer.value("responses", json::array())) {
-      json range = response.value("response_range", json::object());
-      for (const json& kv : range.value("kvs", json::array())) {
-        result.current = detail::key_value_from_json(kv);
+  std::string what = "a transaction on '" + key + "'";
+  return reading(what, [&] {
+    auto written = impl_->write(what, [&](const std::string& token) {
+      return json{
+          {"compare", json::array({compare})},
+          {"success", json::array({put_request(key, value, lease), impl_->marker.put(token)})},
+          {"failure", json::array({{{"request_range", {{"key", k}}}}})}};
+    });
+    TxnResult result;
+    result.succeeded = written.succeeded;
+    result.revision = header_revision(written.answer);
+    if (!result.succeeded) {
+      for (const json& response : written.answer.value("responses", json::array())) {
+        json range = response.value("response_range", json::object());
+        for (const json& kv : range.value("kvs", json::array())) {
+          KeyValue read = detail::key_value_from_json(kv);
+          if (read.key == key) result.current = std::move(read);
+        }
       }
     }
-  }
-  return result;
+    return result;
+  });
 }
 
 std::int64_t Client::remove(const std::string& key, bool prefix) {
-  return detail::int64_field(impl_->call("/v3/kv/deleterange", key_request(key, prefix)),
-                             "deleted");
+  std::string what = "a delete of '" + key + "'" + (prefix ? " (prefix)" : "");
+  json request = key_request(key, prefix);
+  // Holds when a key is there to delete (for a prefix: any key under it).
+  json exists = {{"key", request["key"]},
+                 {"target", "CREATE"},
+                 {"result", "GREATER"},
+                 {"create_revision", "0"}};
+  if (prefix) exists["range_end"] = request["range_end"];
+  return reading(what, [&] {
+    auto written = impl_->write(what, [&](const std::string& token) {
+      json ops = json::array({{{"request_delete_range", request}}});
+      return json{{"success", json::array({impl_->marker.outcome_txn(exists, ops, token)})}};
+    });
+    if (written.outcome == "0") return std::int64_t{0};
+    if (written.outcome == "1") return std::int64_t{1};  // settled after a lost answer
+    // This answer's own count: success -> response_txn -> responses[0] -> the delete.
+    json nested = written.answer["responses"][0]["response_txn"];
+    if (!nested.value("succeeded", false)) return std::int64_t{0};
+    return detail::int64_field(nested["responses"][0]["response_delete_range"], "deleted");
+  });
 }
 
 Client::Lease Client::grant_lease(std::chrono::seconds ttl) {
   json answer = impl_->call("/v3/lease/grant", {{"TTL", std::to_string(ttl.count())}});
-  std::string error = answer.value("error", "");
-  if (!error.empty()) {
-    throw EtcdError(Kind::kProtocol, "etcd did not grant a lease of " +
-                                         std::to_string(ttl.count()) + " s: " + error);
-  }
-  Lease lease;
-  lease.id = detail::int64_field(answer, "ID");
-  lease.ttl = std::chrono::seconds(detail::int64_field(answer, "TTL"));
-  return lease;
+  return reading("/v3/lease/grant", [&] {
+    std::string error = answer.value("error", "");
+    if (!error.empty()) {
+      throw EtcdError(Kind::kProtocol, "etcd did not grant a lease of " +
+                                           std::to_string(ttl.count()) + " s: " + error);
+    }
+    Lease lease;
+    lease.id = detail::int64_field(answer, "ID");
+    lease.ttl = std::chrono::seconds(detail::int64_field(answer, "TTL"));
+    return lease;
+  });
 }
 
 void Client::keep_alive(std::int64_t lease) {
-  json answer = impl_->call("/v3/lease/keepalive", {{"ID", std::to_string(lease)}});
+  json answer = reading("/v3/lease/keepalive", [&] {
+    return impl_->call("/v3/lease/keepalive", {{"ID", std::to_string(lease)}});
+  });
   if (detail::int64_field(answer, "TTL") <= 0) {
     throw EtcdError(Kind::kLeaseExpired, "etcd no longer has lease " + std::to_string(lease) +
                                              ": it expired (not renewed within its TTL)");
@@ -404,7 +504,9 @@ void Client::keep_alive(std::int64_t lease) {
 
 void Client::revoke(std::int64_t lease) {
   try {
-    impl_->call("/v3/lease/revoke", {{"ID", std::to_string(lease)}});
+    reading("/v3/lease/revoke", [&] {
+      return impl_->call("/v3/lease/revoke", {{"ID", std::to_string(lease)}});
+    });
   } catch (const EtcdError& e) {
     if (e.kind() != Kind::kLeaseExpired) throw;
   }
@@ -417,8 +519,10 @@ std::vector<WatchEvent> Client::watch(const std::string& key, bool prefix,
   create["start_revision"] = std::to_string(start_revision);
   std::string body = json{{"create_request", create}}.dump();
   auto deadline = Clock::now() + timeout;
-  return impl_->with_failover("/v3/watch of '" + key + "'", [&](std::size_t i) {
-    return impl_->watch_member(i, body, deadline);
+  std::string what = "/v3/watch of '" + key + "'";
+  return reading(what, [&] {
+    return impl_->with_failover(
+        what, [&](std::size_t i) { return impl_->watch_member(i, body, deadline); });
   });
 }
 

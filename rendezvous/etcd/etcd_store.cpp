@@ -53,8 +53,21 @@ Update update(
 
 }  // namespace
 
+namespace {
+
+// The client's write marker beside the keys, outside the prefix (num_keys never counts it):
+// "/ddprun/job.writes/<id>" for the prefix "/ddprun/job/".
+ClientOptions with_marker_beside(ClientOptions options, const std::string& prefix) {
+  std::string base = prefix;
+  if (!base.empty() && base.back() == '/') base.pop_back();
+  options.write_marker_prefix = base + ".writes/";
+  return options;
+}
+
+}  // namespace
+
 EtcdStore::EtcdStore(ClientOptions options, std::string prefix, std::chrono::milliseconds timeout)
-    : client_(std::move(options)), prefix_(std::move(prefix)) {
+    : client_(with_marker_beside(std::move(options), prefix)), prefix_(std::move(prefix)) {
   set_timeout(timeout);
 }
 

@@ -194,14 +194,16 @@ void HttpConnection::write_request(const std::string& target, const std::string&
   if (ec) fail(ec, "sending " + target);
 }
 
-void HttpConnection::fail(boost::system::error_code ec, const std::string& doing) {
+void HttpConnection::fail(boost::system::error_code ec, const std::string& doing, bool sent) {
   bool tls = secure_ != nullptr;
   bool fresh = !used_;
   close();
   if (ec == beast::error::timeout) {
-    throw MemberFailure(Kind::kNoQuorum, doing +
-                                             ": connected, but no answer in time (the member "
-                                             "runs but cannot serve: has etcd lost its quorum?)");
+    throw MemberFailure(Kind::kNoQuorum,
+                        doing +
+                            ": connected, but no answer in time (the member "
+                            "runs but cannot serve: has etcd lost its quorum?)",
+                        sent);
   }
   if (ec.category() == asio::error::get_ssl_category() ||
       ec == asio::ssl::error::stream_truncated) {
@@ -209,21 +211,23 @@ void HttpConnection::fail(boost::system::error_code ec, const std::string& doing
     if (contains(text, "certificate")) {
       text += " (the member wants a client certificate it trusts: check cert= and key=)";
     }
-    throw MemberFailure(Kind::kRefused, doing + ": TLS: " + text);
+    throw MemberFailure(Kind::kRefused, doing + ": TLS: " + text, sent);
   }
   if (ec.category() == make_error_code(http::error::end_of_stream).category() &&
       ec != http::error::end_of_stream && ec != http::error::partial_message) {
-    throw MemberFailure(Kind::kProtocol, doing + ": not an HTTP answer: " + ec.message());
+    throw MemberFailure(Kind::kProtocol, doing + ": not an HTTP answer: " + ec.message(), sent);
   }
   std::string text = doing + ": the member closed the connection (" + ec.message() + ")";
   if (tls && fresh) {
     // TLS 1.3 ends the client's handshake before the member has checked its certificate.
-    throw MemberFailure(Kind::kRefused, text +
-                                            " right after the TLS handshake: it did not accept "
-                                            "this client's certificate? (check cert= and key=)");
+    throw MemberFailure(Kind::kRefused,
+                        text +
+                            " right after the TLS handshake: it did not accept "
+                            "this client's certificate? (check cert= and key=)",
+                        sent);
   }
   if (!tls) text += "; if the member serves only TLS, use protocol=https with cacert=";
-  throw MemberFailure(Kind::kUnreachable, text);
+  throw MemberFailure(Kind::kUnreachable, text, sent);
 }
 
 HttpReply HttpConnection::post(const std::string& target, const std::string& body,
@@ -239,7 +243,7 @@ HttpReply HttpConnection::post(const std::string& target, const std::string& bod
       http::async_read(*plain_, buffer_, parser, std::move(handler));
     }
   });
-  if (ec) fail(ec, "reading the answer to " + target);
+  if (ec) fail(ec, "reading the answer to " + target, true);
   used_ = true;
   auto& response = parser.get();
   HttpReply reply{static_cast<int>(response.result_int()), std::move(response.body())};

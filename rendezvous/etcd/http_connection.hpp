@@ -25,14 +25,19 @@ namespace ddp::etcd::detail {
 using Clock = std::chrono::steady_clock;
 
 // Talking to one member failed in a way another member may not: the caller tries the next.
+// maybe_applied: the whole request was sent and its answer was lost or unreadable (or said
+// that etcd gave up waiting for its own commit): a write may have been applied, so it must
+// not simply be sent again.
 class MemberFailure : public std::runtime_error {
  public:
-  MemberFailure(EtcdError::Kind kind, const std::string& what)
-      : std::runtime_error(what), kind_(kind) {}
+  MemberFailure(EtcdError::Kind kind, const std::string& what, bool maybe_applied = false)
+      : std::runtime_error(what), kind_(kind), maybe_applied_(maybe_applied) {}
   EtcdError::Kind kind() const { return kind_; }
+  bool maybe_applied() const { return maybe_applied_; }
 
  private:
   EtcdError::Kind kind_;
+  bool maybe_applied_;
 };
 
 struct HttpReply {
@@ -57,7 +62,8 @@ class HttpConnection {
   void close();
 
   // POSTs body (JSON) to target and reads the whole answer by deadline. token: etcd's auth
-  // token, or empty. Throws MemberFailure; after it the connection is closed.
+  // token, or empty. Throws MemberFailure (maybe_applied once the request was all written);
+  // after it the connection is closed.
   HttpReply post(const std::string& target, const std::string& body, const std::string& token,
                  Clock::time_point deadline);
 
@@ -78,8 +84,9 @@ class HttpConnection {
   void set_deadline(Clock::time_point deadline);
   void write_request(const std::string& target, const std::string& body, const std::string& token,
                      Clock::time_point deadline);
-  // Closes and throws the MemberFailure that ec means while `doing`.
-  [[noreturn]] void fail(boost::system::error_code ec, const std::string& doing);
+  // Closes and throws the MemberFailure that ec means while `doing`; sent: the request was
+  // all written (the failure is maybe_applied).
+  [[noreturn]] void fail(boost::system::error_code ec, const std::string& doing, bool sent = false);
   std::string tls_failure(boost::system::error_code ec) const;
 
   boost::asio::io_context& io_;

@@ -8,6 +8,15 @@
 // timeout, TLS failure) is skipped for the next, and the client stays on the one that
 // answered. When every member fails, the request throws EtcdError naming each endpoint and
 // what it said. One Client is used by one thread at a time.
+//
+// Reads are sent again anywhere after any failure. Every write (put, put_if, remove) applies
+// exactly once: it is never simply sent again once it may have reached a member. Each write
+// is a transaction guarded by a marker key of this client's own (write_marker.hpp); after a
+// lost answer the client learns from the marker whether the write applied, and sends it
+// again only when it is sure the first copy never will. The marker key lives at
+// ClientOptions::write_marker_prefix + a random id, one per Client (a few bytes left in
+// etcd). An answer etcd's JSON cannot explain is EtcdError(kProtocol), never another
+// exception type.
 
 #include <chrono>
 #include <cstdint>
@@ -42,6 +51,7 @@ struct ClientOptions {
   std::string password;
   std::chrono::milliseconds connect_timeout = kDefaultConnectTimeout;  // per member
   std::chrono::milliseconds request_timeout = kDefaultRequestTimeout;  // per request
+  std::string write_marker_prefix = "/ddprun/.writes/";  // where this client's marker key lives
 };
 
 // Every failure: a StoreError, so that code written against store::Store handles it too.
@@ -99,13 +109,15 @@ class Client {
 
   // One key, or every key starting with `key` when prefix.
   RangeResult range(const std::string& key, bool prefix = false, bool keys_only = false);
-  // Returns the revision of the put. lease 0: none.
+  // Returns the revision of the put (or a later one, when its answer was lost). lease 0:
+  // none.
   std::int64_t put(const std::string& key, const std::string& value, std::int64_t lease = 0);
   // Puts when the key's mod_revision is still `mod_revision` (0: the key must not exist), in
   // one transaction that otherwise reads the key.
   TxnResult put_if(const std::string& key, const std::string& value, std::int64_t mod_revision,
                    std::int64_t lease = 0);
-  // Number of keys deleted.
+  // Number of keys deleted (when the answer was lost and the marker told the outcome: 1 if
+  // any was).
   std::int64_t remove(const std::string& key, bool prefix = false);
 
   // Grants a lease of ttl (etcd may raise it to its minimum); returns {id, granted ttl}.

@@ -2,7 +2,10 @@
 // The c10d store's semantics (store::Store) over etcd, every key under a prefix: the store
 // rendezvous engine runs on it unchanged. Each read-modify-write (add, compare_set, append) is
 // a transaction that compares the key's mod_revision and is retried when another writer got
-// there first; get and wait watch from the revision they read, never poll.
+// there first; get and wait watch from the revision they read, never poll. Every write
+// (set, add, compare_set, append, delete_key) applies exactly once, also when etcd's answer
+// is lost (client.hpp); the client's write marker is kept beside the prefix (prefix without
+// its last '/' + ".writes/<id>"), so num_keys() never counts it.
 
 #include <chrono>
 #include <cstdint>
