@@ -7,7 +7,9 @@
 #include <cmath>
 #include <mutex>
 #include <set>
+#include <stdexcept>
 #include <thread>
+#include <unordered_map>
 #include <utility>
 
 #include "ddp/etcd/etcd_store.hpp"
@@ -17,21 +19,59 @@
 namespace ddp::elastic {
 namespace {
 
-etcd::EtcdStore& etcd_of(store::Store& store) {
-  auto* etcd = dynamic_cast<etcd::EtcdStore*>(&store);
-  if (!etcd) throw std::logic_error("the etcd backend was given a store it did not make");
-  return *etcd;
-}
+// The connections the backend made, by the store::Store the engine holds them as: the
+// backend's hooks get one back as a store::Store& and use its etcd side (leases, ranges). A
+// connection registers itself when made and leaves when destroyed; shared, so that it may
+// outlive the backend.
+class Connections {
+ public:
+  void add(const store::Store* store, etcd::EtcdStore* etcd) {
+    std::lock_guard lock(mutex_);
+    made_[store] = etcd;
+  }
+  void remove(const store::Store* store) {
+    std::lock_guard lock(mutex_);
+    made_.erase(store);
+  }
+  etcd::EtcdStore& of(store::Store& store) const {
+    std::lock_guard lock(mutex_);
+    auto it = made_.find(&store);
+    if (it == made_.end()) {
+      throw std::logic_error("the etcd backend was given a store it did not make");
+    }
+    return *it->second;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::unordered_map<const store::Store*, etcd::EtcdStore*> made_;
+};
+
+// An EtcdStore that is in `connections` for as long as it lives.
+class ConnectionOfBackend final : public etcd::EtcdStore {
+ public:
+  ConnectionOfBackend(std::shared_ptr<Connections> connections, etcd::ClientOptions options,
+                      std::string prefix, std::chrono::milliseconds timeout)
+      : EtcdStore(std::move(options), std::move(prefix), timeout),
+        connections_(std::move(connections)) {
+    connections_->add(this, this);
+  }
+  ~ConnectionOfBackend() override { connections_->remove(this); }
+
+ private:
+  std::shared_ptr<Connections> connections_;
+};
 
 // A node is dead once its lease expired: etcd deleted its hb/<node_id>.
 class LeaseObserver final : public LivenessObserver {
  public:
-  explicit LeaseObserver(RunKeys keys) : keys_(std::move(keys)) {}
+  LeaseObserver(RunKeys keys, std::shared_ptr<const Connections> connections)
+      : keys_(std::move(keys)), connections_(std::move(connections)) {}
 
   std::vector<std::string> dead(store::Store& store,
                                 const std::vector<std::string>& node_ids) override {
     if (node_ids.empty()) return {};
-    auto present = etcd_of(store).keys_under(keys_.heartbeats());
+    auto present = connections_->of(store).keys_under(keys_.heartbeats());
     std::set<std::string> alive(present.begin(), present.end());
     std::vector<std::string> out;
     for (const auto& id : node_ids) {
@@ -42,6 +82,7 @@ class LeaseObserver final : public LivenessObserver {
 
  private:
   RunKeys keys_;
+  std::shared_ptr<const Connections> connections_;
 };
 
 etcd::ClientOptions client_options(const EtcdSettings& s) {
@@ -119,12 +160,12 @@ class EtcdBackend final : public RunBackend {
   }
 
   void announce(store::Store& store, const std::string& node_id) override {
-    auto& etcd = etcd_of(store);
+    auto& etcd = connections_->of(store);
     etcd.set_with_lease(keys().heartbeat(node_id), "1", lease(etcd));
   }
 
   void beat(store::Store& store, const std::string& node_id) override {
-    auto& etcd = etcd_of(store);
+    auto& etcd = connections_->of(store);
     std::int64_t id = 0;
     {
       std::lock_guard lock(lease_mutex_);
@@ -146,7 +187,7 @@ class EtcdBackend final : public RunBackend {
   }
 
   void retire(store::Store& store, const std::string& node_id) override {
-    auto& etcd = etcd_of(store);
+    auto& etcd = connections_->of(store);
     std::int64_t id = 0;
     {
       std::lock_guard lock(lease_mutex_);
@@ -157,7 +198,7 @@ class EtcdBackend final : public RunBackend {
   }
 
   std::unique_ptr<LivenessObserver> observer() const override {
-    return std::make_unique<LeaseObserver>(keys());
+    return std::make_unique<LeaseObserver>(keys(), connections_);
   }
 
   // One range over round_<r>/done/.
@@ -194,8 +235,8 @@ class EtcdBackend final : public RunBackend {
 
  private:
   std::unique_ptr<etcd::EtcdStore> make_store(const etcd::ClientOptions& options) const {
-    auto store = std::make_unique<etcd::EtcdStore>(options, RunKeys::run_prefix(settings_.run_id),
-                                                   settings_.timeouts.read);
+    auto store = std::make_unique<ConnectionOfBackend>(
+        connections_, options, RunKeys::run_prefix(settings_.run_id), settings_.timeouts.read);
     store->wake_on_delete(keys().heartbeats());
     return store;
   }
@@ -204,7 +245,8 @@ class EtcdBackend final : public RunBackend {
   std::set<std::string> arrived(store::Store& store, int round) const {
     std::string prefix = keys().done(round);
     std::set<std::string> ids;
-    for (const auto& key : etcd_of(store).keys_under(prefix)) ids.insert(key.substr(prefix.size()));
+    for (const auto& key : connections_->of(store).keys_under(prefix))
+      ids.insert(key.substr(prefix.size()));
     return ids;
   }
 
@@ -224,6 +266,7 @@ class EtcdBackend final : public RunBackend {
   std::string where_;
   std::mutex lease_mutex_;
   std::int64_t lease_ = 0;
+  std::shared_ptr<Connections> connections_ = std::make_shared<Connections>();
 };
 
 }  // namespace
