@@ -89,6 +89,10 @@ TEST_CASE("defaults are torchrun's") {
   CHECK(c.role == "default");
   CHECK(c.signals_to_handle == std::vector<int>{SIGTERM, SIGINT, SIGHUP, SIGQUIT});
   CHECK(c.shutdown_timeout == std::chrono::seconds(30));
+  CHECK(c.hang_timeout == std::chrono::seconds(300));
+  CHECK(c.straggler_window == 20);
+  CHECK(c.straggler_threshold_s == 0.005);
+  CHECK_FALSE(c.trace_file.has_value());
   CHECK_FALSE(c.log_dir.has_value());
   CHECK(c.redirects.for_rank(0) == Std::kNone);
   CHECK(c.tee.for_rank(3) == Std::kNone);
@@ -154,6 +158,13 @@ TEST_CASE("every valued option in every spelling") {
        [](auto& c) { return c.shutdown_timeout == std::chrono::milliseconds(1500); }},
       {{"--shutdown-timeout", "0"},
        [](auto& c) { return c.shutdown_timeout == std::chrono::milliseconds(0); }},
+      {{"--hang_timeout=2.5"},
+       [](auto& c) { return c.hang_timeout == std::chrono::milliseconds(2500); }},
+      {{"--hang-timeout", "0"},
+       [](auto& c) { return c.hang_timeout == std::chrono::milliseconds(0); }},
+      {{"--straggler-window", "0"}, [](auto& c) { return c.straggler_window == 0; }},
+      {{"--straggler_threshold=0.02"}, [](auto& c) { return c.straggler_threshold_s == 0.02; }},
+      {{"--trace_file=/t.json"}, [](auto& c) { return c.trace_file == "/t.json"; }},
       {{"--log_dir=/l"}, logdir},
       {{"--log-dir", "/l"}, logdir},
       {{"-r", "3"}, [](auto& c) { return c.redirects.for_rank(5) == Std::kAll; }},
@@ -293,6 +304,8 @@ TEST_CASE("bad input is a UsageError naming the option") {
   CHECK_THAT(usage_error({"--max_restarts=two", "x"}), Catch::Contains("--max_restarts"));
   CHECK_THAT(usage_error({"--monitor_interval=soon", "x"}), Catch::Contains("--monitor_interval"));
   CHECK_THAT(usage_error({"--shutdown_timeout=-1", "x"}), Catch::Contains("--shutdown_timeout"));
+  CHECK_THAT(usage_error({"--hang_timeout=never", "x"}), Catch::Contains("--hang_timeout"));
+  CHECK_THAT(usage_error({"--straggler_window=65", "x"}), Catch::Contains("--straggler_window"));
   CHECK_THAT(usage_error({"--start_method=thread", "x"}), Catch::Contains("--start_method"));
   CHECK_THAT(usage_error({"--signals_to_handle=SIGFOO", "x"}), Catch::Contains("SIGFOO"));
   CHECK_THAT(usage_error({"--signals_to_handle=TERM", "x"}), Catch::Contains("TERM"));
