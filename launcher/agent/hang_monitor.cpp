@@ -78,7 +78,7 @@ void HangMonitor::schedule() {
 
 void HangMonitor::check() {
   const int round = options_.round();
-  if (round == reported_round_) return;
+  if (round < 0 || round == reported_round_) return;  // not running, or reported already
   std::vector<RankView> views = options_.views();
   check_straggler(views);
   if (options_.hang_timeout.count() == 0) return;

@@ -25,9 +25,9 @@ namespace ddp::launcher {
 inline constexpr std::chrono::seconds kStragglerQuiet{60};
 
 struct HangMonitorOptions {
-  std::chrono::milliseconds hang_timeout{0};           // 0: no hang detection
-  std::function<std::vector<RankView>()> views;        // the round's ranks now
-  std::function<int()> round;                          // the agent's current round number
+  std::chrono::milliseconds hang_timeout{0};     // 0: no hang detection
+  std::function<std::vector<RankView>()> views;  // the round's ranks now
+  std::function<int()> round;  // the running round's number; -1 while no round runs
   std::function<std::filesystem::path()> attempt_dir;  // where the round's logs go
   std::function<void(AgentEvent)> post;                // queues an event for the machine
   std::function<void(const std::string&)> notice;      // one line for the console
