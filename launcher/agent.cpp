@@ -132,7 +132,7 @@ class Agent::Impl {
     group.agent_store = rendezvous_->workers_use_agent_store();
     group.console_out = options_.console_out;
     group.console_err = options_.console_err;
-    group.on_output_drained = [this] { machine_->handle(event::OutputDrained{}); };
+    group.on_output_drained = [this] { post(event::OutputDrained{}); };
     group.log_errors = log_errors_;
     workers_ = std::make_unique<ProcessWorkerGroup>(io_, std::move(group), console_, *reaper_);
 
@@ -145,9 +145,7 @@ class Agent::Impl {
     context.rendezvous = rendezvous_.get();
     context.workers = workers_.get();
     context.timers = &timers_;
-    context.post = [this](AgentEvent event) {  // from any thread
-      boost::asio::post(io_, [this, event = std::move(event)] { machine_->handle(event); });
-    };
+    context.post = [this](AgentEvent event) { post(std::move(event)); };
     context.notice = [this](const std::string& line) { notice(line); };
     if (rendezvous_->serves_worker_stores()) {
       context.open_worker_store = [this] { return rendezvous_->open_worker_store(); };
@@ -155,6 +153,14 @@ class Agent::Impl {
     context.on_done = [this](AgentOutcome outcome) { stop(std::move(outcome)); };
     machine_ = std::make_unique<AgentMachine>(std::move(machine), std::move(context));
     machine_->start();
+  }
+
+  // Queues event for the state machine on the loop, from any thread: every event reaches
+  // handle() this way, never from inside another handler.
+  void post(AgentEvent event) {
+    boost::asio::post(io_, [this, event = std::move(event)] {
+      if (machine_) machine_->handle(event);
+    });
   }
 
   void wait_for_signal() {

@@ -3,6 +3,7 @@
 #include <csignal>
 
 #include "ddp/launcher/signal_names.hpp"
+#include "worker_start_error.hpp"
 
 namespace ddp::launcher {
 
@@ -55,10 +56,24 @@ void AgentMachine::on(const event::RoundReady& e) {
   ctx_.rendezvous->watch_round([post, round](StopReason reason) {
     post(event::RoundStopped{round, std::move(reason)});
   });
-  ctx_.workers->start(*info_, [post, round](int local_rank, WorkerExit exit) {
-    post(event::WorkerExited{round, local_rank, exit});
-  });
+  try {
+    ctx_.workers->start(*info_, [post, round](int local_rank, WorkerExit exit) {
+      post(event::WorkerExited{round, local_rank, exit});
+    });
+  } catch (const WorkerStartError& error) {
+    return on_start_failure(error);
+  }
   state_ = State::kRunning;
+}
+
+// A worker could not be started: a local failure like a worker's, with the cause as its
+// message. The workers started before it are stopped; then restart or give up as usual.
+void AgentMachine::on_start_failure(const WorkerStartError& error) {
+  state_ = State::kRunning;
+  group_size_ = error.started();
+  ctx_.notice("ddprun: " + std::string(error.what()));
+  local_failure(error.failure(), {});
+  if (exits_seen_ == group_size_) on_group_exited();  // none had started
 }
 
 void AgentMachine::on(const event::RoundError& e) {
@@ -109,8 +124,13 @@ void AgentMachine::on(const event::WorkerExited& e) {
 // The root cause. Workers that have already failed too are "other failures"; the rest are
 // stopped and not reported (their exit is our doing). Every node learns it through the round.
 void AgentMachine::on_local_failure(int local_rank) {
-  root_cause_ = ctx_.workers->failure_of(local_rank);
-  other_failures_ = ctx_.workers->other_failures(local_rank);
+  local_failure(ctx_.workers->failure_of(local_rank), ctx_.workers->other_failures(local_rank));
+}
+
+// The root cause is ours: tell the other nodes, stop the local workers.
+void AgentMachine::local_failure(WorkerFailure root, std::vector<WorkerFailure> others) {
+  root_cause_ = std::move(root);
+  other_failures_ = std::move(others);
   state_ = State::kStopping;
   StopReason reason;
   reason.kind = StopReason::Kind::kWorkerFailed;

@@ -29,6 +29,8 @@
 
 namespace ddp::launcher {
 
+class WorkerStartError;
+
 // Once the job has ended, how long teed output may take to reach end-of-file (a worker's
 // descendant that left its process group can hold a pipe open) before ddprun exits anyway.
 inline constexpr std::chrono::milliseconds kOutputDrainTimeout{5000};
@@ -83,7 +85,8 @@ class AgentMachine {
   // Joins the first round.
   void start();
   // The one event dispatch. Events of an earlier round, or that the state does not expect,
-  // are dropped. Throws what WorkerGroup::start throws (a worker that cannot be started).
+  // are dropped. A worker that cannot be started (WorkerStartError) is a local failure of
+  // the round: its workers are stopped, and the group restarts while restarts remain.
   void handle(const AgentEvent& event);
 
   State state() const { return state_; }
@@ -105,6 +108,8 @@ class AgentMachine {
   bool current(int round) const { return round == round_; }
   void join_next_round();
   void on_local_failure(int local_rank);
+  void on_start_failure(const WorkerStartError& error);
+  void local_failure(WorkerFailure root, std::vector<WorkerFailure> others);
   void stop_workers(int signal);
   void on_group_exited();
   void decide_after_stop();

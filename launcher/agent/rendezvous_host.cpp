@@ -69,6 +69,8 @@ RendezvousHost::~RendezvousHost() {
 }
 
 void RendezvousHost::leave() {
+  if (left_ || !rendezvous_) return;  // left already, or shut down
+  left_ = true;
   leaver_ = std::thread([engine = rendezvous_.get()] { engine->leave(); });
 }
 
@@ -84,6 +86,7 @@ void RendezvousHost::host_rendezvous_store(const std::string& where, int port) {
 }
 
 void RendezvousHost::shut_down(bool wait_for_others, std::function<void()> done) {
+  if (closer_.joinable()) return;  // shutting down already
   closer_ = std::thread([this, engine = std::move(rendezvous_), leaver = std::move(leaver_),
                          wait_for_others, done = std::move(done)]() mutable {
     if (leaver.joinable()) leaver.join();

@@ -58,7 +58,8 @@ class RendezvousHost : public elastic::Rendezvous {
   void finish_round(std::function<void(bool)> on_done) override {
     rendezvous_->finish_round(std::move(on_done));
   }
-  // Returns at once; the engine's leave() runs on a thread of its own. Call at most once.
+  // Returns at once; the engine's leave() runs on a thread of its own. Only the first call
+  // (before shut_down) does anything.
   void leave() override;
   std::string endpoint() const override { return rendezvous_->endpoint(); }
 
@@ -77,7 +78,7 @@ class RendezvousHost : public elastic::Rendezvous {
   // be waiting on it); then, when wait_for_others (the exit barrier passed), waits until no
   // other agent is connected to the store, at most kStoreLingerTimeout, so that the last
   // agents reading the barrier's result do not lose the store under them; then calls done on
-  // the loop. Call once, on the loop.
+  // the loop. On the loop; a second call does nothing.
   void shut_down(bool wait_for_others, std::function<void()> done);
 
  private:
@@ -94,6 +95,7 @@ class RendezvousHost : public elastic::Rendezvous {
   std::unique_ptr<store::Server> worker_store_;      // c10d: this round's
   std::unique_ptr<elastic::Rendezvous> rendezvous_;
   boost::asio::steady_timer linger_timer_;
+  bool left_ = false;   // leave() was called
   std::thread leaver_;  // the engine's leave(), off the loop
   std::thread closer_;  // ends the engine off the loop (shut_down)
 };

@@ -1,0 +1,154 @@
+// When the agent itself meets a failure, with real agents and workers: a worker that cannot
+// be started on a restart attempt (its log directory is blocked by a file), on one node and
+// in a two-node c10d job whose store that agent serves; and a rendezvous store that accepts
+// connections but never answers, behind which SIGTERM must still end the agent promptly.
+#include <catch2/catch.hpp>
+#include <csignal>
+#include <memory>
+
+#include "multi_node_harness.hpp"
+#include "mute_store.hpp"
+
+using namespace ddp::test;
+using std::chrono::steady_clock;
+
+namespace {
+
+double seconds_since(steady_clock::time_point start) {
+  return std::chrono::duration<double>(steady_clock::now() - start).count();
+}
+
+// ddprun OPTIONS /bin/sh -c SCRIPT: a worker written in shell.
+std::vector<std::string> shell_job(std::vector<std::string> options, const std::string& script) {
+  std::vector<std::string> argv = {bin_path("ddprun").string()};
+  argv.insert(argv.end(), options.begin(), options.end());
+  argv.insert(argv.end(), {"/bin/sh", "-c", script});
+  return argv;
+}
+
+// The worker's run log root, from its error file <root>/attempt_<n>/<local rank>/error.json.
+constexpr const char* kRoot = "root=${TORCHELASTIC_ERROR_FILE%/attempt_*}; ";
+
+// Attempt 0: local rank 1 puts a file where attempt 1's directory of local rank 1 must go,
+// and fails; local rank 0 waits to be stopped. Attempt 1: local rank 0 starts and waits to be
+// stopped (local rank 1 cannot start). Later attempts succeed.
+const std::string kBlockRank1 =
+    std::string(kRoot) +
+    "if [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ]; then"
+    "  if [ \"$LOCAL_RANK\" = 1 ]; then mkdir -p \"$root/attempt_1\" && : > "
+    "\"$root/attempt_1/1\"; exit 3; fi;"
+    "  exec sleep 600; "
+    "fi; "
+    "echo \"attempt $TORCHELASTIC_RESTART_COUNT ran local_rank $LOCAL_RANK\"; "
+    "if [ \"$TORCHELASTIC_RESTART_COUNT\" = 1 ]; then exec sleep 600; fi";
+
+}  // namespace
+
+TEST_CASE("a worker that cannot be started on the last attempt: its group stopped, a report") {
+  TempDir dir;
+  ProcessResult r =
+      run_process(shell_job({"--nproc_per_node=2", "--max_restarts=1", "--monitor_interval=0.1",
+                             "--log_dir", dir.path().string()},
+                            kBlockRank1),
+                  {}, {}, kJobTimeout);
+  INFO(r.out << r.err);
+  CHECK(r.status == 1);
+  CHECK_THAT(r.err, Catch::Contains("restarting it (restart 1 of at most 1)"));
+  // The report names the worker, the cause and what to do.
+  REQUIRE_THAT(r.err, Catch::Contains("Root Cause"));
+  const std::string root = r.err.substr(r.err.find("Root Cause"));
+  CHECK_THAT(root, Catch::Contains("rank      : 1 (local_rank: 1)"));
+  CHECK_THAT(root, Catch::Contains("could not start the worker of local_rank 1 (rank 1)"));
+  CHECK_THAT(root, Catch::Contains("attempt_1/1"));
+  CHECK_THAT(root, Catch::Contains("pass another --log_dir"));
+  CHECK_THAT(r.err, !Catch::Contains("terminate"));
+  CHECK_THAT(r.out, !Catch::Contains("attempt 2"));
+}
+
+TEST_CASE("a worker that cannot be started is restarted while restarts remain") {
+  TempDir dir;
+  ProcessResult r =
+      run_process(shell_job({"--nproc_per_node=2", "--max_restarts=2", "--monitor_interval=0.1",
+                             "--log_dir", dir.path().string()},
+                            kBlockRank1),
+                  {}, {}, kJobTimeout);
+  INFO(r.out << r.err);
+  CHECK(r.status == 0);
+  CHECK_THAT(r.err, Catch::Contains("ddprun: could not start the worker of local_rank 1 (rank 1)"));
+  CHECK_THAT(r.err, Catch::Contains("restarting it (restart 2 of at most 2)"));
+  CHECK_THAT(r.out, Catch::Contains("attempt 2 ran local_rank 0"));
+  CHECK_THAT(r.out, Catch::Contains("attempt 2 ran local_rank 1"));
+}
+
+TEST_CASE(
+    "c10d: the store's host cannot start its worker on the last attempt: both nodes report it") {
+  TempDir dir;
+  const int port = free_port();
+  // The host's only worker blocks its own attempt-1 directory and fails; the other node's
+  // worker waits to be stopped.
+  const std::string host_worker = std::string(kRoot) +
+                                  "if [ \"$TORCHELASTIC_RESTART_COUNT\" = 0 ]; then mkdir -p "
+                                  "\"$root/attempt_1\" && : > \"$root/attempt_1/0\"; exit 3; fi; "
+                                  "exec sleep 600";
+  auto options = [&](const char* is_host, const std::string& logs) {
+    auto o = c10d_node("2", port, "cannot-start");
+    o.insert(o.end(), {std::string("--rdzv_conf=is_host=") + is_host, "--max_restarts=1",
+                       "--log_dir", (dir.path() / logs).string()});
+    return o;
+  };
+  ChildProcess host(shell_job(options("1", "host"), host_worker));
+  ChildProcess other(shell_job(options("0", "other"), "exec sleep 600"));
+  ProcessResult h = host.wait(kJobTimeout);
+  ProcessResult o = other.wait(kJobTimeout);
+  INFO("host:\n" << h.err << "\nother:\n" << o.err);
+  CHECK(h.status == 1);
+  CHECK(o.status == 1);
+  for (const std::string& err : {h.err, o.err}) {
+    REQUIRE_THAT(err, Catch::Contains("Root Cause"));
+    CHECK_THAT(err.substr(err.find("Root Cause")),
+               Catch::Contains("could not start the worker of local_rank 0"));
+  }
+}
+
+TEST_CASE("a rendezvous store that never answers: SIGTERM ends the agent within seconds") {
+  MuteStore store;
+  auto options = c10d_node("2", store.port(), "mute");
+  // leave() gets 1 s for each store step; nothing else may wait on the store after SIGTERM
+  // (its read timeout, 60 s, is what the agent used to wait).
+  options.push_back("--rdzv_conf=is_host=0,close_timeout=1,read_timeout=60");
+  ChildProcess agent(ddprun(options, {"--hello"}));
+  // Its heartbeat and its join each sent a request that no answer will come to.
+  REQUIRE(store.wait_for_unanswered(2, kJobTimeout));
+  const auto start = steady_clock::now();
+  agent.signal(SIGTERM);
+  ProcessResult r = agent.wait(kJobTimeout);
+  const double took = seconds_since(start);
+  INFO(r.err);
+  CHECK(r.status == 128 + SIGTERM);
+  CHECK(took < 10);
+  CHECK_THAT(r.err, Catch::Contains("got SIGTERM: leaving the rendezvous"));
+}
+
+TEST_CASE("c10d: a second SIGTERM while the store's host shuts down ends it at once") {
+  TempDir dir;
+  const int port = free_port();
+  const std::vector<std::string> worker = {"--ready", "--wait"};
+  auto options = [&](const char* is_host) {
+    auto o = c10d_node("2", port, "twice");
+    o.push_back(std::string("--rdzv_conf=is_host=") + is_host);
+    return ddprun(o, worker);
+  };
+  ChildProcess host(options("1"));
+  ChildProcess other(options("0"));
+  for (auto* a : {&host, &other}) a->wait_for_stdout_lines("ready rank=", 1, kJobTimeout);
+  const auto start = steady_clock::now();
+  host.signal(SIGTERM);
+  host.wait_for_stderr("got SIGTERM", kJobTimeout);
+  host.signal(SIGTERM);
+  ProcessResult r = host.wait(kJobTimeout);
+  const double took = seconds_since(start);
+  INFO(r.err);
+  CHECK(r.status == 128 + SIGTERM);
+  CHECK(took < 10);
+  CHECK_THAT(r.err, !Catch::Contains("terminate"));
+}
