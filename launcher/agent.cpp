@@ -185,7 +185,11 @@ class Agent::Impl {
     }
     if (rendezvous_->hosts_rendezvous_store()) {  // the others may still need the store
       lingering_ = true;                          // a signal ends it
-      return rendezvous_->shut_down(outcome.exit_code == 0, [this] { io_.stop(); });
+      // After a success or a failure every node reports, the others are reading how the
+      // round ended from this store: keep it up until they are gone (bounded). After a
+      // signal they go on without this node.
+      const bool others_read_the_end = outcome.exit_code == 0 || !outcome.report.empty();
+      return rendezvous_->shut_down(others_read_the_end, [this] { io_.stop(); });
     }
     io_.stop();
   }

@@ -21,8 +21,8 @@
 
 namespace ddp::launcher {
 
-// After a job that passed the exit barrier, how long the agent serving the rendezvous store
-// keeps it up for the agents that have not read the barrier's result yet.
+// After a job that passed the exit barrier or failed, how long the agent serving the
+// rendezvous store keeps it up for the agents that have not read how it ended yet.
 inline constexpr std::chrono::milliseconds kStoreLingerTimeout{5000};
 // How often it looks whether they are gone.
 inline constexpr std::chrono::milliseconds kStoreLingerCheck{20};
@@ -75,10 +75,10 @@ class RendezvousHost : public elastic::Rendezvous {
   bool hosts_rendezvous_store() const { return rendezvous_store_ != nullptr; }
   // The job is over, and this agent serves the rendezvous store: ends the rendezvous engine
   // on a thread of its own while the loop goes on serving the store (the engine's threads may
-  // be waiting on it); then, when wait_for_others (the exit barrier passed), waits until no
-  // other agent is connected to the store, at most kStoreLingerTimeout, so that the last
-  // agents reading the barrier's result do not lose the store under them; then calls done on
-  // the loop. On the loop; a second call does nothing.
+  // be waiting on it); then, when wait_for_others (the exit barrier passed, or the job
+  // failed), waits until no other agent is connected to the store, at most
+  // kStoreLingerTimeout, so that the last agents reading how the round ended do not lose the
+  // store under them; then calls done on the loop. On the loop; a second call does nothing.
   void shut_down(bool wait_for_others, std::function<void()> done);
 
  private:
