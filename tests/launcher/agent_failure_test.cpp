@@ -6,6 +6,7 @@
 #include <csignal>
 #include <memory>
 
+#include "ddp/elastic/rendezvous.hpp"
 #include "multi_node_harness.hpp"
 #include "mute_store.hpp"
 
@@ -127,6 +128,33 @@ TEST_CASE("a rendezvous store that never answers: SIGTERM ends the agent within 
   CHECK(r.status == 128 + SIGTERM);
   CHECK(took < 10);
   CHECK_THAT(r.err, Catch::Contains("got SIGTERM: leaving the rendezvous"));
+}
+
+// What the agent does when it exits (or lingers and gets a second signal): end the engine
+// while its threads are blocked on a store that stopped answering.
+TEST_CASE("the rendezvous engine leaves and ends at once behind a store that never answers") {
+  MuteStore store;
+  ddp::elastic::RendezvousSettings settings;
+  settings.backend = "c10d";
+  settings.run_id = "mute-engine";
+  settings.store_host = "127.0.0.1";
+  settings.store_port = store.port();
+  settings.min_nodes = settings.max_nodes = 2;
+  settings.timeouts.close = std::chrono::seconds(1);
+  settings.timeouts.read = std::chrono::seconds(60);
+  settings.self = {"", "host-a", "127.0.0.1", 1, "default", std::nullopt};
+  auto engine = ddp::elastic::make_store_rendezvous(settings);
+  engine->next_round(
+      0, [](ddp::elastic::RoundInfo) {}, [](std::exception_ptr) {}, {});
+  // The round thread's first request (and the heartbeat's) got no answer: both block.
+  REQUIRE(store.wait_for_unanswered(2, kJobTimeout));
+  const auto start = steady_clock::now();
+  engine->leave();  // each store step at most close_timeout
+  const double left = seconds_since(start);
+  engine.reset();  // the round thread's call is cut, not waited out (read timeout: 60 s)
+  const double ended = seconds_since(start);
+  CHECK(left < 5);
+  CHECK(ended - left < 5);
 }
 
 TEST_CASE("c10d: a second SIGTERM while the store's host shuts down ends it at once") {
