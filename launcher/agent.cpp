@@ -166,7 +166,10 @@ class Agent::Impl {
   void wait_for_signal() {
     signals_.async_wait([this](boost::system::error_code ec, int signal) {
       if (ec) return;
-      if (lingering_) return io_.stop();
+      if (lingering_) {  // exit now: no store call may wait on the loop that serves it
+        rendezvous_->abandon_leave();
+        return io_.stop();
+      }
       if (machine_) machine_->handle(event::Signal{signal});
       wait_for_signal();
     });
@@ -180,15 +183,15 @@ class Agent::Impl {
       notice(incomplete);
     }
     if (outcome.keep_logs) temp_dir_.clear();  // keep the error files the report points to
+    // After a success or a failure every node reports, the others are reading how the round
+    // ended from the store this agent may serve: keep it up until they are gone (bounded).
+    // After a signal they go on without this node.
+    const bool others_read_the_end = outcome.exit_code == 0 || !outcome.report.empty();
     if (!outcome.report.empty()) {
       console_.write_notice(options_.console_err, std::move(outcome.report));
     }
     if (rendezvous_->hosts_rendezvous_store()) {  // the others may still need the store
       lingering_ = true;                          // a signal ends it
-      // After a success or a failure every node reports, the others are reading how the
-      // round ended from this store: keep it up until they are gone (bounded). After a
-      // signal they go on without this node.
-      const bool others_read_the_end = outcome.exit_code == 0 || !outcome.report.empty();
       return rendezvous_->shut_down(others_read_the_end, [this] { io_.stop(); });
     }
     io_.stop();

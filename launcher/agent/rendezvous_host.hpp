@@ -11,6 +11,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 
@@ -61,6 +62,9 @@ class RendezvousHost : public elastic::Rendezvous {
   // Returns at once; the engine's leave() runs on a thread of its own. Only the first call
   // (before shut_down) does anything.
   void leave() override;
+  // Makes a leave() under way (also one a shut_down waits for) return at once: for an agent
+  // that must exit now, whose loop no longer serves the store it may be talking to.
+  void abandon_leave() override;
   std::string endpoint() const override { return rendezvous_->endpoint(); }
 
   // TORCHELASTIC_USE_AGENT_STORE: the workers' master is a store an agent serves.
@@ -82,6 +86,7 @@ class RendezvousHost : public elastic::Rendezvous {
   void shut_down(bool wait_for_others, std::function<void()> done);
 
  private:
+  void left();  // the engine's leave() returned (or never ran): nothing to abandon
   void check_linger(std::chrono::steady_clock::time_point deadline, std::function<void()> done);
 
   void host_rendezvous_store(const std::string& where, int port);
@@ -95,9 +100,11 @@ class RendezvousHost : public elastic::Rendezvous {
   std::unique_ptr<store::Server> worker_store_;      // c10d: this round's
   std::unique_ptr<elastic::Rendezvous> rendezvous_;
   boost::asio::steady_timer linger_timer_;
-  bool left_ = false;   // leave() was called
-  std::thread leaver_;  // the engine's leave(), off the loop
-  std::thread closer_;  // ends the engine off the loop (shut_down)
+  bool left_ = false;  // leave() was called
+  std::mutex leaving_mutex_;
+  elastic::Rendezvous* leaving_ = nullptr;  // the engine while its leave() may run
+  std::thread leaver_;                      // the engine's leave(), off the loop
+  std::thread closer_;                      // ends the engine off the loop (shut_down)
 };
 
 }  // namespace ddp::launcher
