@@ -166,9 +166,13 @@ class Agent::Impl {
   void wait_for_signal() {
     signals_.async_wait([this](boost::system::error_code ec, int signal) {
       if (ec) return;
-      if (lingering_) {  // exit now: no store call may wait on the loop that serves it
-        rendezvous_->abandon_leave();
-        return io_.stop();
+      if (lingering_) {
+        // A second signal: end as soon as the engine has (its last calls go to the store
+        // this loop serves: stopping the loop now would leave them waiting); a third: now.
+        if (hurried_) return io_.stop();
+        hurried_ = true;
+        rendezvous_->hurry();
+        return wait_for_signal();
       }
       if (machine_) machine_->handle(event::Signal{signal});
       wait_for_signal();
@@ -217,6 +221,7 @@ class Agent::Impl {
   std::shared_ptr<LogFileErrors> log_errors_ =
       std::make_shared<LogFileErrors>([this](std::string line) { notice(line); });
   bool lingering_ = false;  // the job is over; the rendezvous store waits for the others
+  bool hurried_ = false;    // a signal came while lingering
 };
 
 Agent::Agent(LaunchConfig config, WorkerCommand command, AgentOptions options)

@@ -64,7 +64,6 @@ RendezvousHost::RendezvousHost(boost::asio::io_context& io, const LaunchConfig& 
 
 RendezvousHost::~RendezvousHost() {
   if (leaver_.joinable()) leaver_.join();
-  left();
   rendezvous_.reset();
   if (closer_.joinable()) closer_.join();
 }
@@ -72,21 +71,7 @@ RendezvousHost::~RendezvousHost() {
 void RendezvousHost::leave() {
   if (left_ || !rendezvous_) return;  // left already, or shut down
   left_ = true;
-  {
-    std::lock_guard lock(leaving_mutex_);
-    leaving_ = rendezvous_.get();
-  }
   leaver_ = std::thread([engine = rendezvous_.get()] { engine->leave(); });
-}
-
-void RendezvousHost::abandon_leave() {
-  std::lock_guard lock(leaving_mutex_);
-  if (leaving_) leaving_->abandon_leave();
-}
-
-void RendezvousHost::left() {
-  std::lock_guard lock(leaving_mutex_);
-  leaving_ = nullptr;
 }
 
 void RendezvousHost::host_rendezvous_store(const std::string& where, int port) {
@@ -105,10 +90,9 @@ void RendezvousHost::shut_down(bool wait_for_others, std::function<void()> done)
   closer_ = std::thread([this, engine = std::move(rendezvous_), leaver = std::move(leaver_),
                          wait_for_others, done = std::move(done)]() mutable {
     if (leaver.joinable()) leaver.join();
-    left();
     engine.reset();
     boost::asio::post(io_, [this, wait_for_others, done = std::move(done)] {
-      if (!wait_for_others) return done();
+      if (!wait_for_others || hurry_) return done();
       check_linger(std::chrono::steady_clock::now() + kStoreLingerTimeout, done);
     });
   });
@@ -116,7 +100,8 @@ void RendezvousHost::shut_down(bool wait_for_others, std::function<void()> done)
 
 void RendezvousHost::check_linger(std::chrono::steady_clock::time_point deadline,
                                   std::function<void()> done) {
-  if (rendezvous_store_->stats().connections == 0 || std::chrono::steady_clock::now() >= deadline) {
+  if (hurry_ || rendezvous_store_->stats().connections == 0 ||
+      std::chrono::steady_clock::now() >= deadline) {
     return done();
   }
   linger_timer_.expires_after(kStoreLingerCheck);

@@ -11,7 +11,6 @@
 #include <chrono>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 
@@ -62,9 +61,6 @@ class RendezvousHost : public elastic::Rendezvous {
   // Returns at once; the engine's leave() runs on a thread of its own. Only the first call
   // (before shut_down) does anything.
   void leave() override;
-  // Makes a leave() under way (also one a shut_down waits for) return at once: for an agent
-  // that must exit now, whose loop no longer serves the store it may be talking to.
-  void abandon_leave() override;
   std::string endpoint() const override { return rendezvous_->endpoint(); }
 
   // TORCHELASTIC_USE_AGENT_STORE: the workers' master is a store an agent serves.
@@ -84,9 +80,12 @@ class RendezvousHost : public elastic::Rendezvous {
   // kStoreLingerTimeout, so that the last agents reading how the round ended do not lose the
   // store under them; then calls done on the loop. On the loop; a second call does nothing.
   void shut_down(bool wait_for_others, std::function<void()> done);
+  // A second signal during shut_down: stop waiting for the other agents; done comes as soon
+  // as the engine has ended (the loop keeps serving the store until then, so that the
+  // engine's last calls, leave() included, are answered rather than waited out). On the loop.
+  void hurry() { hurry_ = true; }
 
  private:
-  void left();  // the engine's leave() returned (or never ran): nothing to abandon
   void check_linger(std::chrono::steady_clock::time_point deadline, std::function<void()> done);
 
   void host_rendezvous_store(const std::string& where, int port);
@@ -100,11 +99,10 @@ class RendezvousHost : public elastic::Rendezvous {
   std::unique_ptr<store::Server> worker_store_;      // c10d: this round's
   std::unique_ptr<elastic::Rendezvous> rendezvous_;
   boost::asio::steady_timer linger_timer_;
-  bool left_ = false;  // leave() was called
-  std::mutex leaving_mutex_;
-  elastic::Rendezvous* leaving_ = nullptr;  // the engine while its leave() may run
-  std::thread leaver_;                      // the engine's leave(), off the loop
-  std::thread closer_;                      // ends the engine off the loop (shut_down)
+  bool hurry_ = false;  // hurry() was called
+  bool left_ = false;   // leave() was called
+  std::thread leaver_;  // the engine's leave(), off the loop
+  std::thread closer_;  // ends the engine off the loop (shut_down)
 };
 
 }  // namespace ddp::launcher

@@ -155,15 +155,7 @@ class StoreRendezvous final : public Rendezvous {
     const NodeInfo& self = session_.settings.self;
     try {
       auto bound = std::min(session_.settings.timeouts.close, kLeaveTimeout);
-      store::Store* store = nullptr;
-      {
-        if (std::lock_guard lock(clients_mutex_); leave_abandoned_) return;
-        auto fresh = session_.backend->connect_once(bound);
-        std::lock_guard lock(clients_mutex_);
-        leave_client_ = std::move(fresh);
-        if (leave_abandoned_) leave_client_->interrupt();
-        store = leave_client_.get();
-      }
+      auto store = session_.backend->connect_once(bound);
       std::optional<int> running;
       session_.modify(*store, [&](const std::optional<RoundState>& current) {
         running.reset();
@@ -181,12 +173,6 @@ class StoreRendezvous final : public Rendezvous {
     } catch (const std::exception&) {
       // Best effort: the others notice the silent heartbeat instead.
     }
-  }
-
-  void abandon_leave() override {
-    std::lock_guard lock(clients_mutex_);
-    leave_abandoned_ = true;
-    if (leave_client_) leave_client_->interrupt();
   }
 
   std::string endpoint() const override { return session_.endpoint; }
@@ -300,8 +286,6 @@ class StoreRendezvous final : public Rendezvous {
   std::mutex clients_mutex_;
   std::unique_ptr<store::Store> round_client_;
   std::unique_ptr<store::Store> watch_client_;
-  std::unique_ptr<store::Store> leave_client_;  // leave()'s, cut by abandon_leave()
-  bool leave_abandoned_ = false;
   std::mutex heartbeat_mutex_;
   std::condition_variable heartbeat_wake_;
   bool heartbeat_stop_ = false;

@@ -213,7 +213,8 @@ TEST_CASE("c10d: a second SIGTERM while the store's host shuts down ends it at o
   const double took = seconds_since(start);
   INFO(r.err);
   CHECK(r.status == 128 + SIGTERM);
-  // Its leave() talks to the store its own loop served: cut, not waited out (5 s a step).
+  // Its leave() talks to the store its own loop serves: answered, never waited out (it used
+  // to stop the loop at once and wait up to 5 s a step, or the read timeout).
   CHECK(took < 4);
   CHECK_THAT(r.err, !Catch::Contains("terminate"));
 }

@@ -151,10 +151,6 @@ class Rendezvous {
   // Best effort and bounded; returns when done.
   virtual void leave() = 0;
 
-  // From any thread, while leave() may run on another: makes it return at once (its store
-  // calls fail), for an agent that must exit now (a second signal). Does nothing by default.
-  virtual void abandon_leave() {}
-
   // "host:port" of the rendezvous store, for messages.
   virtual std::string endpoint() const = 0;
 };
