@@ -9,6 +9,7 @@
 //       ^                                    |  a worker failed / RoundStopped           |
 //       |                                    v                                           v
 //       +--- restart / membership change -- Stopping --restarts exhausted--> Draining -> Done
+//   A worker that cannot be started (Starting) is a local failure: Stopping, as above.
 //   A handled signal: ShuttingDown (workers stopped, rendezvous left) --> Draining.
 //
 // Threading: every method runs on the agent's loop. Callbacks of the Rendezvous (any thread)
