@@ -145,7 +145,7 @@ class Agent::Impl {
     group.agent_store = rendezvous_->workers_use_agent_store();
     group.console_out = options_.console_out;
     group.console_err = options_.console_err;
-    group.on_output_drained = [this] { machine_->handle(event::OutputDrained{}); };
+    group.on_output_drained = [this] { post(event::OutputDrained{}); };
     group.log_errors = log_errors_;
     workers_ = std::make_unique<ProcessWorkerGroup>(io_, std::move(group), console_, *reaper_);
 
@@ -158,9 +158,7 @@ class Agent::Impl {
     context.rendezvous = rendezvous_.get();
     context.workers = workers_.get();
     context.timers = &timers_;
-    context.post = [this](AgentEvent event) {  // from any thread
-      boost::asio::post(io_, [this, event = std::move(event)] { machine_->handle(event); });
-    };
+    context.post = [this](AgentEvent event) { post(std::move(event)); };
     context.notice = [this](const std::string& line) { notice(line); };
     if (rendezvous_->serves_worker_stores()) {
       context.open_worker_store = [this] { return rendezvous_->open_worker_store(); };
@@ -191,6 +189,14 @@ class Agent::Impl {
     hang_monitor_->start();
   }
 
+  // Queues event for the state machine on the loop, from any thread: every event reaches
+  // handle() this way, never from inside another handler.
+  void post(AgentEvent event) {
+    boost::asio::post(io_, [this, event = std::move(event)] {
+      if (machine_) machine_->handle(event);
+    });
+  }
+
   void wait_for_signal() {
     signals_.async_wait([this](boost::system::error_code ec, int signal) {
       if (ec) return;
@@ -198,7 +204,14 @@ class Agent::Impl {
         print_collectives();
         return wait_for_signal();
       }
-      if (lingering_) return io_.stop();
+      if (lingering_) {
+        // A second signal: end as soon as the engine has (its last calls go to the store
+        // this loop serves: stopping the loop now would leave them waiting); a third: now.
+        if (hurried_) return io_.stop();
+        hurried_ = true;
+        rendezvous_->hurry();
+        return wait_for_signal();
+      }
       if (machine_) machine_->handle(event::Signal{signal});
       wait_for_signal();
     });
@@ -214,12 +227,16 @@ class Agent::Impl {
       notice(incomplete);
     }
     if (outcome.keep_logs) temp_dir_.clear();  // keep the error files the report points to
+    // After a success or a failure every node reports, the others are reading how the round
+    // ended from the store this agent may serve: keep it up until they are gone (bounded).
+    // After a signal they go on without this node.
+    const bool others_read_the_end = outcome.exit_code == 0 || !outcome.report.empty();
     if (!outcome.report.empty()) {
       console_.write_notice(options_.console_err, std::move(outcome.report));
     }
     if (rendezvous_->hosts_rendezvous_store()) {  // the others may still need the store
       lingering_ = true;                          // a signal ends it
-      return rendezvous_->shut_down(outcome.exit_code == 0, [this] { io_.stop(); });
+      return rendezvous_->shut_down(others_read_the_end, [this] { io_.stop(); });
     }
     io_.stop();
   }
@@ -328,11 +345,11 @@ class Agent::Impl {
   std::optional<int> exit_code_;
   std::shared_ptr<LogFileErrors> log_errors_ =
       std::make_shared<LogFileErrors>([this](std::string line) { notice(line); });
-  bool lingering_ = false;
+  bool lingering_ = false;            // the job is over; the rendezvous store waits for the others
+  bool hurried_ = false;              // a signal came while lingering
   std::optional<TraceEvents> trace_;  // --trace_file
   boost::asio::steady_timer trace_timer_{io_};
-  std::optional<std::uint64_t>
-      rendezvous_began_ns_;  // the job is over; the rendezvous store waits for the others
+  std::optional<std::uint64_t> rendezvous_began_ns_;  // of the rendezvous under way (trace)
 };
 
 Agent::Agent(LaunchConfig config, WorkerCommand command, AgentOptions options)

@@ -3,6 +3,7 @@
 #include <csignal>
 
 #include "ddp/launcher/signal_names.hpp"
+#include "worker_start_error.hpp"
 
 namespace ddp::launcher {
 
@@ -63,10 +64,24 @@ void AgentMachine::on(const event::RoundReady& e) {
   ctx_.rendezvous->watch_round([post, round](StopReason reason) {
     post(event::RoundStopped{round, std::move(reason)});
   });
-  ctx_.workers->start(*info_, [post, round](int local_rank, WorkerExit exit) {
-    post(event::WorkerExited{round, local_rank, exit});
-  });
+  try {
+    ctx_.workers->start(*info_, [post, round](int local_rank, WorkerExit exit) {
+      post(event::WorkerExited{round, local_rank, exit});
+    });
+  } catch (const WorkerStartError& error) {
+    return on_start_failure(error);
+  }
   state_ = State::kRunning;
+}
+
+// A worker could not be started: a local failure like a worker's, with the cause as its
+// message. The workers started before it are stopped; then restart or give up as usual.
+void AgentMachine::on_start_failure(const WorkerStartError& error) {
+  state_ = State::kRunning;
+  group_size_ = error.started();
+  ctx_.notice("ddprun: " + std::string(error.what()));
+  local_failure(error.failure(), {});
+  if (exits_seen_ == group_size_) on_group_exited();  // none had started
 }
 
 void AgentMachine::on(const event::RoundError& e) {
@@ -119,8 +134,7 @@ void AgentMachine::on(const event::WorkerExited& e) {
 void AgentMachine::on_local_failure(int local_rank) {
   WorkerFailure root = ctx_.workers->failure_of(local_rank);
   if (ctx_.collectives) root.collectives = ctx_.collectives();
-  other_failures_ = ctx_.workers->other_failures(local_rank);
-  fail_round(std::move(root));
+  local_failure(std::move(root), ctx_.workers->other_failures(local_rank));
 }
 
 // The job hung: the report so far goes out at once (the stop takes up to --shutdown_timeout),
@@ -128,12 +142,13 @@ void AgentMachine::on_local_failure(int local_rank) {
 void AgentMachine::on(const event::Hung& e) {
   if (!current(e.round) || state_ != State::kRunning) return;
   if (e.root_cause.error) ctx_.notice("ddprun: " + e.root_cause.error->traceback);
-  other_failures_ = ctx_.workers->other_failures(-1);
-  fail_round(e.root_cause);
+  local_failure(e.root_cause, ctx_.workers->other_failures(-1));
 }
 
-void AgentMachine::fail_round(WorkerFailure root_cause) {
-  root_cause_ = std::move(root_cause);
+// The root cause is ours: tell the other nodes, stop the local workers.
+void AgentMachine::local_failure(WorkerFailure root, std::vector<WorkerFailure> others) {
+  root_cause_ = std::move(root);
+  other_failures_ = std::move(others);
   mark(root_cause_->hung ? "hang" : "worker failed",
        "rank " + std::to_string(root_cause_->rank) + ": " + root_cause_->describe_exit());
   state_ = State::kStopping;

@@ -9,6 +9,7 @@
 //       ^                                    |  a worker failed / RoundStopped           |
 //       |                                    v                                           v
 //       +--- restart / membership change -- Stopping --restarts exhausted--> Draining -> Done
+//   A worker that cannot be started (Starting) is a local failure: Stopping, as above.
 //   A handled signal: ShuttingDown (workers stopped, rendezvous left) --> Draining.
 //
 // Threading: every method runs on the agent's loop. Callbacks of the Rendezvous (any thread)
@@ -28,6 +29,8 @@
 #include "worker_group.hpp"
 
 namespace ddp::launcher {
+
+class WorkerStartError;
 
 // Once the job has ended, how long teed output may take to reach end-of-file (a worker's
 // descendant that left its process group can hold a pipe open) before ddprun exits anyway.
@@ -89,7 +92,8 @@ class AgentMachine {
   // Joins the first round.
   void start();
   // The one event dispatch. Events of an earlier round, or that the state does not expect,
-  // are dropped. Throws what WorkerGroup::start throws (a worker that cannot be started).
+  // are dropped. A worker that cannot be started (WorkerStartError) is a local failure of
+  // the round: its workers are stopped, and the group restarts while restarts remain.
   void handle(const AgentEvent& event);
 
   State state() const { return state_; }
@@ -113,7 +117,8 @@ class AgentMachine {
   void join_next_round();
   void mark(const std::string& what, const std::string& detail) const;
   void on_local_failure(int local_rank);
-  void fail_round(WorkerFailure root_cause);
+  void on_start_failure(const WorkerStartError& error);
+  void local_failure(WorkerFailure root, std::vector<WorkerFailure> others);
   void stop_workers(int signal);
   void on_group_exited();
   void decide_after_stop();

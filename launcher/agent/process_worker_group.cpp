@@ -3,10 +3,13 @@
 #include <sys/resource.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <csignal>
 
 #include "ddp/launcher/output_tee.hpp"
+#include "ddp/launcher/process_setup.hpp"
 #include "ddp/launcher/worker_env.hpp"
+#include "worker_start_error.hpp"
 
 namespace ddp::launcher {
 namespace fs = std::filesystem;
@@ -35,6 +38,31 @@ void add_flight_recorder(std::vector<std::string>& env, const fs::path& attempt_
   env.push_back("TORCH_FR_DUMP_TEMP_FILE=" + prefix);
 }
 
+// Why a worker could not be started, and what to do about it.
+std::string start_failure_text(const LaunchConfig& config, const fs::path& log_root,
+                               const std::exception& e) {
+  if (is_out_of_descriptors(e)) return out_of_descriptors_message(config, e);
+  const std::string what = e.what();
+  if (const auto* spawn = dynamic_cast<const SpawnError*>(&e)) {
+    if (spawn->error() == EAGAIN || spawn->error() == ENOMEM) {
+      return what +
+             ": the system is out of processes or memory; raise the limit on processes "
+             "(ulimit -u, the container's pids limit) or free memory, or start fewer workers";
+    }
+    if (what.starts_with("cannot execute")) {
+      return what +
+             ": check that the program exists, is executable, and is a binary or a "
+             "script starting with #!";
+    }
+    return what;
+  }
+  if (dynamic_cast<const std::system_error*>(&e) || dynamic_cast<const fs::filesystem_error*>(&e)) {
+    return what + ": each worker's logs and error file go under " + log_root.string() +
+           "; make it a writable directory with space left, or pass another --log_dir";
+  }
+  return what;
+}
+
 }  // namespace
 
 ProcessWorkerGroup::ProcessWorkerGroup(boost::asio::io_context& io,
@@ -55,9 +83,37 @@ void ProcessWorkerGroup::start(const elastic::RoundInfo& round, ExitHandler on_e
   error_files_.assign(static_cast<std::size_t>(local_world), "");
   const fs::path dir = attempt_dir();
   for (int local_rank = 0; local_rank < local_world; ++local_rank) {
-    start_worker(local_rank, dir / std::to_string(local_rank), on_exit);
+    try {
+      start_worker(local_rank, dir / std::to_string(local_rank), on_exit);
+    } catch (const std::exception& e) {
+      throw start_error(local_rank, 0, e);
+    }
   }
-  for (auto& worker : workers_) worker->confirm_started();
+  for (auto& worker : workers_) {
+    try {
+      worker->confirm_started();
+    } catch (const std::exception& e) {
+      throw start_error(worker->local_rank(), worker->pid(), e);
+    }
+  }
+}
+
+WorkerStartError ProcessWorkerGroup::start_error(int local_rank, pid_t pid,
+                                                 const std::exception& e) const {
+  WorkerFailure failure;
+  failure.time = std::chrono::system_clock::now();
+  failure.host = options_.host;
+  failure.local_rank = local_rank;
+  failure.rank = elastic::worker_ranks(round_, local_rank).rank;
+  failure.pid = pid;
+  failure.exit_code = 1;
+  failure.error_file = "<N/A>";
+  failure.error =
+      ErrorFileContent{"could not start the worker of local_rank " + std::to_string(local_rank) +
+                           " (rank " + std::to_string(failure.rank) + ") on " + options_.host +
+                           ": " + start_failure_text(options_.config, options_.log_root, e),
+                       ""};
+  return WorkerStartError(std::move(failure), static_cast<int>(workers_.size()));
 }
 
 void ProcessWorkerGroup::start_worker(int local_rank, const fs::path& dir, ExitHandler on_exit) {

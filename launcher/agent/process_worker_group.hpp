@@ -21,6 +21,7 @@
 #include "ddp/launcher/master_endpoint.hpp"
 #include "ddp/launcher/worker_command.hpp"
 #include "worker_group.hpp"
+#include "worker_start_error.hpp"
 
 namespace ddp::launcher {
 
@@ -66,6 +67,9 @@ class ProcessWorkerGroup : public WorkerGroup {
 
  private:
   void start_worker(int local_rank, const std::filesystem::path& dir, ExitHandler on_exit);
+  // The error start throws when local_rank could not be started (pid: its process, when
+  // only its exec failed), naming the cause and what to do.
+  WorkerStartError start_error(int local_rank, pid_t pid, const std::exception& e) const;
   void tee_output(int local_rank, WorkerStreams& streams);
   void on_tee_done();
 

@@ -69,6 +69,8 @@ RendezvousHost::~RendezvousHost() {
 }
 
 void RendezvousHost::leave() {
+  if (left_ || !rendezvous_) return;  // left already, or shut down
+  left_ = true;
   leaver_ = std::thread([engine = rendezvous_.get()] { engine->leave(); });
 }
 
@@ -84,12 +86,13 @@ void RendezvousHost::host_rendezvous_store(const std::string& where, int port) {
 }
 
 void RendezvousHost::shut_down(bool wait_for_others, std::function<void()> done) {
+  if (closer_.joinable()) return;  // shutting down already
   closer_ = std::thread([this, engine = std::move(rendezvous_), leaver = std::move(leaver_),
                          wait_for_others, done = std::move(done)]() mutable {
     if (leaver.joinable()) leaver.join();
     engine.reset();
     boost::asio::post(io_, [this, wait_for_others, done = std::move(done)] {
-      if (!wait_for_others) return done();
+      if (!wait_for_others || hurry_) return done();
       check_linger(std::chrono::steady_clock::now() + kStoreLingerTimeout, done);
     });
   });
@@ -97,7 +100,8 @@ void RendezvousHost::shut_down(bool wait_for_others, std::function<void()> done)
 
 void RendezvousHost::check_linger(std::chrono::steady_clock::time_point deadline,
                                   std::function<void()> done) {
-  if (rendezvous_store_->stats().connections == 0 || std::chrono::steady_clock::now() >= deadline) {
+  if (hurry_ || rendezvous_store_->stats().connections == 0 ||
+      std::chrono::steady_clock::now() >= deadline) {
     return done();
   }
   linger_timer_.expires_after(kStoreLingerCheck);

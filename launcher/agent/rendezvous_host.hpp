@@ -21,8 +21,8 @@
 
 namespace ddp::launcher {
 
-// After a job that passed the exit barrier, how long the agent serving the rendezvous store
-// keeps it up for the agents that have not read the barrier's result yet.
+// After a job that passed the exit barrier or failed, how long the agent serving the
+// rendezvous store keeps it up for the agents that have not read how it ended yet.
 inline constexpr std::chrono::milliseconds kStoreLingerTimeout{5000};
 // How often it looks whether they are gone.
 inline constexpr std::chrono::milliseconds kStoreLingerCheck{20};
@@ -58,7 +58,8 @@ class RendezvousHost : public elastic::Rendezvous {
   void finish_round(std::function<void(bool)> on_done) override {
     rendezvous_->finish_round(std::move(on_done));
   }
-  // Returns at once; the engine's leave() runs on a thread of its own. Call at most once.
+  // Returns at once; the engine's leave() runs on a thread of its own. Only the first call
+  // (before shut_down) does anything.
   void leave() override;
   std::string endpoint() const override { return rendezvous_->endpoint(); }
 
@@ -74,11 +75,15 @@ class RendezvousHost : public elastic::Rendezvous {
   bool hosts_rendezvous_store() const { return rendezvous_store_ != nullptr; }
   // The job is over, and this agent serves the rendezvous store: ends the rendezvous engine
   // on a thread of its own while the loop goes on serving the store (the engine's threads may
-  // be waiting on it); then, when wait_for_others (the exit barrier passed), waits until no
-  // other agent is connected to the store, at most kStoreLingerTimeout, so that the last
-  // agents reading the barrier's result do not lose the store under them; then calls done on
-  // the loop. Call once, on the loop.
+  // be waiting on it); then, when wait_for_others (the exit barrier passed, or the job
+  // failed), waits until no other agent is connected to the store, at most
+  // kStoreLingerTimeout, so that the last agents reading how the round ended do not lose the
+  // store under them; then calls done on the loop. On the loop; a second call does nothing.
   void shut_down(bool wait_for_others, std::function<void()> done);
+  // A second signal during shut_down: stop waiting for the other agents; done comes as soon
+  // as the engine has ended (the loop keeps serving the store until then, so that the
+  // engine's last calls, leave() included, are answered rather than waited out). On the loop.
+  void hurry() { hurry_ = true; }
 
  private:
   void check_linger(std::chrono::steady_clock::time_point deadline, std::function<void()> done);
@@ -94,6 +99,8 @@ class RendezvousHost : public elastic::Rendezvous {
   std::unique_ptr<store::Server> worker_store_;      // c10d: this round's
   std::unique_ptr<elastic::Rendezvous> rendezvous_;
   boost::asio::steady_timer linger_timer_;
+  bool hurry_ = false;  // hurry() was called
+  bool left_ = false;   // leave() was called
   std::thread leaver_;  // the engine's leave(), off the loop
   std::thread closer_;  // ends the engine off the loop (shut_down)
 };

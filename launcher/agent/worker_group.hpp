@@ -24,7 +24,8 @@ class WorkerGroup {
 
   // Starts one worker per local rank for this round (replacing the group of an earlier
   // round, which must have exited), with ranks from round. on_exit is called once per
-  // worker. Throws SpawnError / std::system_error when a worker cannot be started.
+  // worker that started. Throws WorkerStartError (worker_start_error.hpp) when a worker
+  // cannot be started: the workers started before it run on and report their exits.
   virtual void start(const elastic::RoundInfo& round, ExitHandler on_exit) = 0;
 
   // Sends signal to the process group of every worker still running.

@@ -56,7 +56,7 @@ class StoreRendezvous final : public Rendezvous {
 
   ~StoreRendezvous() override {
     silence();
-    session_.cancel = true;
+    cancel();
     stop_heartbeats();
     // The task threads (members declared last) join before the clients they use go away.
   }
@@ -100,8 +100,8 @@ class StoreRendezvous final : public Rendezvous {
     watcher_.submit([this, round = *round, on_stop] {
       try {
         if (!watch_client_) {
-          watch_client_ = session_.backend->connect_watcher(
-              Clock::now() + session_.heartbeat_budget(), session_.cancel);
+          keep(watch_client_, session_.backend->connect_watcher(
+                                  Clock::now() + session_.heartbeat_budget(), session_.cancel));
         }
         store::Store& store = *watch_client_;
         auto reason = watch_until_end(session_, store, round, session_.settings.self.node_id);
@@ -151,7 +151,7 @@ class StoreRendezvous final : public Rendezvous {
 
   void leave() override {
     silence();
-    session_.cancel = true;
+    cancel();
     stop_heartbeats();
     const NodeInfo& self = session_.settings.self;
     try {
@@ -209,8 +209,25 @@ class StoreRendezvous final : public Rendezvous {
 
   // The client of the calling task thread, connected on first use (until deadline).
   store::Store& client(std::unique_ptr<store::Store>& slot, Clock::time_point deadline) {
-    if (!slot) slot = session_.connect(deadline);
+    if (!slot) keep(slot, session_.connect(deadline));
     return *slot;
+  }
+
+  // Puts a task thread's new client in its slot, where cancel() can reach it.
+  void keep(std::unique_ptr<store::Store>& slot, std::unique_ptr<store::Store> fresh) {
+    std::lock_guard lock(clients_mutex_);
+    slot = std::move(fresh);
+    if (session_.cancel.load()) slot->interrupt();  // cancel() ran before it was here
+  }
+
+  // Ends every task at once: the flag ends their loops, and interrupting their clients ends
+  // a call blocked on a store that does not answer (else up to the read timeout).
+  void cancel() {
+    session_.cancel = true;
+    std::lock_guard lock(clients_mutex_);
+    for (auto* slot : {&round_client_, &watch_client_}) {
+      if (*slot) (*slot)->interrupt();
+    }
   }
 
   // This node as the round state records it; its address found once, on the round thread.
@@ -277,7 +294,9 @@ class StoreRendezvous final : public Rendezvous {
   std::optional<RoundInfo> current_;  // the last round delivered
   int stop_delivered_for_ = -1;
   std::string resolved_addr_;  // round thread only
-  // Each used by its own thread only (a Client serialises its calls).
+  // Each used by its own thread only (a Client serialises its calls); set under
+  // clients_mutex_, so that cancel() may interrupt them from another thread.
+  std::mutex clients_mutex_;
   std::unique_ptr<store::Store> round_client_;
   std::unique_ptr<store::Store> watch_client_;
   std::mutex heartbeat_mutex_;

@@ -1,6 +1,7 @@
 #include "ddp/store/client.hpp"
 
 #include <algorithm>
+#include <boost/asio/post.hpp>
 #include <stdexcept>
 
 #include "ddp/store/store_util.hpp"
@@ -87,7 +88,17 @@ Client::~Client() {
   async_.reset();
 }
 
+void Client::interrupt() {
+  interrupted_ = true;
+  // Runs inside the call in progress, if any (its io_context is run only by a caller); a
+  // later call sees the flag first, and the handler is dropped with the io_context.
+  boost::asio::post(io_, [this] { async_->close(); });
+}
+
 Reply Client::call(const std::function<void(AsyncClient::ReplyHandler)>& submit) {
+  if (interrupted_) {
+    throw StoreError("store client " + endpoint_ + ": interrupted (its owner is shutting down)");
+  }
   bool done = false;
   std::exception_ptr error;
   Reply reply;

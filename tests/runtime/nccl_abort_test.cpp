@@ -87,7 +87,7 @@ class DeviceFloats {
 
 ddp::Work queue_allreduce(ddp::Context& ctx, const DeviceFloats& buffer, cudaStream_t after) {
   return ctx.communicator().allreduce(buffer.data(), kCount, ddp::DType::F32, ddp::ReduceOp::Sum,
-                                      ddp::CollectiveOptions{after, std::nullopt});
+                                      ddp::CollectiveOptions{.after_stream = after});
 }
 
 }  // namespace

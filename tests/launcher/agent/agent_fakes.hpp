@@ -5,12 +5,15 @@
 #include <chrono>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "agent/agent_timers.hpp"
 #include "agent/worker_group.hpp"
+#include "agent/worker_start_error.hpp"
 #include "ddp/elastic/rendezvous.hpp"
 
 namespace ddp::launcher::test {
@@ -61,11 +64,24 @@ class FakeWorkers : public WorkerGroup {
   std::map<int, WorkerExit> exits;  // of the current round, by local rank
   std::set<int> failed_unreported;  // failed, exit event not delivered yet
   bool pending_output = false;
+  // The next start fails at this local rank, after starting the ranks below it.
+  std::optional<int> fail_start_at;
 
   void start(const RoundInfo& round, ExitHandler on_exit) override {
     starts.push_back(round);
     handlers.push_back(std::move(on_exit));
     exits.clear();
+    if (auto rank = std::exchange(fail_start_at, std::nullopt)) {
+      WorkerFailure f;
+      f.host = "host-a";
+      f.local_rank = *rank;
+      f.rank = ddp::elastic::worker_ranks(round, *rank).rank;
+      f.exit_code = 1;
+      f.error = ErrorFileContent{
+          "could not start the worker of local_rank " + std::to_string(*rank) + ": no space left",
+          ""};
+      throw WorkerStartError(f, *rank);
+    }
   }
   void signal(int signal) override { signals.push_back(signal); }
   void release() override { ++released; }

@@ -216,6 +216,36 @@ TEST_CASE("restarts exhausted by a local failure: its exit status and the full l
   CHECK_THAT(h.outcome->report, Catch::Contains("Failures:\n[1]:"));
 }
 
+TEST_CASE("a worker that cannot be started: the started ones stopped, the round ended, a report") {
+  Harness h(0);
+  h.workers.fail_start_at = 1;  // local rank 0 started, 1 could not
+  h.round_ready(two_nodes(0, 0));
+  CHECK(h.machine.state() == AgentMachine::State::kStopping);
+  REQUIRE(h.rdzv.stopped.size() == 1);
+  CHECK(h.rdzv.stopped[0].local_rank == 1);
+  CHECK_THAT(h.rdzv.stopped[0].message, Catch::Contains("could not start the worker"));
+  CHECK(h.workers.signals == std::vector<int>{SIGTERM});
+  CHECK(h.noticed("could not start the worker of local_rank 1"));
+  h.remote_stop(h.rdzv.stopped.at(0));
+  CHECK_FALSE(h.outcome);  // local rank 0 still runs
+  h.exit(0, 0, SIGTERM);
+  REQUIRE(h.outcome);
+  CHECK(h.outcome->exit_code == 1);
+  CHECK_THAT(h.outcome->report, Catch::Contains("rank      : 1 (local_rank: 1)"));
+  CHECK_THAT(h.outcome->report, Catch::Contains("message   : could not start the worker"));
+}
+
+TEST_CASE("a worker group that cannot start at all restarts while restarts remain") {
+  Harness h(1);
+  h.workers.fail_start_at = 0;  // nothing started: the group has exited at once
+  h.round_ready(two_nodes(0, 0));
+  CHECK(h.workers.released == 1);
+  h.remote_stop(h.rdzv.stopped.at(0));
+  CHECK(h.machine.state() == AgentMachine::State::kRendezvous);
+  CHECK(h.rdzv.rounds.size() == 2);
+  CHECK(h.noticed("restarting it (restart 1 of at most 1)"));
+}
+
 TEST_CASE(
     "a local failure that loses to another node's: the other is the root cause, ours listed") {
   Harness h(0);

@@ -44,9 +44,11 @@ class Agent {
   // Runs the job to its end on the calling thread and returns ddprun's exit status: 0 when
   // every worker (of every node) succeeded, the root cause's status (exit code, or
   // 128+signal; on any node) when the group failed with no restarts left, 128+signal when the
-  // agent got a handled signal, 1 when the rendezvous failed. Throws SpawnError /
-  // std::system_error when a worker cannot be started, UsageError for rendezvous options it
-  // cannot use (--rdzv_conf values, a c10d job without --rdzv_endpoint). Call once.
+  // agent got a handled signal, 1 when the rendezvous failed. A worker that cannot be
+  // started is a failure of the round (restarted while restarts remain; then exit 1 with a
+  // report naming it and the cause). Throws std::system_error when the log directory cannot
+  // be made at the start, UsageError for rendezvous options it cannot use (--rdzv_conf
+  // values, a c10d job without --rdzv_endpoint). Call once.
   int run();
 
  private:

@@ -15,6 +15,7 @@
 // StoreError (StoreTimeout for an expired wait) naming the endpoint, the operation and the
 // key. After a failure the connection is dropped and the next call reconnects.
 
+#include <atomic>
 #include <boost/asio/io_context.hpp>
 #include <chrono>
 #include <cstdint>
@@ -57,6 +58,10 @@ class Client : public Store {
   void multi_set(const std::vector<std::string>& keys,
                  const std::vector<std::string>& values) override;
 
+  // Thread-safe: closes the connection under the call in progress (it fails with
+  // StoreError) and fails every later call at once.
+  void interrupt() override;
+
   // A round trip to the server (2.x PING; 1.x GETNUMKEYS). Returns its duration.
   std::chrono::nanoseconds ping();
 
@@ -86,6 +91,7 @@ class Client : public Store {
   boost::asio::io_context io_{1};  // run only by the caller of a method, under mutex_
   std::unique_ptr<AsyncClient> async_;
   std::uint32_t nonce_ = 0;
+  std::atomic<bool> interrupted_{false};
 };
 
 // Finds which dialect the server at host:port speaks without risking a 1.x server: sends

@@ -74,6 +74,11 @@ class Store {
   virtual void multi_set(const std::vector<std::string>& keys,
                          const std::vector<std::string>& values) = 0;
 
+  // From any thread: makes the call now blocked on this store, and every later call, fail
+  // at once with StoreError, so that an owner shutting down never waits on a store that does
+  // not answer. Does nothing by default (a store whose calls cannot block for long).
+  virtual void interrupt() {}
+
   // The default timeout for get/wait/multi_get.
   std::chrono::milliseconds timeout() const { return timeout_; }
   void set_timeout(std::chrono::milliseconds timeout) { timeout_ = timeout; }
