@@ -29,7 +29,15 @@ void AgentMachine::join_next_round() {
   const int round = ++round_;
   mark("rendezvous", "");
   last_wait_notice_.reset();
-  const int worker_store_port = ctx_.open_worker_store ? ctx_.open_worker_store() : 0;
+  int worker_store_port = 0;
+  try {
+    worker_store_port = ctx_.open_worker_store ? ctx_.open_worker_store() : 0;
+  } catch (const std::exception& e) {  // out of descriptors, say: no round can form here
+    return finish({1,
+                   "ddprun: cannot open the workers' store of the next round: " +
+                       std::string(e.what()) + "\n",
+                   false});
+  }
   auto post = ctx_.post;
   ctx_.rendezvous->next_round(
       worker_store_port,
