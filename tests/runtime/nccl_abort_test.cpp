@@ -86,8 +86,10 @@ class DeviceFloats {
 };
 
 ddp::Work queue_allreduce(ddp::Context& ctx, const DeviceFloats& buffer, cudaStream_t after) {
+  ddp::CollectiveOptions options;
+  options.after_stream = after;
   return ctx.communicator().allreduce(buffer.data(), kCount, ddp::DType::F32, ddp::ReduceOp::Sum,
-                                      ddp::CollectiveOptions{.after_stream = after});
+                                      options);
 }
 
 }  // namespace
