@@ -4,8 +4,8 @@
 #include <catch2/catch.hpp>
 #include <thread>
 
-#include "../rendezvous/raw_socket.hpp"
 #include "ddp/launcher/agent_store.hpp"
+#include "raw_socket.hpp"
 
 using ddp::launcher::LaunchConfig;
 using ddp::launcher::store_bind_host;
