@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """Builds the ddprun wheel from built programs: build_wheel.py --bin-dir build-package/bin
---dist-dir dist --version 0.1.0. Run by scripts/package and by tests/package.
+--dist-dir dist --version 0.1.0 [--strip]. Run by scripts/package and by tests/package.
 
 The platform tag is read from the programs themselves, so that it is never a claim they do not
 meet: manylinux_2_NN_x86_64 (PEP 600) when every shared library they load is one the manylinux
@@ -50,6 +50,8 @@ def main():
     parser.add_argument("--bin-dir", required=True, help="where ddprun and ddpstore are")
     parser.add_argument("--dist-dir", required=True, help="where the wheel goes")
     parser.add_argument("--version", required=True, help="the project's version")
+    parser.add_argument("--strip", action="store_true",
+                        help="strip the programs' symbols in the wheel (as the .deb's are)")
     args = parser.parse_args()
     programs = [os.path.join(args.bin_dir, name) for name in PROGRAMS]
     missing = [p for p in programs if not os.access(p, os.X_OK)]
@@ -64,7 +66,10 @@ def main():
         shutil.copy(os.path.join(HERE, "README.md"), stage)
         os.mkdir(os.path.join(stage, "programs"))
         for path in programs:
-            shutil.copy(path, os.path.join(stage, "programs"))
+            staged = os.path.join(stage, "programs", os.path.basename(path))
+            shutil.copy(path, staged)
+            if args.strip:
+                subprocess.run(["strip", "--strip-unneeded", staged], check=True)
         env = dict(os.environ, DDP_WHEEL_VERSION=args.version, DDP_WHEEL_PLATFORM=tag,
                    PYTHONWARNINGS="ignore")  # setuptools deprecates setup.py itself
         subprocess.run([sys.executable, "setup.py", "-q", "bdist_wheel", "--dist-dir", dist_dir],
