@@ -34,11 +34,14 @@ if(DDP_HAVE_CUDA)
   include(CheckLanguage)
   check_language(CUDA)
   if(CMAKE_CUDA_COMPILER)
-    # sm_90 code for H100/H200 plus compute_90 PTX that newer GPUs compile at load time. One
-    # architecture keeps the build short; pass -DCMAKE_CUDA_ARCHITECTURES=... for others.
-    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
-      set(CMAKE_CUDA_ARCHITECTURES 90)
-    endif()
+    # Machine code for the GPUs clusters have: A100 (sm_80), A10/A40/RTX 30 (sm_86), L4/L40/
+    # RTX 40 (sm_89), H100/H200 (sm_90), plus compute_90 PTX that newer GPUs (Blackwell)
+    # compile when the program loads. PTX runs only on GPUs at least as new as its
+    # architecture, so without sm_80..sm_89 code the kernels would not load before Hopper.
+    # A cache variable: -DCMAKE_CUDA_ARCHITECTURES=90 (one GPU, a shorter build) or `native`
+    # overrides it. docs/install.md has what the default costs in build time.
+    set(CMAKE_CUDA_ARCHITECTURES "80-real;86-real;89-real;90-real;90-virtual"
+        CACHE STRING "CUDA architectures to build the kernels for (docs/install.md)")
     # The shared CUDA runtime, as CUDA::cudart (NCCL's link) is: with CMake's default (the
     # static one) for targets with .cu files, a program would carry two CUDA runtimes.
     set(CMAKE_CUDA_RUNTIME_LIBRARY Shared)

@@ -5,6 +5,10 @@
 #   find_package(ddp REQUIRED)             # with CMAKE_PREFIX_PATH=/opt/ddp
 #   target_link_libraries(train PRIVATE ddp::runtime)
 #   # or: g++ -std=c++20 train.cpp $(pkg-config --cflags --libs ddp)
+#
+# Two install components, one Debian package each (cmake/DdpPackage.cmake):
+#   ddprun  the programs: ddprun and ddpstore
+#   dev     libraries, headers, the CMake package and ddp.pc (libddp-dev)
 include(CMakePackageConfigHelpers)
 
 set(DDP_INSTALL_CMAKEDIR ${CMAKE_INSTALL_LIBDIR}/cmake/ddp)
@@ -14,22 +18,24 @@ if(TARGET ddp_nccl)
   list(APPEND _ddp_export_targets ddp_nccl)  # the runtime's link to NCCL + cudart
 endif()
 install(TARGETS ${_ddp_export_targets} EXPORT ddpTargets
-  ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
-  LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
+  ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT dev
+  LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT dev
   INCLUDES DESTINATION ${CMAKE_INSTALL_INCLUDEDIR})
 install(DIRECTORY rendezvous/include/ runtime/include/
-  DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} FILES_MATCHING PATTERN "*.hpp")
-if(TARGET ddprun)
-  install(TARGETS ddprun RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR})
-endif()
+  DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} COMPONENT dev FILES_MATCHING PATTERN "*.hpp")
+foreach(_ddp_program ddprun ddpstore)
+  if(TARGET ${_ddp_program})
+    install(TARGETS ${_ddp_program} RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT ddprun)
+  endif()
+endforeach()
 
-install(EXPORT ddpTargets NAMESPACE ddp:: DESTINATION ${DDP_INSTALL_CMAKEDIR})
+install(EXPORT ddpTargets NAMESPACE ddp:: DESTINATION ${DDP_INSTALL_CMAKEDIR} COMPONENT dev)
 configure_package_config_file(cmake/ddpConfig.cmake.in
   ${PROJECT_BINARY_DIR}/ddpConfig.cmake INSTALL_DESTINATION ${DDP_INSTALL_CMAKEDIR})
 write_basic_package_version_file(${PROJECT_BINARY_DIR}/ddpConfigVersion.cmake
   COMPATIBILITY SameMinorVersion)
 install(FILES ${PROJECT_BINARY_DIR}/ddpConfig.cmake ${PROJECT_BINARY_DIR}/ddpConfigVersion.cmake
-  DESTINATION ${DDP_INSTALL_CMAKEDIR})
+  DESTINATION ${DDP_INSTALL_CMAKEDIR} COMPONENT dev)
 
 # pkg-config: static libraries, so every dependency is listed in Libs.
 set(DDP_PC_LIBS "-lddp_runtime -lddp_store -lgloo -pthread")
@@ -40,4 +46,5 @@ endif()
 file(RELATIVE_PATH DDP_PC_TO_PREFIX "/${CMAKE_INSTALL_LIBDIR}/pkgconfig" "/")
 string(REGEX REPLACE "/$" "" DDP_PC_TO_PREFIX "${DDP_PC_TO_PREFIX}")
 configure_file(cmake/ddp.pc.in ${PROJECT_BINARY_DIR}/ddp.pc @ONLY)
-install(FILES ${PROJECT_BINARY_DIR}/ddp.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig)
+install(FILES ${PROJECT_BINARY_DIR}/ddp.pc DESTINATION ${CMAKE_INSTALL_LIBDIR}/pkgconfig
+  COMPONENT dev)

@@ -1,0 +1,81 @@
+#!/usr/bin/env python3
+"""Builds the ddprun wheel from built programs: build_wheel.py --bin-dir build-package/bin
+--dist-dir dist --version 0.1.0 [--strip]. Run by scripts/package and by tests/package.
+
+The platform tag is read from the programs themselves, so that it is never a claim they do not
+meet: manylinux_2_NN_x86_64 (PEP 600) when every shared library they load is one the manylinux
+policy lets a wheel take from the host (glibc's own: libc, libm, libpthread, libdl, librt, the
+loader), NN being the newest GLIBC_2.NN symbol version they use; linux_x86_64 otherwise (a
+build without DDP_PORTABLE=ON links libstdc++ and OpenSSL dynamically). Needs objdump
+(binutils) and Debian's python3-setuptools and python3-wheel."""
+import argparse
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+
+PROGRAMS = ("ddprun", "ddpstore")
+GLIBC_LIBRARIES = {"libc.so.6", "libm.so.6", "libpthread.so.0", "libdl.so.2", "librt.so.1",
+                   "ld-linux-x86-64.so.2"}
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def objdump(flag, path):
+    return subprocess.run(["objdump", flag, path], check=True, capture_output=True,
+                          text=True).stdout
+
+
+def platform_tag(programs):
+    """manylinux_2_NN_<arch> if the programs qualify, else linux_<arch>; prints why."""
+    arch = platform.machine()
+    newest = (2, 17)  # the oldest manylinux (manylinux2014)
+    for path in programs:
+        needed = set(re.findall(r"^\s*NEEDED\s+(\S+)", objdump("-p", path), re.M))
+        others = sorted(needed - GLIBC_LIBRARIES)
+        if others:
+            print(f"build_wheel: {os.path.basename(path)} loads {', '.join(others)} from the host: "
+                  f"tagged linux_{arch} (build with -DDDP_PORTABLE=ON for a manylinux wheel)")
+            return f"linux_{arch}"
+        for major, minor in re.findall(r"\bGLIBC_(\d+)\.(\d+)\b", objdump("-T", path)):
+            newest = max(newest, (int(major), int(minor)))
+    print(f"build_wheel: the programs need only glibc >= {newest[0]}.{newest[1]}")
+    return f"manylinux_{newest[0]}_{newest[1]}_{arch}"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--bin-dir", required=True, help="where ddprun and ddpstore are")
+    parser.add_argument("--dist-dir", required=True, help="where the wheel goes")
+    parser.add_argument("--version", required=True, help="the project's version")
+    parser.add_argument("--strip", action="store_true",
+                        help="strip the programs' symbols in the wheel (as the .deb's are)")
+    args = parser.parse_args()
+    programs = [os.path.join(args.bin_dir, name) for name in PROGRAMS]
+    missing = [p for p in programs if not os.access(p, os.X_OK)]
+    if missing:
+        sys.exit(f"build_wheel: not built: {', '.join(missing)} (build the targets "
+                 f"{' '.join(PROGRAMS)} first)")
+    tag = platform_tag(programs)
+    dist_dir = os.path.abspath(args.dist_dir)
+    os.makedirs(dist_dir, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="ddprun-wheel-") as stage:
+        shutil.copy(os.path.join(HERE, "setup.py"), stage)
+        shutil.copy(os.path.join(HERE, "README.md"), stage)
+        os.mkdir(os.path.join(stage, "programs"))
+        for path in programs:
+            staged = os.path.join(stage, "programs", os.path.basename(path))
+            shutil.copy(path, staged)
+            if args.strip:
+                subprocess.run(["strip", "--strip-unneeded", staged], check=True)
+        env = dict(os.environ, DDP_WHEEL_VERSION=args.version, DDP_WHEEL_PLATFORM=tag,
+                   PYTHONWARNINGS="ignore")  # setuptools deprecates setup.py itself
+        subprocess.run([sys.executable, "setup.py", "-q", "bdist_wheel", "--dist-dir", dist_dir],
+                       cwd=stage, env=env, check=True, stdout=subprocess.DEVNULL)
+    print(f"build_wheel: {dist_dir}/ddprun-{args.version}-py3-none-{tag}.whl")
+
+
+if __name__ == "__main__":
+    main()
