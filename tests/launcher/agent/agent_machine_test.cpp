@@ -35,7 +35,8 @@ struct Harness {
                 AgentMachineContext{&rdzv, &workers, &timers,
                                     [this](AgentEvent e) { queue.push_back(std::move(e)); },
                                     [this](const std::string& line) { notices.push_back(line); },
-                                    nullptr, [this](AgentOutcome o) { outcome = std::move(o); }}) {
+                                    nullptr, [this](AgentOutcome o) { outcome = std::move(o); },
+                                    nullptr, nullptr}) {
     machine.start();
   }
 
@@ -447,11 +448,12 @@ TEST_CASE("one node through LocalRendezvous: a failure restarts at once with the
   FakeTimers timers;
   std::deque<AgentEvent> queue;
   std::optional<AgentOutcome> outcome;
-  AgentMachine machine(AgentMachineConfig{"train.py", "node-a", 1, kShutdown},
-                       AgentMachineContext{&rdzv, &workers, &timers,
-                                           [&](AgentEvent e) { queue.push_back(std::move(e)); },
-                                           [](const std::string&) {}, nullptr,
-                                           [&](AgentOutcome o) { outcome = std::move(o); }});
+  AgentMachine machine(
+      AgentMachineConfig{"train.py", "node-a", 1, kShutdown},
+      AgentMachineContext{&rdzv, &workers, &timers,
+                          [&](AgentEvent e) { queue.push_back(std::move(e)); },
+                          [](const std::string&) {}, nullptr,
+                          [&](AgentOutcome o) { outcome = std::move(o); }, nullptr, nullptr});
   auto run = [&] {
     while (!queue.empty()) {
       AgentEvent e = std::move(queue.front());
