@@ -8,7 +8,7 @@
 //   --lines N            N lines "rank R line I" on stdout
 //   --hello              a greeting with rank, world size and master endpoint
 //   --ready              "ready rank=R pid=P" on stdout (tests wait for it)
-//   --fds                "fds rank=R: 0 1 2" on stdout: the open file descriptors
+//   --fds                "fds rank=R: 0 1 2 record:9" on stdout: the open file descriptors
 //   --read-line          read a line from stdin; print "got LINE"
 //   --spawn-child        fork a child that stays in this process group and waits; prints
 //                        "child pid=P"
@@ -119,8 +119,11 @@ void write_error_file(const std::string& message) {
   std::ofstream(path) << data.dump();
 }
 
-// "0 1 2": the descriptors open in this process (without the one that lists them).
+// "0 1 2": the descriptors open in this process (without the one that lists them); ddprun's
+// collective record page (DDPRUN_RECORD_FD) as "record:<fd>".
 std::string open_fds() {
+  const char* record = std::getenv("DDPRUN_RECORD_FD");
+  const int record_fd = record ? std::atoi(record) : -1;
   DIR* dir = ::opendir("/proc/self/fd");
   if (!dir) return "?";
   std::vector<int> fds;
@@ -134,7 +137,7 @@ std::string open_fds() {
   std::string text;
   for (int fd : fds) {
     if (!text.empty()) text += ' ';
-    text += std::to_string(fd);
+    text += (fd == record_fd ? "record:" : "") + std::to_string(fd);
   }
   return text;
 }

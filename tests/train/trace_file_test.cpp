@@ -19,7 +19,7 @@ constexpr const char* kDataDir = "/usr/share/datasets/fashion-mnist";
 
 }  // namespace
 
-TEST_CASE("--trace_file: a 2-rank trainer's timeline, with its restart, as Trace Event JSON") {
+TEST_CASE("trace file: a 2-rank trainer's timeline, with its restart, as Trace Event JSON") {
   if (!std::filesystem::exists(std::string(kDataDir) + "/t10k-labels-idx1-ubyte.gz")) {
     return ddp::test::skip("dataset-fashion-mnist is not installed (scripts/setup installs it)");
   }

@@ -413,9 +413,10 @@ TEST_CASE("restarts write each attempt's logs in its own directory") {
   }
 }
 
-TEST_CASE("workers inherit no descriptor of the agent but their standard streams") {
+TEST_CASE("workers inherit no descriptor of the agent but their streams and record page") {
   // The agent's store socket (and its clients' connections) must not leak into workers, as
   // torchrun's subprocess(close_fds=True) guarantees; nor must the tee pipes of other ranks.
+  // Each gets its own collective record page (DDPRUN_RECORD_FD), and nothing else.
   TempDir dir;
   ProcessResult r = run_process(
       ddprun({"--nproc_per_node=2", "--tee=3", "--log_dir", dir.path().string()}, {"--fds"}));
@@ -425,7 +426,7 @@ TEST_CASE("workers inherit no descriptor of the agent but their standard streams
   REQUIRE(lines.size() == 2);
   for (const auto& line : lines) {
     INFO(line);
-    CHECK(std::regex_match(line, std::regex(R"(\[default[01]\]:fds rank=[01]:( [0-2])*)")));
+    CHECK(std::regex_match(line, std::regex(R"(\[default[01]\]:fds rank=[01]: 0 1 2 record:\d+)")));
   }
 }
 
