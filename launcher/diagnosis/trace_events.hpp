@@ -23,8 +23,7 @@ class TraceEvents {
   // The agent's own: a span ("rendezvous round 3") or an instant ("worker 1 failed").
   void agent_span(const std::string& name, std::uint64_t begin_ns, std::uint64_t end_ns,
                   const std::string& detail = "");
-  void agent_instant(const std::string& name, std::uint64_t at_ns,
-                     const std::string& detail = "");
+  void agent_instant(const std::string& name, std::uint64_t at_ns, const std::string& detail = "");
 
   // Reads the finished collectives and steps of one rank's page that are new since the last
   // call for (attempt, rank): one span per collective (queued -> finished, started marked) and
