@@ -79,6 +79,7 @@ void ProcessWorkerGroup::start(const elastic::RoundInfo& round, ExitHandler on_e
   round_ = round;
   workers_.clear();
   records_.clear();
+  dumping_.clear();
   const int local_world = elastic::worker_ranks(round, 0).local_world_size;
   error_files_.assign(static_cast<std::size_t>(local_world), "");
   const fs::path dir = attempt_dir();
@@ -176,7 +177,11 @@ void ProcessWorkerGroup::on_tee_done() {
 
 void ProcessWorkerGroup::signal(int signal) {
   for (auto& worker : workers_) {
-    if (worker->running()) worker->signal_group(signal);
+    if (!worker->running()) continue;
+    // Dumping its stack (dump_python_stacks): a SIGTERM now could end the dump half-written;
+    // it ends by itself, and SIGKILL (the kill timer, the group's release) still reaches it.
+    if (signal != SIGKILL && dumping_.contains(worker->pid())) continue;
+    worker->signal_group(signal);
   }
 }
 
@@ -202,7 +207,8 @@ void ProcessWorkerGroup::dump_python_stacks() {
     if (!worker->running()) continue;
     const rlimit no_core{0, 0};  // the stack, not a core file of a large process
     ::prlimit(worker->pid(), RLIMIT_CORE, &no_core, nullptr);
-    ::kill(worker->pid(), SIGABRT);  // the process only: its own children get SIGTERM next
+    ::kill(worker->pid(), SIGABRT);  // the process only; it ends once the dump is written
+    dumping_.insert(worker->pid());
   }
 }
 

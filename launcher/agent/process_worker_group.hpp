@@ -9,6 +9,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -81,6 +82,7 @@ class ProcessWorkerGroup : public WorkerGroup {
   std::vector<std::shared_ptr<Worker>> workers_;         // by local rank, this round
   std::vector<std::string> error_files_;                 // by local rank, this round
   std::vector<std::unique_ptr<RecordMapping>> records_;  // by local rank, this round
+  std::set<pid_t> dumping_;  // sent SIGABRT to print their Python stacks; spared SIGTERM
   int pending_tees_ = 0;
 };
 

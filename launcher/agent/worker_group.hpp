@@ -49,7 +49,8 @@ class WorkerGroup {
   virtual bool output_pending() const = 0;
 
   // Before the group is stopped for a failure or a hang: Python workers still running print
-  // every thread's Python stack on their stderr (faulthandler, through SIGABRT) and end.
+  // every thread's Python stack on their stderr (faulthandler, through SIGABRT) and end; the
+  // stop's signal spares them (it could cut the dump short), SIGKILL does not.
   virtual void dump_python_stacks() {}
 
   // PyTorch's Flight Recorder dumps this round's workers left (TORCH_NCCL_DUMP_ON_TIMEOUT),

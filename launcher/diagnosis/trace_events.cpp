@@ -95,7 +95,7 @@ void TraceEvents::collect(int attempt, int rank, const record::RecordPage& page)
     });
     if (!stable || got != step || finalized == 0) break;  // in progress: read it next time
     nlohmann::json args = {{"step", step}, {"attempt", attempt}};
-    add({"backward", "reducer", 'X', rel(begin), ready > begin ? ready - begin : 0, 1, tid,
+    add({"forward+backward", "reducer", 'X', rel(begin), ready > begin ? ready - begin : 0, 1, tid,
          args.dump()});
     add({"wait for all-reduce", "reducer", 'X', rel(ready),
          finalized > ready ? finalized - ready : 0, 1, tid, args.dump()});

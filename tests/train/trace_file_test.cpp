@@ -59,7 +59,7 @@ TEST_CASE("trace file: a 2-rank trainer's timeline, with its restart, as Trace E
     const double ts = e["ts"], end = ts + e["dur"].get<double>();
     const std::string name = e["name"];
     if (cat == "collective") ++collectives_of_rank[rank];
-    if (name == "backward") backward[rank].push_back({ts, end});
+    if (name == "forward+backward") backward[rank].push_back({ts, end});
     if (name.rfind("all_reduce bucket ", 0) == 0) allreduce[rank].push_back({ts, end});
   }
   CHECK(agent_events.count("rendezvous") == 1);
