@@ -54,8 +54,12 @@ std::optional<Straggler> find_straggler(const std::vector<RankView>& ranks,
   if (complete.size() < static_cast<std::size_t>(options.window)) return std::nullopt;
   complete.erase(complete.begin(), complete.end() - options.window);
 
-  std::vector<int> late(recording.size(), 0);
-  std::vector<double> late_sum(recording.size(), 0), compute_sum(recording.size(), 0);
+  struct Tally {
+    int late = 0;            // steps late
+    double late_sum = 0;     // by how much, summed over those steps
+    double compute_sum = 0;  // its compute time, summed over the window
+  };
+  std::vector<Tally> tally(recording.size());
   double median_sum = 0;
   for (const auto& [step, row] : complete) {
     // Two ranks: the faster one is the reference; more: the median.
@@ -63,25 +67,27 @@ std::optional<Straggler> find_straggler(const std::vector<RankView>& ranks,
     median_sum += reference;
     const double threshold = std::max(options.threshold_s, 0.2 * reference);
     for (std::size_t i = 0; i < row.size(); ++i) {
-      compute_sum[i] += row[i];
+      tally[i].compute_sum += row[i];
       if (row[i] - reference > threshold) {
-        ++late[i];
-        late_sum[i] += row[i] - reference;
+        ++tally[i].late;
+        tally[i].late_sum += row[i] - reference;
       }
     }
   }
-  const std::size_t worst =
-      static_cast<std::size_t>(std::max_element(late.begin(), late.end()) - late.begin());
-  if (late[worst] * 2 <= options.window) return std::nullopt;
+  const auto most_late = std::max_element(
+      tally.begin(), tally.end(), [](const Tally& a, const Tally& b) { return a.late < b.late; });
+  const std::size_t worst = static_cast<std::size_t>(most_late - tally.begin());
+  const Tally& t = *most_late;
+  if (t.late * 2 <= options.window) return std::nullopt;
   const RankView& r = *recording[worst];
   Straggler s;
   s.rank = r.rank;
   s.who = "rank " + std::to_string(r.rank) + " (" +
           (r.host.empty() ? "" : "host " + r.host + ", ") + "pid " + std::to_string(r.pid) + ")";
-  s.late_steps = late[worst];
+  s.late_steps = t.late;
   s.window = options.window;
-  s.late_by_s = late_sum[worst] / late[worst];
-  s.compute_s = compute_sum[worst] / options.window;
+  s.late_by_s = t.late_sum / t.late;
+  s.compute_s = t.compute_sum / options.window;
   s.median_s = median_sum / options.window;
   s.last_step = complete.back().first;
   return s;
