@@ -38,6 +38,7 @@ struct BenchConfig {
   double bucket_cap_mb = 25;   // the Reducer's later bucket caps
   bool print_layers = false;   // print "rows cols" per parameter and exit (for the DDP side)
   bool record = false;         // also time the Reducer with the collective record on
+  bool no_record = false;      // record nothing, even in the page ddprun gives each worker
 };
 
 // One parameter as a matrix: rows x cols (conv weights flattened to out x in*kh*kw).
@@ -200,7 +201,7 @@ int run(const BenchConfig& config) {
   openblas_set_num_threads(1);  // one compute thread per rank, as torch.set_num_threads(1)
   ddp::InitOptions init_options;
   // Against a recording Context, the baseline records nothing, whatever the launcher set.
-  if (config.record) init_options.record_fd = -1;
+  if (config.record || config.no_record) init_options.record_fd = -1;
   ddp::Context ctx = ddp::init(init_options);
   ddp::Logger log(ctx, false, stdout);
   std::size_t total = 0;
@@ -314,6 +315,8 @@ int main(int argc, char** argv) {
   app.add_flag("--print_layers", config.print_layers, "Print each parameter's rows and cols");
   app.add_flag("--record", config.record,
                "Also time the Reducer with the collective record on (against off)");
+  app.add_flag("--no_record", config.no_record,
+               "Record no collective (ddprun gives every worker a record page: on by default)");
   CLI11_PARSE(app, argc, argv);
   try {
     return run(config);
