@@ -29,10 +29,12 @@ std::map<std::string, std::string> worker_variables(
       {"TORCHELASTIC_USE_AGENT_STORE", master.agent_store ? "True" : "False"},
       {"TORCHELASTIC_ERROR_FILE", worker.error_file},
       {"TORCH_NCCL_ASYNC_ERROR_HANDLING", nccl == base_env.end() ? "1" : nccl->second},
-      {"NCCL_ASYNC_ERROR_HANDLING", base_env.contains("NCCL_ASYNC_ERROR_HANDLING")
-                                        ? base_env.at("NCCL_ASYNC_ERROR_HANDLING")
-                                        : "1"},  // PyTorch <= 2.1
   };
+  // The name PyTorch 2.1 and older read: passed on only when the user set it, as torchrun 2.x
+  // does (PyTorch 2.2+ warns on every rank that it is deprecated when it is set).
+  if (auto old = base_env.find("NCCL_ASYNC_ERROR_HANDLING"); old != base_env.end()) {
+    variables["NCCL_ASYNC_ERROR_HANDLING"] = old->second;
+  }
   if (master.agent_store && !base_env.contains("DDP_STORE_DIALECT")) {
     variables["DDP_STORE_DIALECT"] = "v2";
   }

@@ -52,7 +52,8 @@ TEST_CASE("worker_variables sets exactly torchrun's contract") {
       {"TORCHELASTIC_USE_AGENT_STORE", "False"},
       {"TORCHELASTIC_ERROR_FILE", "/l/error.json"},
       {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"},
-      {"NCCL_ASYNC_ERROR_HANDLING", "1"},  // the name PyTorch 2.1 and older read
+      // Not NCCL_ASYNC_ERROR_HANDLING, the name PyTorch 2.1 and older read: PyTorch 2.2+
+      // warns on every rank when it is set; passed on only when the user set it (below).
   };
   CHECK(vars == expected);
 

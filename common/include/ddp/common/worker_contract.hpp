@@ -30,7 +30,8 @@ inline constexpr const char* kOmpNumThreads = "OMP_NUM_THREADS";
 inline constexpr const char* kStoreDialect = "DDP_STORE_DIALECT";
 
 // Every variable ddprun sets for each worker (OMP_NUM_THREADS and DDP_STORE_DIALECT only
-// when unset), in the order of docs/cli.md.
+// when unset, NCCL_ASYNC_ERROR_HANDLING only when the user set it), in the order of
+// docs/cli.md.
 inline constexpr const char* kWorkerVariables[] = {
     kRank,
     kLocalRank,
