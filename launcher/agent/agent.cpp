@@ -227,6 +227,7 @@ class Agent::Impl {
       notice(incomplete);
     }
     if (outcome.keep_logs) temp_dir_.clear();  // keep the error files the report points to
+    copy_root_error_file(outcome.root_error_file);
     // After a success or a failure every node reports, the others are reading how the round
     // ended from the store this agent may serve: keep it up until they are gone (bounded).
     // After a signal they go on without this node.
@@ -304,6 +305,19 @@ class Agent::Impl {
               " collectives went by unread (the record rings moved on)";
     }
     notice(note);
+  }
+
+  // As torchrun: a launcher started with TORCHELASTIC_ERROR_FILE (a scheduler that wraps it)
+  // gets the root cause's error file copied there.
+  void copy_root_error_file(const std::string& root) {
+    const auto outer = options_.base_env.find("TORCHELASTIC_ERROR_FILE");
+    if (root.empty() || outer == options_.base_env.end() || outer->second.empty()) return;
+    std::error_code ec;
+    fs::copy_file(root, outer->second, fs::copy_options::overwrite_existing, ec);
+    if (ec) {
+      notice("ddprun: cannot copy the root cause's error file " + root + " to " + outer->second +
+             " (TORCHELASTIC_ERROR_FILE): " + ec.message());
+    }
   }
 
   bool handles(int signal) const {

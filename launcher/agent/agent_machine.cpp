@@ -292,6 +292,7 @@ void AgentMachine::give_up(const StopReason& reason) {
     outcome.report = format_failure_report(config_.job_name, *root_cause_, other_failures_);
     outcome.exit_code = root_cause_->status();
     outcome.keep_logs = root_cause_->error.has_value();
+    if (root_cause_->error && !root_cause_->hung) outcome.root_error_file = root_cause_->error_file;
     for (const auto& other : other_failures_) outcome.keep_logs |= other.error.has_value();
   } else {
     std::vector<WorkerFailure> local;  // ours failed too, but another node's came first

@@ -52,9 +52,14 @@ struct AgentMachineConfig {
 
 // How the job ended.
 struct AgentOutcome {
-  int exit_code = 1;       // ddprun's exit status
-  std::string report;      // the failure report, printed after all output; empty on success
-  bool keep_logs = false;  // the report points at error files: keep them
+  AgentOutcome() = default;
+  AgentOutcome(int exit, std::string text, bool keep)
+      : exit_code(exit), report(std::move(text)), keep_logs(keep) {}
+
+  int exit_code = 1;            // ddprun's exit status
+  std::string report;           // the failure report, printed after all output; empty on success
+  bool keep_logs = false;       // the report points at error files: keep them
+  std::string root_error_file;  // the root cause's error file, when it is on this node
 };
 
 struct AgentMachineContext {

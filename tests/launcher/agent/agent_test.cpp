@@ -197,6 +197,24 @@ TEST_CASE("a worker's torchelastic error file is the report's message and traceb
   CHECK(std::filesystem::exists(error_file));
 }
 
+TEST_CASE("ddprun started with TORCHELASTIC_ERROR_FILE gets the root cause's file copied there") {
+  TempDir dir;
+  const auto outer = dir.path() / "outer.json";  // as a scheduler wrapping torchrun sets it
+  ProcessResult r = run_process(ddprun({"--nproc_per_node=2", "--log_dir", dir.path().string()},
+                                       {"--if-rank", "1", "--error-file", "disk full", "--if-rank",
+                                        "1", "--exit", "5", "--wait"}),
+                                {{"TORCHELASTIC_ERROR_FILE", outer.string()}});
+  CHECK(r.status == 5);
+  INFO(r.err);
+  const auto error_file = run_dir(dir.path()) / "attempt_0" / "1" / "error.json";
+  REQUIRE(std::filesystem::exists(outer));
+  std::ifstream a(outer), b(error_file);
+  const std::string copied((std::istreambuf_iterator<char>(a)), {});
+  const std::string original((std::istreambuf_iterator<char>(b)), {});
+  CHECK_THAT(copied, Catch::Contains("disk full"));
+  CHECK(copied == original);
+}
+
 TEST_CASE("restarts increment TORCHELASTIC_RESTART_COUNT and stop at --max_restarts") {
   TempDir dir;
   auto env_file = (dir.path() / "env-{rank}-{restart}.json").string();
