@@ -146,6 +146,7 @@ class Agent::Impl {
     group.console_out = options_.console_out;
     group.console_err = options_.console_err;
     group.on_output_drained = [this] { post(event::OutputDrained{}); };
+    group.notice = [this](const std::string& text) { notice(text); };
     group.log_errors = log_errors_;
     workers_ = std::make_unique<ProcessWorkerGroup>(io_, std::move(group), console_, *reaper_);
 

@@ -1,11 +1,14 @@
 #include "process_worker_group.hpp"
 
 #include <sys/resource.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <csignal>
+#include <fstream>
 
+#include "../diagnosis/python_stacks.hpp"
 #include "ddp/launcher/output_tee.hpp"
 #include "ddp/launcher/process_setup.hpp"
 #include "ddp/launcher/worker_env.hpp"
@@ -36,6 +39,20 @@ void add_flight_recorder(std::vector<std::string>& env, const fs::path& attempt_
   env.push_back("TORCH_NCCL_DUMP_ON_TIMEOUT=1");
   env.push_back("TORCH_NCCL_DEBUG_INFO_TEMP_FILE=" + prefix);
   env.push_back("TORCH_FR_DUMP_TEMP_FILE=" + prefix);
+}
+
+// The last bytes of a log file (a redirected stderr); "" when it cannot be read.
+std::string file_tail(const fs::path& path, std::size_t bytes) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return "";
+  in.seekg(0, std::ios::end);
+  const auto size = static_cast<std::size_t>(std::max<std::streamoff>(in.tellg(), 0));
+  const std::size_t from = size > bytes ? size - bytes : 0;
+  in.seekg(static_cast<std::streamoff>(from));
+  std::string text(size - from, '\0');
+  in.read(text.data(), static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<std::size_t>(std::max<std::streamsize>(in.gcount(), 0)));
+  return text;
 }
 
 // Why a worker could not be started, and what to do about it.
@@ -80,6 +97,7 @@ void ProcessWorkerGroup::start(const elastic::RoundInfo& round, ExitHandler on_e
   workers_.clear();
   records_.clear();
   dumping_.clear();
+  stderr_.clear();
   const int local_world = elastic::worker_ranks(round, 0).local_world_size;
   error_files_.assign(static_cast<std::size_t>(local_world), "");
   const fs::path dir = attempt_dir();
@@ -141,21 +159,38 @@ void ProcessWorkerGroup::start_worker(int local_rank, const fs::path& dir, ExitH
   });
   spawn.env.push_back(record->variable());
   spawn.inherit_fd = record->fd();
+  // A Python worker's stderr that would be the console goes through the agent (copied as it
+  // comes), so that its stack dump can be read back; a terminal stays the worker's own.
+  std::shared_ptr<StderrWatch> err;
+  if (options_.command.python && faulthandler_on()) {
+    err = std::make_shared<StderrWatch>();
+    err->local_rank = local_rank;
+    err->rank = identity.ranks.rank;
+  }
+  const bool capture = err && options_.console_err >= 0 && ::isatty(options_.console_err) == 0;
   WorkerStreams streams = open_worker_streams(options_.config, local_rank, dir,
-                                              options_.console_out, options_.console_err);
+                                              options_.console_out, options_.console_err, capture);
   spawn.stdout_fd = streams.child_out.valid() ? streams.child_out.get() : -1;
   spawn.stderr_fd = streams.child_err.valid() ? streams.child_err.get() : -1;
+  if (err) err->file = streams.err_file;
 
   auto worker = std::make_shared<Worker>(io_, local_rank);
-  worker->start(spawn, [on_exit](Worker& w) { on_exit(w.local_rank(), *w.exit()); });
+  worker->start(spawn, [this, on_exit, err](Worker& w) {
+    on_exit(w.local_rank(), *w.exit());
+    if (!err) return;
+    err->exited = true;
+    report_finished_dumps();
+  });
   workers_.push_back(worker);
   reaper_.watch(worker->pid());
   error_files_[static_cast<std::size_t>(local_rank)] = identity.error_file;
   records_.push_back(std::move(record));
-  tee_output(local_rank, streams);
+  stderr_.push_back(err);
+  tee_output(local_rank, streams, err);
 }  // the child's ends of pipes and files close here, in the agent
 
-void ProcessWorkerGroup::tee_output(int local_rank, WorkerStreams& streams) {
+void ProcessWorkerGroup::tee_output(int local_rank, WorkerStreams& streams,
+                                    const std::shared_ptr<StderrWatch>& err) {
   const std::string prefix = "[" + options_.config.role + std::to_string(local_rank) + "]:";
   for (WorkerStreams::Tee& tee : streams.tees) {
     ++pending_tees_;
@@ -165,13 +200,27 @@ void ProcessWorkerGroup::tee_output(int local_rank, WorkerStreams& streams) {
         console_.write_line(fd, std::move(line));
       };
     }
+    TeeMode mode;
+    mode.raw = tee.raw;
+    std::shared_ptr<StderrWatch> watch;
+    if (tee.is_stderr && err) {
+      watch = err;
+      watch->tail = std::make_shared<StreamTail>();
+      watch->stream_open = true;
+      mode.tail = watch->tail;
+    }
     OutputTee::start(
         io_, std::move(tee.read_end), std::move(tee.file), std::move(sink), prefix,
-        [this] { on_tee_done(); }, TeeLog{tee.file_path.string(), options_.log_errors});
+        [this, watch] { on_tee_done(watch); }, TeeLog{tee.file_path.string(), options_.log_errors},
+        std::move(mode));
   }
 }
 
-void ProcessWorkerGroup::on_tee_done() {
+void ProcessWorkerGroup::on_tee_done(const std::shared_ptr<StderrWatch>& err) {
+  if (err) {
+    err->stream_open = false;
+    report_finished_dumps();  // before the drained event: the report precedes the job's end
+  }
   if (--pending_tees_ == 0 && options_.on_output_drained) options_.on_output_drained();
 }
 
@@ -199,17 +248,78 @@ void ProcessWorkerGroup::for_each_record(
   }
 }
 
-void ProcessWorkerGroup::dump_python_stacks() {
-  if (!options_.command.python) return;
+bool ProcessWorkerGroup::faulthandler_on() const {
   const auto set = options_.base_env.find("PYTHONFAULTHANDLER");
-  if (set != options_.base_env.end() && set->second.empty()) return;  // turned off by the user
+  return set == options_.base_env.end() || !set->second.empty();  // "": turned off by the user
+}
+
+void ProcessWorkerGroup::dump_python_stacks() {
+  if (!options_.command.python || !faulthandler_on()) return;
+  auto dump = std::make_shared<StackDump>();
+  dump->attempt_dir = attempt_dir();
   for (auto& worker : workers_) {
     if (!worker->running()) continue;
     const rlimit no_core{0, 0};  // the stack, not a core file of a large process
     ::prlimit(worker->pid(), RLIMIT_CORE, &no_core, nullptr);
     ::kill(worker->pid(), SIGABRT);  // the process only; it ends once the dump is written
     dumping_.insert(worker->pid());
+    const auto lr = static_cast<std::size_t>(worker->local_rank());
+    if (lr < stderr_.size() && stderr_[lr]) dump->workers.push_back(stderr_[lr]);
   }
+  if (!dump->workers.empty()) dumps_.push_back(std::move(dump));
+}
+
+void ProcessWorkerGroup::report_finished_dumps() {
+  std::erase_if(dumps_, [this](const std::shared_ptr<StackDump>& dump) {
+    for (const auto& worker : dump->workers) {
+      if (worker->stream_open || !worker->exited) return false;
+    }
+    report_dump(*dump);
+    return true;
+  });
+}
+
+// "ddprun: where each Python worker was ..." with the ranks grouped by stack, and one file
+// per rank: <attempt dir>/<local rank>/python_stack.txt.
+void ProcessWorkerGroup::report_dump(const StackDump& dump) const {
+  std::vector<PythonStack> stacks;
+  for (const auto& worker : dump.workers) {
+    PythonStack stack;
+    stack.rank = worker->rank;
+    stack.local_rank = worker->local_rank;
+    if (worker->tail) {
+      stack.dump = last_faulthandler_dump(worker->tail->text());
+    } else if (!worker->file.empty()) {
+      stack.dump = last_faulthandler_dump(file_tail(worker->file, StreamTail::kDefaultCapacity));
+    } else {
+      stack.error =
+          "its stderr is a terminal, which ddprun leaves to the worker: the stack is "
+          "printed above";
+    }
+    if (stack.dump.empty() && stack.error.empty()) {
+      stack.error =
+          "no faulthandler dump on its stderr (does the program handle SIGABRT "
+          "itself?)";
+    }
+    if (!stack.dump.empty()) {
+      std::ofstream(dump.attempt_dir / std::to_string(stack.local_rank) / "python_stack.txt")
+          << stack.dump;
+    }
+    stacks.push_back(std::move(stack));
+  }
+  if (!options_.notice) return;
+  std::string text = "ddprun: where each Python worker was when it was stopped (faulthandler):\n";
+  const std::string grouped = group_python_stacks(stacks);
+  std::size_t start = 0;
+  while (start < grouped.size()) {
+    const std::size_t end = grouped.find('\n', start);
+    text += "  " + grouped.substr(start, end - start) + "\n";
+    start = end == std::string::npos ? grouped.size() : end + 1;
+  }
+  text +=
+      "  (each rank's stack: " + (dump.attempt_dir / "<local_rank>" / "python_stack.txt").string() +
+      ")";
+  options_.notice(text);
 }
 
 std::string ProcessWorkerGroup::flight_recorder_note() const {

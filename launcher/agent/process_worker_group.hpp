@@ -20,6 +20,7 @@
 #include "ddp/launcher/launch_config.hpp"
 #include "ddp/launcher/log_file_errors.hpp"
 #include "ddp/launcher/master_endpoint.hpp"
+#include "ddp/launcher/stream_tail.hpp"
 #include "ddp/launcher/worker_command.hpp"
 #include "worker_group.hpp"
 #include "worker_start_error.hpp"
@@ -37,7 +38,8 @@ struct ProcessWorkerGroupOptions {
   int console_out = -1;                     // teed stdout lines go here (and workers inherit it)
   int console_err = -1;                     // teed stderr lines go here (and workers inherit it)
   std::function<void()> on_output_drained;  // teed output of every round reached EOF
-  std::shared_ptr<LogFileErrors> log_errors;  // failed log writes, said once per file
+  std::function<void(const std::string&)> notice;  // the Python stacks report (may be empty)
+  std::shared_ptr<LogFileErrors> log_errors;       // failed log writes, said once per file
 };
 
 class ProcessWorkerGroup : public WorkerGroup {
@@ -71,8 +73,27 @@ class ProcessWorkerGroup : public WorkerGroup {
   // The error start throws when local_rank could not be started (pid: its process, when
   // only its exec failed), naming the cause and what to do.
   WorkerStartError start_error(int local_rank, pid_t pid, const std::exception& e) const;
-  void tee_output(int local_rank, WorkerStreams& streams);
-  void on_tee_done();
+  // One Python worker's stderr, kept for its faulthandler dump (dump_python_stacks).
+  struct StderrWatch {
+    int rank = -1;
+    int local_rank = -1;
+    std::shared_ptr<StreamTail> tail;  // the tail of the pipe the agent reads (null: none)
+    std::filesystem::path file;        // or the file it writes (empty: none)
+    bool stream_open = false;          // the pipe has not reached end-of-file
+    bool exited = false;
+  };
+  // The workers sent SIGABRT at one stop: reported once each has exited and its stderr ended.
+  struct StackDump {
+    std::filesystem::path attempt_dir;
+    std::vector<std::shared_ptr<StderrWatch>> workers;
+  };
+
+  void tee_output(int local_rank, WorkerStreams& streams, const std::shared_ptr<StderrWatch>& err);
+  void on_tee_done(const std::shared_ptr<StderrWatch>& err);
+  // Reports (and forgets) each dump whose workers have all exited and closed their stderr.
+  void report_finished_dumps();
+  void report_dump(const StackDump& dump) const;
+  bool faulthandler_on() const;
 
   boost::asio::io_context& io_;
   ProcessWorkerGroupOptions options_;
@@ -83,6 +104,8 @@ class ProcessWorkerGroup : public WorkerGroup {
   std::vector<std::string> error_files_;                 // by local rank, this round
   std::vector<std::unique_ptr<RecordMapping>> records_;  // by local rank, this round
   std::set<pid_t> dumping_;  // sent SIGABRT to print their Python stacks; spared SIGTERM
+  std::vector<std::shared_ptr<StderrWatch>> stderr_;  // by local rank, this round (Python only)
+  std::vector<std::shared_ptr<StackDump>> dumps_;     // sent, not reported yet
   int pending_tees_ = 0;
 };
 

@@ -50,7 +50,9 @@ class WorkerGroup {
 
   // Before the group is stopped for a failure or a hang: Python workers still running print
   // every thread's Python stack on their stderr (faulthandler, through SIGABRT) and end; the
-  // stop's signal spares them (it could cut the dump short), SIGKILL does not.
+  // stop's signal spares them (it could cut the dump short), SIGKILL does not. Once they have
+  // ended, the group reports their stacks grouped (ProcessWorkerGroupOptions::notice) and
+  // writes one file per rank.
   virtual void dump_python_stacks() {}
 
   // PyTorch's Flight Recorder dumps this round's workers left (TORCH_NCCL_DUMP_ON_TIMEOUT),

@@ -13,18 +13,20 @@ constexpr std::size_t kReadChunk = 64 * 1024;
 
 void OutputTee::start(boost::asio::io_context& io, UniqueFd source, UniqueFd file,
                       ConsoleSink console, std::string prefix, std::function<void()> on_done,
-                      TeeLog log) {
+                      TeeLog log, TeeMode mode) {
   auto tee = std::make_shared<OutputTee>(io, std::move(source), std::move(file), std::move(console),
-                                         std::move(prefix), std::move(on_done), std::move(log));
+                                         std::move(prefix), std::move(on_done), std::move(log),
+                                         std::move(mode));
   tee->read_more();
 }
 
 OutputTee::OutputTee(boost::asio::io_context& io, UniqueFd source, UniqueFd file,
                      ConsoleSink console, std::string prefix, std::function<void()> on_done,
-                     TeeLog log)
+                     TeeLog log, TeeMode mode)
     : source_(io, source.release()),
       file_(std::move(file)),
       log_(std::move(log)),
+      mode_(std::move(mode)),
       console_(std::move(console)),
       prefix_(std::move(prefix)),
       on_done_(std::move(on_done)),
@@ -53,7 +55,9 @@ void OutputTee::write_file(const char* data, std::size_t size) {
 
 void OutputTee::consume(const char* data, std::size_t size) {
   write_file(data, size);
+  if (mode_.tail) mode_.tail->append(data, size);
   if (!console_) return;
+  if (mode_.raw) return console_(std::string(data, size));
   const char* end = data + size;
   while (data < end) {
     const std::size_t room = kMaxLine - partial_line_.size();  // 0 when partial_line_ is full

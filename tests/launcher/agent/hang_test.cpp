@@ -177,8 +177,39 @@ TEST_CASE("a PyTorch rank blocked before all_reduce: the stop shows its Python s
   INFO("stderr:\n" << result.err);
   CHECK(result.status == 1);  // rank 0's timeout
   CHECK(took < 60);           // not rank 1's 120 s sleep
-  // faulthandler's dump of rank 1, at the sleep.
+  // faulthandler's dump of rank 1, at the sleep, as the worker wrote it.
   CHECK_THAT(result.err, Catch::Contains("Fatal Python error: Aborted"));
   // (faulthandler writes a frame in pieces: other output may come between them.)
   CHECK_THAT(result.err, Catch::Contains("sleep_before_allreduce.py\", line 12 in"));
+  // ddprun's report of it, grouped, and the rank's file.
+  CHECK_THAT(result.err,
+             Catch::Contains("ddprun: where each Python worker was when it was stopped"));
+  CHECK_THAT(result.err,
+             Catch::Contains("  1 rank (rank 1): in <module> (sleep_before_allreduce.py:12)"));
+  std::string stack_file;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(logs.path())) {
+    if (entry.path().filename() == "python_stack.txt") stack_file = entry.path().string();
+  }
+  REQUIRE_FALSE(stack_file.empty());
+  CHECK_THAT(stack_file, Catch::EndsWith("/attempt_0/1/python_stack.txt"));
+  std::ifstream in(stack_file);
+  const std::string dump((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CHECK_THAT(dump, Catch::Contains("sleep_before_allreduce.py\", line 12 in <module>"));
+}
+
+TEST_CASE("a PyTorch rank's stack is found in its redirected stderr file too") {
+  if (!torch_available()) {
+    return skip(torch_python() + " cannot import torch.distributed with Gloo");
+  }
+  TempDir logs;
+  const std::vector<std::string> argv = {
+      bin_path("ddprun").string(), "--nproc_per_node=2", "--redirects=2",
+      "--log_dir=" + logs.path().string(),
+      source_path("tests/launcher/agent/python/sleep_before_allreduce.py").string()};
+  auto [result, took] = run_timed_env(argv, {{"PYTHON_EXEC", torch_python()}});
+  INFO("stderr:\n" << result.err);
+  CHECK(result.status == 1);
+  CHECK_THAT(result.err, !Catch::Contains("Fatal Python error"));  // in the file, not here
+  CHECK_THAT(result.err,
+             Catch::Contains("  1 rank (rank 1): in <module> (sleep_before_allreduce.py:12)"));
 }

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "ddp/launcher/log_file_errors.hpp"
+#include "ddp/launcher/stream_tail.hpp"
 #include "ddp/launcher/unique_fd.hpp"
 #include "ddp/launcher/write_all.hpp"
 
@@ -26,6 +27,15 @@ using ConsoleSink = std::function<void(std::string lines)>;
 struct TeeLog {
   std::string path;
   std::shared_ptr<LogFileErrors> errors;  // null: failures are not reported
+};
+
+// How a tee hands on what it reads, beyond the file.
+struct TeeMode {
+  // Bytes go to the console as they arrive, unprefixed and not cut into lines (a stream
+  // that would otherwise be the worker's own console, read by the agent only to keep its
+  // tail); the prefix is not used.
+  bool raw = false;
+  std::shared_ptr<StreamTail> tail;  // also receives every byte (null: none)
 };
 
 class OutputTee : public std::enable_shared_from_this<OutputTee> {
@@ -42,10 +52,10 @@ class OutputTee : public std::enable_shared_from_this<OutputTee> {
   // everything has been written. The tee keeps itself alive until then.
   static void start(boost::asio::io_context& io, UniqueFd source, UniqueFd file,
                     ConsoleSink console, std::string prefix, std::function<void()> on_done,
-                    TeeLog log = {});
+                    TeeLog log = {}, TeeMode mode = {});
 
   OutputTee(boost::asio::io_context& io, UniqueFd source, UniqueFd file, ConsoleSink console,
-            std::string prefix, std::function<void()> on_done, TeeLog log);
+            std::string prefix, std::function<void()> on_done, TeeLog log, TeeMode mode);
 
  private:
   void read_more();
@@ -56,6 +66,7 @@ class OutputTee : public std::enable_shared_from_this<OutputTee> {
   boost::asio::posix::stream_descriptor source_;
   UniqueFd file_;
   TeeLog log_;
+  TeeMode mode_;
   ConsoleSink console_;
   std::string prefix_;
   std::function<void()> on_done_;

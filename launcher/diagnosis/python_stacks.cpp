@@ -1,0 +1,100 @@
+#include "python_stacks.hpp"
+
+#include <algorithm>
+#include <map>
+#include <regex>
+#include <sstream>
+
+#include "collective_diagnosis.hpp"
+
+namespace ddp::launcher {
+namespace {
+
+constexpr std::string_view kFatal = "Fatal Python error: ";
+
+bool is_thread_header(const std::string& line) {
+  return (line.starts_with("Thread 0x") || line.starts_with("Current thread 0x")) &&
+         line.ends_with("(most recent call first):");
+}
+
+bool is_frame(const std::string& line) {
+  return line.starts_with("  File \"") || line == "  <no Python frame>";
+}
+
+// "Thread 0x00007f00aa (most recent call first):" -> "Thread (most recent call first):"
+std::string without_thread_id(const std::string& line) {
+  static const std::regex id(R"( 0x[0-9a-fA-F]+)");
+  return std::regex_replace(line, id, "");
+}
+
+}  // namespace
+
+std::string last_faulthandler_dump(std::string_view text) {
+  const std::size_t start = text.rfind(kFatal);
+  if (start == std::string_view::npos) return "";
+  std::istringstream lines{std::string(text.substr(start))};
+  std::string line, dump;
+  std::getline(lines, line);
+  dump = line + "\n";
+  while (std::getline(lines, line)) {
+    if (line.starts_with("Extension modules:")) break;  // the end of the dump in 3.10+
+    if (is_thread_header(line) || is_frame(line)) dump += line + "\n";
+  }
+  return dump;
+}
+
+std::string innermost_frame(std::string_view dump) {
+  // The last thread block's first frame.
+  std::istringstream lines{std::string(dump)};
+  std::string line, frame;
+  bool first_of_block = false;
+  while (std::getline(lines, line)) {
+    if (is_thread_header(line)) {
+      first_of_block = true;
+    } else if (first_of_block && is_frame(line)) {
+      frame = line;
+      first_of_block = false;
+    }
+  }
+  //   File "/path/train.py", line 42 in main
+  static const std::regex parts(R"re(^  File "(?:.*/)?([^/"]+)", line (\d+) in (.+)$)re");
+  std::smatch match;
+  if (!std::regex_match(frame, match, parts)) return "";
+  return match[3].str() + " (" + match[1].str() + ":" + match[2].str() + ")";
+}
+
+std::string group_python_stacks(const std::vector<PythonStack>& stacks) {
+  std::map<std::string, std::vector<int>> by_shape;
+  std::map<std::string, std::string> frame_of;  // shape -> its innermost frame
+  std::vector<std::string> missing;
+  for (const PythonStack& s : stacks) {
+    if (s.dump.empty()) {
+      missing.push_back("rank " + std::to_string(s.rank) + ": no stack: " + s.error);
+      continue;
+    }
+    std::istringstream lines(s.dump);
+    std::string line, shape;
+    while (std::getline(lines, line)) {
+      if (is_thread_header(line) || is_frame(line)) shape += without_thread_id(line) + "\n";
+    }
+    by_shape[shape].push_back(s.rank);
+    frame_of[shape] = innermost_frame(s.dump);
+  }
+  std::vector<std::pair<std::string, std::vector<int>>> groups(by_shape.begin(), by_shape.end());
+  std::stable_sort(groups.begin(), groups.end(),
+                   [](const auto& a, const auto& b) { return a.second.size() > b.second.size(); });
+  std::string text;
+  for (const auto& [shape, ranks] : groups) {
+    text += std::to_string(ranks.size()) + (ranks.size() == 1 ? " rank (rank " : " ranks (ranks ") +
+            rank_list(ranks) + ")";
+    if (const std::string& frame = frame_of[shape]; !frame.empty()) text += ": in " + frame;
+    text += "\n";
+    std::istringstream lines(shape);
+    std::string line;
+    while (std::getline(lines, line)) text += "  " + line + "\n";
+  }
+  for (const auto& line : missing) text += line + "\n";
+  return text;
+}
+
+}  // namespace ddp::launcher

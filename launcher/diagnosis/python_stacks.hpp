@@ -1,0 +1,35 @@
+#pragma once
+// Where each Python worker was: the stacks that faulthandler (PYTHONFAULTHANDLER, which ddprun
+// sets) prints on stderr when ddprun sends SIGABRT to a worker it stops after a failure or a
+// hang. The agent keeps the tail of each Python worker's stderr (or reads its redirected log
+// file); these functions find the dump in it and group ranks by identical stacks. Pure text
+// work, no processes. Internal to the launcher.
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+namespace ddp::launcher {
+
+struct PythonStack {
+  int rank = -1;
+  int local_rank = -1;
+  std::string dump;   // the faulthandler dump, from "Fatal Python error" to its last frame
+  std::string error;  // why there is none
+};
+
+// The last faulthandler dump in text: the "Fatal Python error: ..." line and the thread
+// blocks after it ("Thread 0x... (most recent call first):", "  File ..., line N in f"),
+// without other lines that came between them; "" when text has none.
+std::string last_faulthandler_dump(std::string_view text);
+
+// The innermost frame of the dump's last thread (the main thread: faulthandler lists it
+// last), as "f (file.py:12)"; "" when the dump has no frame.
+std::string innermost_frame(std::string_view dump);
+
+// Groups ranks by identical dumps (thread ids aside), largest group first:
+//   "1 rank (rank 1): in main (train.py:42)" then the dump's threads, indented;
+// a rank without a dump is listed with why.
+std::string group_python_stacks(const std::vector<PythonStack>& stacks);
+
+}  // namespace ddp::launcher
