@@ -1,5 +1,6 @@
 #include "agent_machine.hpp"
 
+#include <algorithm>
 #include <csignal>
 
 #include "ddp/launcher/signal_names.hpp"
@@ -174,7 +175,6 @@ void AgentMachine::local_failure(WorkerFailure root, std::vector<WorkerFailure> 
   sent_reason_ = reason;
   ctx_.rendezvous->stop_round(reason);
   ctx_.workers->dump_python_stacks();
-  if (auto note = ctx_.workers->flight_recorder_note(); !note.empty()) ctx_.notice(note);
   stop_workers(SIGTERM);
 }
 
@@ -205,6 +205,9 @@ void AgentMachine::on_group_exited() {
   ctx_.workers->release();
   if (state_ == State::kShuttingDown) return finish({128 + signal_, "", false});
   if (state_ == State::kStopping) {
+    const bool failed =
+        sent_reason_ || (reason_ && reason_->kind == StopReason::Kind::kWorkerFailed);
+    if (failed) ctx_.workers->analyse_flight_recorder();
     if (!reason_) start_grace_timer();  // ours was sent; the agreed one should follow
     return decide_after_stop();
   }
@@ -338,7 +341,8 @@ void AgentMachine::finish(AgentOutcome outcome) {
   ctx_.timers->cancel(TimerId::kGrace);
   if (!ctx_.workers->output_pending()) return done();
   auto post = ctx_.post;
-  ctx_.timers->start(TimerId::kDrain, config_.drain_timeout, [post] { post(event::DrainTimer{}); });
+  const auto wait = std::max(config_.drain_timeout, ctx_.workers->analysis_time_left());
+  ctx_.timers->start(TimerId::kDrain, wait, [post] { post(event::DrainTimer{}); });
 }
 
 void AgentMachine::on(const event::OutputDrained&) {

@@ -4,11 +4,14 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <boost/asio/post.hpp>
 #include <cerrno>
 #include <csignal>
+#include <cstring>
 #include <fstream>
 
 #include "../diagnosis/python_stacks.hpp"
+#include "../diagnosis/tool_run.hpp"
 #include "ddp/launcher/output_tee.hpp"
 #include "ddp/launcher/process_setup.hpp"
 #include "ddp/launcher/worker_env.hpp"
@@ -39,6 +42,40 @@ void add_flight_recorder(std::vector<std::string>& env, const fs::path& attempt_
   env.push_back("TORCH_NCCL_DUMP_ON_TIMEOUT=1");
   env.push_back("TORCH_NCCL_DEBUG_INFO_TEMP_FILE=" + prefix);
   env.push_back("TORCH_FR_DUMP_TEMP_FILE=" + prefix);
+}
+
+// How long PyTorch's Flight Recorder analyser may take over the dumps of one round.
+constexpr std::chrono::seconds kFlightRecorderTimeout{60};
+
+// What the analyser said, for the console: its output indented, or why there is none.
+std::string flight_recorder_verdict(const ToolRun& run, const std::string& command) {
+  if (run.spawn_error != 0) {
+    return "ddprun: could not run PyTorch's Flight Recorder analyser (" + command +
+           "): " + std::strerror(run.spawn_error);
+  }
+  if (run.output.find("No module named") != std::string::npos && !run.succeeded()) {
+    return "ddprun: this PyTorch has no Flight Recorder analyser "
+           "(torch.distributed.flight_recorder comes with PyTorch 2.6+); with one, run: " +
+           command;
+  }
+  std::string text = "ddprun: PyTorch's Flight Recorder analyser (" + command + ")";
+  if (run.timed_out) {
+    text += " took longer than " + std::to_string(kFlightRecorderTimeout.count()) +
+            " s and was stopped; what it said:";
+  } else if (!run.succeeded()) {
+    text += " failed (" +
+            (run.exited ? "exit code " + std::to_string(run.exit_code) : std::string("signal")) +
+            "); what it said:";
+  } else {
+    text += " says:";
+  }
+  std::size_t start = 0;
+  while (start < run.output.size()) {
+    const std::size_t end = std::min(run.output.find('\n', start), run.output.size());
+    text += "\n  " + run.output.substr(start, end - start);
+    start = end + 1;
+  }
+  return text;
 }
 
 // The last bytes of a log file (a redirected stderr); "" when it cannot be read.
@@ -88,7 +125,9 @@ ProcessWorkerGroup::ProcessWorkerGroup(boost::asio::io_context& io,
     : io_(io), options_(std::move(options)), console_(console), reaper_(reaper) {}
 
 ProcessWorkerGroup::~ProcessWorkerGroup() {
+  alive_.reset();
   for (auto& worker : workers_) worker->kill_and_reap();
+  for (auto& analyser : analysers_) analyser.join();  // bounded by kFlightRecorderTimeout
 }
 
 // Every worker of the round, in local rank order; then waits for their execs together.
@@ -322,7 +361,7 @@ void ProcessWorkerGroup::report_dump(const StackDump& dump) const {
   options_.notice(text);
 }
 
-std::string ProcessWorkerGroup::flight_recorder_note() const {
+void ProcessWorkerGroup::analyse_flight_recorder() {
   std::error_code ec;
   std::vector<std::string> dumps;
   for (const auto& entry : fs::directory_iterator(attempt_dir(), ec)) {
@@ -330,13 +369,38 @@ std::string ProcessWorkerGroup::flight_recorder_note() const {
       dumps.push_back(entry.path().string());
     }
   }
-  if (dumps.empty()) return "";
+  if (dumps.empty()) return;
   std::sort(dumps.begin(), dumps.end());
   std::string note =
       "ddprun: PyTorch's Flight Recorder left " + std::to_string(dumps.size()) + " dump(s):";
   for (const auto& dump : dumps) note += " " + dump;
-  return note + "; analyse them with: python -m torch.distributed.flight_recorder.fr_trace " +
-         attempt_dir().string() + " --prefix " + kFlightRecorderPrefix + " (PyTorch 2.6+)";
+  if (options_.notice) options_.notice(note);
+  if (!options_.command.python) return;
+  // python -m torch.distributed.flight_recorder.fr_trace <dir> --prefix <prefix> (2.6+)
+  const std::vector<std::string> argv = {
+      options_.command.program, "-m",       "torch.distributed.flight_recorder.fr_trace",
+      attempt_dir().string(),   "--prefix", kFlightRecorderPrefix};
+  std::string command;
+  for (const auto& arg : argv) command += (command.empty() ? "" : " ") + arg;
+  ++pending_tees_;  // its verdict is output the job's end waits for
+  ++pending_analyses_;
+  analysis_deadline_ = std::chrono::steady_clock::now() + kFlightRecorderTimeout;
+  analysers_.emplace_back([this, argv, command, alive = std::weak_ptr<bool>(alive_)] {
+    const ToolRun run = run_tool(argv, kFlightRecorderTimeout, 64 * 1024);
+    boost::asio::post(io_, [this, run, command, alive] {
+      if (alive.expired()) return;  // the group is gone
+      if (options_.notice) options_.notice(flight_recorder_verdict(run, command));
+      --pending_analyses_;
+      on_tee_done(nullptr);
+    });
+  });
+}
+
+std::chrono::milliseconds ProcessWorkerGroup::analysis_time_left() const {
+  if (pending_analyses_ == 0) return {};
+  const auto left = analysis_deadline_ - std::chrono::steady_clock::now();
+  // (and a second for the verdict to reach the loop after the analyser was stopped)
+  return std::chrono::duration_cast<std::chrono::milliseconds>(left) + std::chrono::seconds(1);
 }
 
 fs::path ProcessWorkerGroup::attempt_dir() const {

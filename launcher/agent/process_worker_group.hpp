@@ -11,6 +11,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "../output/console_writer.hpp"
@@ -58,7 +59,8 @@ class ProcessWorkerGroup : public WorkerGroup {
   bool output_pending() const override { return pending_tees_ > 0; }
   std::vector<RankView> rank_views() const override;
   void dump_python_stacks() override;
-  std::string flight_recorder_note() const override;
+  void analyse_flight_recorder() override;
+  std::chrono::milliseconds analysis_time_left() const override;
 
   // Calls fn with each worker's rank and record page (for the timeline).
   void for_each_record(
@@ -106,7 +108,11 @@ class ProcessWorkerGroup : public WorkerGroup {
   std::set<pid_t> dumping_;  // sent SIGABRT to print their Python stacks; spared SIGTERM
   std::vector<std::shared_ptr<StderrWatch>> stderr_;  // by local rank, this round (Python only)
   std::vector<std::shared_ptr<StackDump>> dumps_;     // sent, not reported yet
-  int pending_tees_ = 0;
+  int pending_tees_ = 0;  // and Flight Recorder analyses not printed yet
+  int pending_analyses_ = 0;
+  std::chrono::steady_clock::time_point analysis_deadline_;     // of the last one started
+  std::vector<std::thread> analysers_;                          // joined by the destructor
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);  // for what they post back
 };
 
 }  // namespace ddp::launcher

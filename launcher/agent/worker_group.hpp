@@ -3,6 +3,7 @@
 // machine is tested in-process with a fake (as ninja tests its build loop with a fake command
 // runner). The real one (ProcessWorkerGroup) spawns processes; internal to the launcher.
 
+#include <chrono>
 #include <functional>
 #include <optional>
 #include <string>
@@ -55,9 +56,13 @@ class WorkerGroup {
   // writes one file per rank.
   virtual void dump_python_stacks() {}
 
-  // PyTorch's Flight Recorder dumps this round's workers left (TORCH_NCCL_DUMP_ON_TIMEOUT),
-  // as a line for the console; empty when none.
-  virtual std::string flight_recorder_note() const { return ""; }
+  // After a failure stop, once the whole group has exited: lists the PyTorch Flight Recorder
+  // dumps this round's workers left (TORCH_NCCL_DUMP_ON_TIMEOUT) and runs PyTorch's analyser
+  // over them off the loop; its verdict is output (output_pending() until it is printed).
+  virtual void analyse_flight_recorder() {}
+  // How long output may still take because an analysis runs (0: none runs); the job's end
+  // waits for output that long at least.
+  virtual std::chrono::milliseconds analysis_time_left() const { return {}; }
 
   // Each worker of the round as its collective record shows it (empty: none recorded).
   virtual std::vector<RankView> rank_views() const { return {}; }

@@ -1,12 +1,5 @@
 #include "stack_capture.hpp"
 
-#include <fcntl.h>
-#include <poll.h>
-#include <signal.h>
-#include <spawn.h>
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -16,61 +9,22 @@
 #include <thread>
 
 #include "collective_diagnosis.hpp"
-
-extern char** environ;
+#include "tool_run.hpp"
 
 namespace ddp::launcher {
 namespace {
 
-// Runs eu-stack -p pid with its output on a pipe; kills it at the deadline.
+// Runs eu-stack -p pid; kills it at the deadline.
 void run_eu_stack(RankStack& target, std::chrono::milliseconds timeout) {
-  int out[2];
-  if (::pipe2(out, O_CLOEXEC) != 0) {
-    target.error = std::string("pipe: ") + std::strerror(errno);
-    return;
-  }
-  posix_spawn_file_actions_t actions;
-  ::posix_spawn_file_actions_init(&actions);
-  ::posix_spawn_file_actions_adddup2(&actions, out[1], STDOUT_FILENO);
-  ::posix_spawn_file_actions_adddup2(&actions, out[1], STDERR_FILENO);
-  const std::string pid = std::to_string(target.pid);
-  const char* argv[] = {"eu-stack", "-p", pid.c_str(), nullptr};
-  pid_t child = 0;
-  const int spawned = ::posix_spawnp(&child, "eu-stack", &actions, nullptr,
-                                     const_cast<char* const*>(argv), environ);
-  ::posix_spawn_file_actions_destroy(&actions);
-  ::close(out[1]);
-  if (spawned != 0) {
-    ::close(out[0]);
-    target.error = spawned == ENOENT
+  const ToolRun run = run_tool({"eu-stack", "-p", std::to_string(target.pid)}, timeout);
+  std::string text = run.output;
+  if (run.spawn_error != 0) {
+    target.error = run.spawn_error == ENOENT
                        ? "eu-stack not found (install elfutils to see where workers were)"
-                       : std::string("eu-stack: ") + std::strerror(spawned);
-    return;
-  }
-  const auto deadline = std::chrono::steady_clock::now() + timeout;
-  std::string text;
-  bool timed_out = false;
-  for (;;) {
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
-        deadline - std::chrono::steady_clock::now());
-    pollfd readable{out[0], POLLIN, 0};
-    if (left.count() <= 0 || ::poll(&readable, 1, static_cast<int>(left.count())) <= 0) {
-      timed_out = true;
-      break;
-    }
-    char buffer[8192];
-    const ssize_t n = ::read(out[0], buffer, sizeof buffer);
-    if (n <= 0) break;
-    text.append(buffer, static_cast<std::size_t>(n));
-  }
-  ::close(out[0]);
-  if (timed_out) ::kill(child, SIGKILL);
-  int status = 0;
-  ::waitpid(child, &status, 0);
-  if (timed_out) {
+                       : std::string("eu-stack: ") + std::strerror(run.spawn_error);
+  } else if (run.timed_out) {
     target.error = "eu-stack took longer than " + duration_text(timeout.count() / 1000.0);
-  } else if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 ||
-             text.find("#0") == std::string::npos) {
+  } else if (!run.succeeded() || text.find("#0") == std::string::npos) {
     while (!text.empty() && text.back() == '\n') text.pop_back();
     target.error = "eu-stack failed: " + text.substr(0, 300);
   } else {

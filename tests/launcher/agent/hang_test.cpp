@@ -213,3 +213,33 @@ TEST_CASE("a PyTorch rank's stack is found in its redirected stderr file too") {
   CHECK_THAT(result.err,
              Catch::Contains("  1 rank (rank 1): in <module> (sleep_before_allreduce.py:12)"));
 }
+
+TEST_CASE("Flight Recorder dumps after a failure are listed and PyTorch's analyser runs on them") {
+  TempDir logs;
+  const std::vector<std::string> argv = {
+      bin_path("ddprun").string(), "--nproc_per_node=2", "--log_dir=" + logs.path().string(),
+      source_path("tests/launcher/agent/python/fr_dump_and_fail.py").string()};
+  // A stand-in analyser on PYTHONPATH (PyTorch 1.13 has none); python3 on PATH runs it.
+  auto [result, took] = run_timed_env(
+      argv, {{"PYTHONPATH", source_path("tests/launcher/agent/python/fake_fr").string()}});
+  INFO("stderr:\n" << result.err);
+  CHECK(result.status == 1);
+  CHECK_THAT(result.err, Catch::Contains("ddprun: PyTorch's Flight Recorder left 2 dump(s):"));
+  CHECK_THAT(result.err, Catch::Contains("/attempt_0/nccl_trace_rank_1"));
+  CHECK_THAT(result.err, Catch::Contains("ddprun: PyTorch's Flight Recorder analyser ("));
+  CHECK_THAT(result.err, Catch::Contains(" says:\n  stand-in analyser: 2 dumps: "
+                                         "nccl_trace_rank_0 nccl_trace_rank_1\n"));
+  CHECK_THAT(result.err, Catch::Contains("  stand-in analyser: rank 1 never joined collective 7"));
+  // Before the failure report, which ends the output.
+  CHECK(result.err.find("never joined") < result.err.find("Root Cause"));
+
+  // Without an analyser (no torch at all for this python3): said, with the command.
+  TempDir logs2;
+  auto [plain, took2] = run_timed_env(
+      {bin_path("ddprun").string(), "--nproc_per_node=1", "--log_dir=" + logs2.path().string(),
+       source_path("tests/launcher/agent/python/fr_dump_and_fail.py").string()},
+      {{"PYTHONPATH", ""}});
+  INFO("stderr:\n" << plain.err);
+  CHECK(plain.status == 1);
+  CHECK_THAT(plain.err, Catch::Contains("ddprun: this PyTorch has no Flight Recorder analyser"));
+}
