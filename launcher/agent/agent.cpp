@@ -183,6 +183,9 @@ class Agent::Impl {
     hang.notice = [this](const std::string& line) { notice(line); };
     hang.straggler.window = config_.straggler_window;
     hang.straggler.threshold_s = config_.straggler_threshold_s;
+    if (auto ras = options_.base_env.find("NCCL_RAS_ADDR"); ras != options_.base_env.end()) {
+      hang.ras_address = ras->second;
+    }
     hang_monitor_ = std::make_unique<HangMonitor>(io_, std::move(hang));
 
     machine_ = std::make_unique<AgentMachine>(std::move(machine), std::move(context));

@@ -2,7 +2,9 @@
 
 #include <algorithm>
 #include <fstream>
+#include <future>
 
+#include "../diagnosis/nccl_ras.hpp"
 #include "../diagnosis/stack_capture.hpp"
 
 namespace ddp::launcher {
@@ -30,21 +32,26 @@ const RankView& root_rank(const CollectiveDiagnosis& diagnosis,
   return waiting != views.end() ? *waiting : views.front();
 }
 
+std::string indented(const std::string& lines) {
+  std::string text;
+  std::size_t start = 0;
+  while (start < lines.size()) {
+    const std::size_t end = lines.find('\n', start);
+    text += "  " + lines.substr(start, end - start) + "\n";
+    if (end == std::string::npos) break;
+    start = end + 1;
+  }
+  return text;
+}
+
 }  // namespace
 
-std::string hang_report(const CollectiveDiagnosis& diagnosis, const std::string& stacks) {
+std::string hang_report(const CollectiveDiagnosis& diagnosis, const std::string& stacks,
+                        const std::string& nccl_ras) {
   std::string text = diagnosis.headline + "\n";
   for (const std::string& line : diagnosis.ranks) text += "  " + line + "\n";
-  if (!stacks.empty()) {
-    text += "where each worker was (eu-stack):\n";
-    std::size_t start = 0;
-    while (start < stacks.size()) {
-      const std::size_t end = stacks.find('\n', start);
-      text += "  " + stacks.substr(start, end - start) + "\n";
-      if (end == std::string::npos) break;
-      start = end + 1;
-    }
-  }
+  if (!stacks.empty()) text += "where each worker was (eu-stack):\n" + indented(stacks);
+  if (!nccl_ras.empty()) text += nccl_ras + "\n";
   while (!text.empty() && text.back() == '\n') text.pop_back();
   return text;
 }
@@ -100,14 +107,34 @@ void HangMonitor::report(int round, CollectiveDiagnosis diagnosis, std::vector<R
       targets.push_back({view.rank, view.pid, "", ""});
     }
   }
+  // NCCL's own view, asked while the stacks are taken.
+  const bool nccl = std::any_of(views.begin(), views.end(),
+                                [](const RankView& v) { return !v.remote && v.backend == "nccl"; });
+  std::future<std::string> ras;
+  if (nccl || !options_.ras_address.empty()) {
+    const std::string address =
+        options_.ras_address.empty() ? kNcclRasDefaultAddress : options_.ras_address;
+    ras = std::async(std::launch::async, [address] {
+      const NcclRasStatus status = query_nccl_ras(address);
+      if (!status.answered) {
+        return "NCCL's RAS service at " + address + " did not answer: " + status.error +
+               " (NCCL 2.24+ runs it unless NCCL_RAS_ENABLE=0)";
+      }
+      std::string report = status.report;
+      while (!report.empty() && report.back() == '\n') report.pop_back();
+      return "NCCL's RAS service (" + address + ") says:\n" + indented(report);
+    });
+  }
   const std::vector<RankStack> stacks = capture_stacks(std::move(targets));
+  std::string nccl_ras = ras.valid() ? ras.get() : "";
+  while (!nccl_ras.empty() && nccl_ras.back() == '\n') nccl_ras.pop_back();
   for (const RankStack& stack : stacks) {
     auto view = std::find_if(views.begin(), views.end(),
                              [&](const RankView& v) { return v.rank == stack.rank; });
     write_text(dir / std::to_string(view->local_rank) / "stack.txt",
                stack.error.empty() ? stack.stack : stack.error + "\n");
   }
-  const std::string text = hang_report(diagnosis, group_stacks(stacks));
+  const std::string text = hang_report(diagnosis, group_stacks(stacks), nccl_ras);
   write_text(dir / "hang.txt", text + "\n");
 
   const RankView& root = root_rank(diagnosis, views);

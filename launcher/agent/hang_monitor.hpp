@@ -32,6 +32,9 @@ struct HangMonitorOptions {
   std::function<void(AgentEvent)> post;                // queues an event for the machine
   std::function<void(const std::string&)> notice;      // one line for the console
   StragglerOptions straggler;                          // window 0: no straggler lines
+  // NCCL's RAS service, asked for its status when the job hung: the workers' NCCL_RAS_ADDR
+  // (then always asked); empty: localhost:28028, asked when a rank uses NCCL.
+  std::string ras_address;
 };
 
 class HangMonitor {
@@ -74,7 +77,9 @@ class HangMonitor {
   std::thread reporter_;
 };
 
-// The report of a hang as printed: the verdict, each rank's collective, grouped stacks.
-std::string hang_report(const CollectiveDiagnosis& diagnosis, const std::string& stacks);
+// The report of a hang as printed: the verdict, each rank's collective, grouped stacks, and
+// what NCCL's RAS service said (empty: not asked).
+std::string hang_report(const CollectiveDiagnosis& diagnosis, const std::string& stacks,
+                        const std::string& nccl_ras = "");
 
 }  // namespace ddp::launcher

@@ -11,6 +11,7 @@
 #include <map>
 #include <sstream>
 
+#include "fake_nccl_ras.hpp"
 #include "process_harness.hpp"
 #include "skip.hpp"
 #include "test_support.hpp"
@@ -58,8 +59,11 @@ std::pair<ProcessResult, double> run_timed(const std::vector<std::string>& argv)
 
 TEST_CASE("hang: a rank that never enters the 3rd all-reduce is named, with the collective") {
   TempDir logs;
+  // NCCL's RAS service, as a stand-in named by NCCL_RAS_ADDR (asked even without NCCL ranks).
+  FakeNcclRas ras("Errors\n======\nCommunicator 0x1: rank 2 is missing\n");
   auto [result, took] =
-      run_timed(hang_job(logs.path(), 4, {"--steps", "5", "--rank", "2", "--skip", "3"}));
+      run_timed_env(hang_job(logs.path(), 4, {"--steps", "5", "--rank", "2", "--skip", "3"}),
+                    {{"NCCL_RAS_ADDR", ras.address()}});
   INFO("stderr:\n" << result.err);
   CHECK(result.status != 0);
   CHECK(took < 30);  // --hang_timeout=2 and the stop; nowhere near a collective timeout
@@ -72,6 +76,10 @@ TEST_CASE("hang: a rank that never enters the 3rd all-reduce is named, with the 
   // The failure report names rank 2 as the root cause, hung.
   CHECK_THAT(result.err, Catch::Contains("hung: stopped by ddprun after --hang_timeout"));
   CHECK_THAT(result.err, Catch::Contains("  rank      : 2 (local_rank: 2)"));
+  // What RAS said is part of the report.
+  CHECK_THAT(result.err, Catch::Contains("NCCL's RAS service (" + ras.address() +
+                                         ") says:\n  Errors\n  ======\n"
+                                         "  Communicator 0x1: rank 2 is missing\n"));
 }
 
 TEST_CASE("hang: a rank blocked before a collective is named, with each worker's stack") {
