@@ -12,6 +12,7 @@
 #include <fstream>
 #include <random>
 #include <system_error>
+#include <thread>
 
 #include "../diagnosis/trace_events.hpp"
 #include "../output/console_writer.hpp"
@@ -26,6 +27,7 @@
 #include "hang_monitor.hpp"
 #include "process_worker_group.hpp"
 #include "rendezvous_host.hpp"
+#include "trace_share.hpp"
 
 namespace ddp::launcher {
 namespace fs = std::filesystem;
@@ -77,6 +79,7 @@ class Agent::Impl {
         host_(this_host()) {}
 
   ~Impl() {
+    if (trace_thread_.joinable()) trace_thread_.join();  // bounded by its store timeouts
     hang_monitor_.reset();
     machine_.reset();
     workers_.reset();  // kills and reaps what still runs
@@ -224,8 +227,8 @@ class Agent::Impl {
   // The end: the report queued after all output, then the loop stops (also ending whatever
   // else runs on it, such as a store server); run() then flushes the console.
   void stop(AgentOutcome outcome) {
+    if (trace_ && !trace_written_) return write_trace(std::move(outcome));  // then back here
     exit_code_ = outcome.exit_code;
-    if (trace_) write_trace();
     if (auto steps = hang_monitor_->step_summary_now(); !steps.empty()) notice("ddprun: " + steps);
     if (auto incomplete = log_errors_->take_incomplete_files_notice(); !incomplete.empty()) {
       notice(incomplete);
@@ -290,20 +293,88 @@ class Agent::Impl {
     }
   }
 
-  void write_trace() {
+  // --trace_file, then stop() again. One node writes its trace. On several nodes whose
+  // workers' store an agent serves, the agent of group rank 0 writes the whole job's, on that
+  // store host's clock, and the others send it theirs (trace_share.hpp), off the loop: the
+  // store may be this loop's. After a signal every node writes its own.
+  void write_trace(AgentOutcome outcome) {
     trace_timer_.cancel();
+    trace_written_ = true;
     const std::string path = *config_.trace_file;
+    const elastic::RoundInfo round = workers_ ? workers_->round() : elastic::RoundInfo{};
+    const bool shared = round.members.size() > 1 && outcome.exit_code < 128 &&
+                        rendezvous_->workers_use_agent_store();
+    if (!shared) {
+      write_trace_file(path, trace_->json(), std::to_string(trace_->size()) + " events");
+      return stop(std::move(outcome));
+    }
+    LocalTrace local{trace_->json(), trace_->origin_ns(), host_};
+    trace_thread_ = std::thread([this, round, local = std::move(local), path,
+                                 outcome = std::move(outcome)]() mutable {
+      std::function<void()> then;
+      try {
+        if (round.group_rank == 0) {
+          GatheredTrace gathered = gather_traces(round, local);
+          then = [this, path, round, gathered = std::move(gathered)] {
+            write_trace_file(path, gathered.json, merged_trace_text(round, gathered));
+          };
+        } else {
+          send_trace(round, local);
+          then = [this, round, path] {
+            notice("ddprun: this node's timeline went to the agent of group rank 0 (" +
+                   round.members.front().host + "), which writes the job's to " + path + " there");
+          };
+        }
+      } catch (const std::exception& e) {
+        const std::string own = path + ".group_rank_" + std::to_string(round.group_rank);
+        then = [this, own, json = local.json, why = std::string(e.what())] {
+          notice("ddprun: cannot share this node's timeline through the workers' store (" + why +
+                 "); it goes to " + own + " on its own clock");
+          write_trace_file(own, json, "this node's events");
+        };
+      }
+      boost::asio::post(io_,
+                        [this, then = std::move(then), outcome = std::move(outcome)]() mutable {
+                          then();
+                          stop(std::move(outcome));
+                        });
+    });
+  }
+
+  // "2 nodes on the clock of the workers' store host (10.0.0.1:29500); node-b (group rank 1)
+  // +0.213 ms (± 0.041 ms) from this node".
+  static std::string merged_trace_text(const elastic::RoundInfo& round,
+                                       const GatheredTrace& gathered) {
+    std::string text = std::to_string(gathered.nodes.size()) +
+                       " nodes on the clock of the workers' store host (" + round.master_addr +
+                       ":" + std::to_string(round.master_port) + ")";
+    char offset[96];
+    for (std::size_t i = 1; i < gathered.nodes.size(); ++i) {
+      const NodeTrace& node = gathered.nodes[i];
+      std::snprintf(
+          offset, sizeof offset, "%+.3f ms (± %.3f ms)",
+          static_cast<double>(node.offset_ns - gathered.nodes.front().offset_ns) / 1e6,
+          static_cast<double>(node.uncertainty_ns + gathered.nodes.front().uncertainty_ns) / 1e6);
+      text += "; " + node.host + " (group rank " + std::to_string(node.group_rank) + ") " + offset +
+              " from this node";
+    }
+    for (int g : gathered.missing) {
+      text += "; group rank " + std::to_string(g) + " sent none within " +
+              std::to_string(kTraceShareTimeout.count() / 1000) + " s";
+    }
+    return text;
+  }
+
+  void write_trace_file(const std::string& path, const std::string& json, const std::string& what) {
     std::ofstream out(path, std::ios::trunc);
-    out << trace_->json() << "\n";
+    out << json << "\n";
     out.close();
     if (!out) {
       notice("ddprun: cannot write the trace to " + path + ": " + std::strerror(errno));
       return;
     }
-    std::string note = "ddprun: the job's timeline is in " + path + " (" +
-                       std::to_string(trace_->size()) +
-                       " events; open it in Perfetto or "
-                       "chrome://tracing)";
+    std::string note = "ddprun: the job's timeline is in " + path + " (" + what +
+                       "; open it in Perfetto or chrome://tracing)";
     if (trace_->missed() > 0) {
       note += "; " + std::to_string(trace_->missed()) +
               " collectives went by unread (the record rings moved on)";
@@ -366,6 +437,8 @@ class Agent::Impl {
   bool lingering_ = false;            // the job is over; the rendezvous store waits for the others
   bool hurried_ = false;              // a signal came while lingering
   std::optional<TraceEvents> trace_;  // --trace_file
+  bool trace_written_ = false;
+  std::thread trace_thread_;  // sharing the trace with the other nodes (trace_share.hpp)
   boost::asio::steady_timer trace_timer_{io_};
   std::optional<std::uint64_t> rendezvous_began_ns_;  // of the rendezvous under way (trace)
 };

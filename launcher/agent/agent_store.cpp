@@ -35,6 +35,7 @@ std::unique_ptr<MasterHost> make_agent_store(boost::asio::io_context& io,
   options.host = store_bind_host(config);
   options.port = static_cast<std::uint16_t>(config.master_port.value_or(0));
   options.logger = logger ? std::move(logger) : store::Logger(log_to_stderr);
+  options.clock_key = store::kClockKey;  // the reference clock of a job-wide --trace_file
   return std::make_unique<AgentStore>(io, master_addr(config), std::move(options));
 }
 

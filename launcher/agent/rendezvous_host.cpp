@@ -18,6 +18,7 @@ store::ServerOptions store_options(int port,
   store::ServerOptions options;
   options.host = "0.0.0.0";
   options.port = static_cast<std::uint16_t>(port);
+  options.clock_key = store::kClockKey;  // the reference clock of a job-wide --trace_file
   options.logger = [notice](std::string_view line) {
     notice("ddprun: store: " + std::string(line));
   };

@@ -33,6 +33,7 @@ class TraceEvents {
   // Spans lost because the ring moved on between two collects (a trace read too seldom).
   std::uint64_t missed() const { return missed_; }
   std::size_t size() const { return events_.size(); }
+  std::uint64_t origin_ns() const { return origin_ns_; }
 
   // {"traceEvents": [...], "displayTimeUnit": "ms", "otherData": {...}}
   std::string json() const;

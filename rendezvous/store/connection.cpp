@@ -2,6 +2,7 @@
 
 #include <boost/asio/post.hpp>
 #include <boost/asio/write.hpp>
+#include <ctime>
 #include <utility>
 
 #include "ddp/store/store_util.hpp"
@@ -157,6 +158,12 @@ bool Connection::handle(Request& r) {
       return true;
     }
     case Command::Add: {
+      if (!server_->options.clock_key.empty() && r.key() == server_->options.clock_key) {
+        timespec now{};  // the host's clock, not a counter: nothing is stored
+        ::clock_gettime(CLOCK_MONOTONIC, &now);
+        put_i64(out_, static_cast<std::int64_t>(now.tv_sec) * 1000000000LL + now.tv_nsec);
+        return true;
+      }
       auto value = table.add(r.key(), r.delta);
       if (!value) {
         close("ADD to key " + quoted(r.key()) + " whose value is not a decimal integer");

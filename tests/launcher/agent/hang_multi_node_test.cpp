@@ -2,6 +2,8 @@
 // 3rd all-reduce) lives on the other node, and both agents' reports name it.
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <map>
+#include <set>
 #include <sstream>
 
 #include "multi_node_harness.hpp"
@@ -9,6 +11,17 @@
 using namespace ddp::test;
 
 namespace {
+
+std::vector<std::string> node_argv(int port, const std::string& run_id,
+                                   const std::vector<std::string>& options) {
+  std::vector<std::string> argv = {bin_path("ddprun").string()};
+  for (std::string option : c10d_node("2", port, run_id)) {
+    if (option == "--nproc_per_node=1") option = "--nproc_per_node=2";
+    argv.push_back(option);
+  }
+  argv.insert(argv.end(), options.begin(), options.end());
+  return argv;
+}
 
 std::vector<std::string> hang_node(int port, const std::string& run_id,
                                    const std::filesystem::path& logs) {
@@ -54,4 +67,64 @@ TEST_CASE("hang across two agents: both name the rank on the other node that nev
     CHECK_THAT(verdict, Catch::Contains("rank 2 ("));
     CHECK_THAT(verdict, Catch::Contains("never entered it"));
   }
+}
+
+TEST_CASE("a trace file across two agents: one file, every rank on the store host's clock") {
+  TempDir dir;
+  const int port = free_port();
+  const auto trace_a = dir.path() / "a.json", trace_b = dir.path() / "b.json";
+  auto node = [&](const std::filesystem::path& trace) {
+    return node_argv(port, "trace2",
+                     {"--trace_file=" + trace.string(), bin_path("ddp-hang-worker").string(),
+                      "--steps", "20", "--reducer", "1"});
+  };
+  ChildProcess a(node(trace_a));
+  ChildProcess b(node(trace_b));
+  const ProcessResult ra = a.wait(milliseconds(90000));
+  const ProcessResult rb = b.wait(milliseconds(90000));
+  INFO("node a:\n" << ra.err << "\nnode b:\n" << rb.err);
+  REQUIRE(ra.status == 0);
+  REQUIRE(rb.status == 0);
+  // The agent of group rank 0 writes the file; the other says where its trace went.
+  REQUIRE(std::filesystem::exists(trace_a) != std::filesystem::exists(trace_b));
+  const bool a_wrote = std::filesystem::exists(trace_a);
+  CHECK_THAT(a_wrote ? rb.err : ra.err,
+             Catch::Contains("ddprun: this node's timeline went to the agent of group rank 0"));
+  CHECK_THAT(a_wrote ? ra.err : rb.err, Catch::Contains("(2 nodes on the clock of the workers' store host ("));
+  const nlohmann::json trace = read_json(a_wrote ? trace_a : trace_b);
+
+  const nlohmann::json& nodes = trace.at("otherData").at("nodes");
+  REQUIRE(nodes.size() == 2);
+  for (const auto& n : nodes) {
+    CHECK(n.at("uncertainty_ms").get<double>() >= 0);
+    CHECK(n.at("uncertainty_ms").get<double>() < 100);  // loopback round trips
+  }
+  // Each agent on a track of its own; every rank's collectives.
+  std::set<int> agent_tracks;
+  std::map<int, std::map<int, std::pair<double, double>>> span;  // rank -> seq -> [begin, end]
+  for (const auto& e : trace.at("traceEvents")) {
+    if (e.value("name", "") == "process_name" && e.at("pid") != 1) {
+      agent_tracks.insert(e.at("pid").get<int>());
+    }
+    if (e.value("cat", "") == "collective") {
+      const double ts = e.at("ts").get<double>();
+      span[e.at("tid").get<int>()][e.at("args").at("seq").get<int>()] = {
+          ts, ts + e.at("dur").get<double>()};
+    }
+  }
+  CHECK(agent_tracks == std::set<int>{0, 2});
+  REQUIRE(span.size() == 4);
+  // On one clock, an all-reduce ends on every rank after it began on every other (a node's
+  // spans shifted wrongly by its start time would break this). 1 ms for the estimates.
+  int compared = 0;
+  for (const auto& [seq, first] : span.at(0)) {
+    for (int rank = 1; rank < 4; ++rank) {
+      if (!span.at(rank).contains(seq)) continue;
+      const auto& other = span.at(rank).at(seq);
+      CHECK(other.second >= first.first - 1000);
+      CHECK(first.second >= other.first - 1000);
+      ++compared;
+    }
+  }
+  CHECK(compared >= 20);
 }

@@ -2,6 +2,7 @@
 // connection-closing rules for bad requests.
 
 #include <catch2/catch.hpp>
+#include <ctime>
 #include <limits>
 #include <thread>
 
@@ -81,6 +82,33 @@ TEST_CASE("client and server: the common commands in both dialects") {
     prefixed.set("x", "1");
     CHECK(client.get("/worker/attempt_0/x") == "1");
   }
+}
+
+TEST_CASE("clock key: an ADD to it reads the server's clock and stores nothing") {
+  ServerOptions options;
+  options.clock_key = kClockKey;
+  TestServer server(options);
+  for (Dialect dialect : {Dialect::V1, Dialect::V2}) {
+    CAPTURE(dialect_name(dialect));
+    Client client(server.client_options(dialect));
+    auto now = [] {
+      timespec t{};
+      ::clock_gettime(CLOCK_MONOTONIC, &t);
+      return static_cast<std::int64_t>(t.tv_sec) * 1000000000LL + t.tv_nsec;
+    };
+    const std::int64_t before = now();
+    const std::int64_t first = client.add(kClockKey, 0);
+    const std::int64_t second = client.add(kClockKey, 0);
+    const std::int64_t after = now();
+    CHECK(before <= first);  // one host: the same clock
+    CHECK(first <= second);
+    CHECK(second <= after);
+    CHECK_FALSE(client.check({kClockKey}));
+    CHECK(client.num_keys() == 0);
+  }
+  TestServer plain;  // without the option it is an ordinary counter
+  Client client(plain.client_options(Dialect::V2));
+  CHECK(client.add(kClockKey, 0) == 0);
 }
 
 TEST_CASE("client and server: WAIT is answered when the last key appears") {

@@ -45,7 +45,14 @@ struct ServerOptions {
   // Replies (and 1.x watch events) queued for all connections and not yet taken by their
   // sockets. The connection whose request takes the total past it is closed.
   std::size_t max_queued_reply_bytes = kDefaultMaxQueuedReplyBytes;
+  // Non-empty: an ADD to this key answers the server host's CLOCK_MONOTONIC now, in
+  // nanoseconds, so that clients estimate their clock's offset to it (ddprun's job-wide
+  // trace). Nothing is stored under it; other commands see an ordinary missing key.
+  std::string clock_key;
 };
+
+// The key ddprun's agents serve their clock under (ServerOptions::clock_key).
+inline constexpr const char* kClockKey = "ddprun/clock/monotonic_ns";
 
 // Counters for tests and monitoring; safe to read from any thread.
 struct ServerStats {
