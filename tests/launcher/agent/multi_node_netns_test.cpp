@@ -236,3 +236,30 @@ TEST_CASE("netns one node on A's address: its workers get in, a peer in B is ref
   CHECK(r.status == 0);
   CHECK(count_of(r.err, "not this host") == 1);
 }
+
+TEST_CASE("netns c10d: after a restart the new round's workers' store admits both nodes again") {
+  if (std::string reason = skip_reason(); !reason.empty()) {
+    WARN("skipped: " << reason);
+    return;
+  }
+  NetnsPair pair;
+  const std::string a = pair.address(Side::kA);
+  const int port = free_port();
+  auto node = [&](const char* is_host) {
+    auto options = c10d_node("2", port, "admit-restart", a);
+    options.push_back(std::string("--rdzv_conf=is_host=") + is_host);
+    options.push_back("--max_restarts=1");
+    // Round 0: every worker meets the others in the store, then fails; round 1 (a fresh
+    // store, its admission set anew) they meet again and succeed.
+    return ddprun(options, {"--store-barrier", "--if-restart-below", "1", "--exit", "1"});
+  };
+  ChildProcess agent_a(pair.command_in(Side::kA, node("1")));
+  ChildProcess agent_b(pair.command_in(Side::kB, node("0")));
+  for (auto* agent : {&agent_a, &agent_b}) {
+    ProcessResult r = agent->wait(kJobTimeout);
+    INFO(r.out << r.err);
+    CHECK(r.status == 0);
+    CHECK(count_of(r.out, "store barrier passed") == 2);  // once per round
+    CHECK(count_of(r.err, "refused a connection") == 0);
+  }
+}
