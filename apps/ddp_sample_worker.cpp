@@ -15,6 +15,8 @@
 //   --ignore SIG         ignore a signal (e.g. SIGTERM, to test the kill timeout)
 //   --wait               wait until a signal ends the process
 //   --wait-for-file PATH wait until PATH exists ({rank} and {restart} expanded)
+//   --store-barrier      as a client of the job's store (MASTER_ADDR:MASTER_PORT), wait
+//                        until every rank has reached it; prints "store barrier passed rank=R"
 //   --error-file MSG     write a torchelastic error file ($TORCHELASTIC_ERROR_FILE)
 //   --exit CODE          exit now with CODE
 //   --signal SIG         kill itself with SIG (a name like SIGKILL or a number)
@@ -37,6 +39,8 @@
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
+
+#include "ddp/store/client.hpp"
 
 extern char** environ;
 
@@ -103,6 +107,30 @@ void dump_env(std::string path) {
   std::string tmp = path + ".tmp";
   std::ofstream(tmp) << env.dump(2) << "\n";
   std::rename(tmp.c_str(), path.c_str());  // readers never see half a file
+}
+
+// Every rank ADDs 1 to a counter in the job's store; the last one sets "done", which all
+// wait for. Keys are per restart, so a restarted group meets again. Store errors (a refused
+// connection among them) end the worker with status 1 and the store's message.
+void store_barrier(const std::string& rank, int restart) {
+  constexpr std::chrono::seconds kTimeout{30};
+  ddp::store::ClientOptions options;
+  options.host = env_or("MASTER_ADDR", "127.0.0.1");
+  options.port = static_cast<std::uint16_t>(std::stoi(env_or("MASTER_PORT", "29500")));
+  options.connect_timeout = kTimeout;
+  options.timeout = kTimeout;
+  const std::string prefix = "sample-worker/barrier/" + std::to_string(restart) + "/";
+  try {
+    ddp::store::Client client(options);
+    if (client.add(prefix + "count", 1) == std::stoll(env_or("WORLD_SIZE", "1"))) {
+      client.set(prefix + "done", "1");
+    }
+    client.wait({prefix + "done"}, kTimeout);
+  } catch (const ddp::store::StoreError& e) {
+    std::cerr << "ddp-sample-worker: store barrier failed: " << e.what() << "\n";
+    std::exit(1);
+  }
+  emit(std::cout, "store barrier passed rank=" + rank);
 }
 
 void write_error_file(const std::string& message) {
@@ -182,6 +210,8 @@ int main(int argc, char** argv) {
     } else if (a == "--wait-for-file") {
       std::string path = expand(value());
       if (run) wait_for_file(path);
+    } else if (a == "--store-barrier") {
+      if (run) store_barrier(rank, restart);
     } else if (a == "--print") {
       std::string text = value();
       if (run) emit(std::cout, text);

@@ -5,5 +5,5 @@ ddp_strict(ddprun)
 
 # A worker for tests and the demo: dumps its environment, prints, fails, waits for signals.
 add_executable(ddp-sample-worker ddp_sample_worker.cpp)
-target_link_libraries(ddp-sample-worker PRIVATE nlohmann_json::nlohmann_json)
+target_link_libraries(ddp-sample-worker PRIVATE ddp::store nlohmann_json::nlohmann_json)
 ddp_strict(ddp-sample-worker)

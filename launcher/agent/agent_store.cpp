@@ -3,6 +3,8 @@
 #include <boost/asio/ip/address.hpp>
 #include <cstdio>
 
+#include "store_admission.hpp"
+
 namespace ddp::launcher {
 namespace {
 
@@ -33,6 +35,8 @@ std::unique_ptr<MasterHost> make_agent_store(boost::asio::io_context& io,
                                              const LaunchConfig& config, store::Logger logger) {
   store::ServerOptions options;
   options.host = store_bind_host(config);
+  // On every address, yet only this host's workers use it.
+  if (options.host == "0.0.0.0" && !config.store_allow_any) options.admission = admit_this_host();
   options.port = static_cast<std::uint16_t>(config.master_port.value_or(0));
   options.logger = logger ? std::move(logger) : store::Logger(log_to_stderr);
   options.clock_key = store::kClockKey;  // the reference clock of a job-wide --trace_file

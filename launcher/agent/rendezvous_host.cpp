@@ -7,6 +7,7 @@
 #include "ddp/launcher/agent_store.hpp"
 #include "ddp/launcher/rdzv_settings.hpp"
 #include "local_rendezvous.hpp"
+#include "store_admission.hpp"
 
 namespace ddp::launcher {
 namespace {
@@ -39,7 +40,10 @@ bool port_taken(boost::asio::io_context& io, int port) {
 
 RendezvousHost::RendezvousHost(boost::asio::io_context& io, const LaunchConfig& config,
                                elastic::NodeInfo self, RendezvousHostOptions options)
-    : io_(io), options_(std::move(options)), linger_timer_(io) {
+    : io_(io),
+      options_(std::move(options)),
+      store_allow_any_(config.store_allow_any),
+      linger_timer_(io) {
   const RdzvConf conf = parse_rdzv_conf(config.rdzv_conf);
   for (const std::string& key : conf.unknown_keys) options_.notice(unknown_rdzv_conf_warning(key));
   if (!is_multi_node(config)) {
@@ -111,9 +115,31 @@ void RendezvousHost::check_linger(std::chrono::steady_clock::time_point deadline
   });
 }
 
+void RendezvousHost::next_round(int worker_store_port,
+                                std::function<void(elastic::RoundInfo)> on_round,
+                                std::function<void(std::exception_ptr)> on_error,
+                                std::function<void(elastic::WaitStatus)> on_wait) {
+  if (worker_store_ && !store_allow_any_) {
+    // On the engine's thread: resolve the members there (never on the loop), then post the
+    // admission before on_round posts its own handlers, so it is in place before any worker
+    // of this node starts; the other nodes' workers are held until it is.
+    on_round = [io = &io_, store = std::weak_ptr<store::Server>(worker_store_),
+                on_round = std::move(on_round)](elastic::RoundInfo round) {
+      boost::asio::post(*io, [store, admission = admit_members(round.members)]() mutable {
+        if (auto server = store.lock()) server->set_admission(std::move(admission));
+      });
+      on_round(std::move(round));
+    };
+  }
+  rendezvous_->next_round(worker_store_port, std::move(on_round), std::move(on_error),
+                          std::move(on_wait));
+}
+
 int RendezvousHost::open_worker_store() {
   worker_store_.reset();
-  worker_store_ = std::make_unique<store::Server>(io_, store_options(0, options_.notice));
+  store::ServerOptions options = store_options(0, options_.notice);
+  options.admission = store_allow_any_ ? store::Admission::anyone() : admit_round_pending();
+  worker_store_ = std::make_shared<store::Server>(io_, std::move(options));
   return worker_store_->port();
 }
 

@@ -43,12 +43,11 @@ class RendezvousHost : public elastic::Rendezvous {
                  RendezvousHostOptions options);
   ~RendezvousHost() override;  // the engine (and its threads) ends before the stores close
 
+  // When this agent serves worker stores, the round's store is told its members (on the
+  // loop, before on_round's own handlers run there) as the round closes.
   void next_round(int worker_store_port, std::function<void(elastic::RoundInfo)> on_round,
                   std::function<void(std::exception_ptr)> on_error,
-                  std::function<void(elastic::WaitStatus)> on_wait) override {
-    rendezvous_->next_round(worker_store_port, std::move(on_round), std::move(on_error),
-                            std::move(on_wait));
-  }
+                  std::function<void(elastic::WaitStatus)> on_wait) override;
   void watch_round(std::function<void(elastic::StopReason)> on_stop) override {
     rendezvous_->watch_round(std::move(on_stop));
   }
@@ -68,7 +67,9 @@ class RendezvousHost : public elastic::Rendezvous {
   // c10d: every round gets a fresh worker store, served by its group rank 0.
   bool serves_worker_stores() const { return worker_stores_; }
   // Opens this round's worker store on every address at a port the kernel picks (closing the
-  // last round's) and returns the port.
+  // last round's) and returns the port. Until the round closes it serves loopback and holds
+  // other peers; then it admits the round's nodes and loopback (store_admission.hpp), or
+  // everyone with --store_allow_any.
   int open_worker_store();
 
   // True when this agent serves the rendezvous store to the other agents.
@@ -94,9 +95,12 @@ class RendezvousHost : public elastic::Rendezvous {
   RendezvousHostOptions options_;
   bool agent_store_ = false;
   bool worker_stores_ = false;
+  bool store_allow_any_ = false;                     // --store_allow_any
   std::unique_ptr<MasterHost> master_;               // one node
   std::unique_ptr<store::Server> rendezvous_store_;  // several, when this agent hosts it
-  std::unique_ptr<store::Server> worker_store_;      // c10d: this round's
+  // c10d, etcd: this round's (shared with the handler that sets its members, which must not
+  // touch a later round's store).
+  std::shared_ptr<store::Server> worker_store_;
   std::unique_ptr<elastic::Rendezvous> rendezvous_;
   boost::asio::steady_timer linger_timer_;
   bool hurry_ = false;  // hurry() was called

@@ -133,6 +133,7 @@ std::string random_uuid() {
 
 void parse_rendezvous(const RawOptions& raw, LaunchConfig& config) {
   config.standalone = raw.flags.at("standalone");
+  config.store_allow_any = raw.flags.at("store_allow_any");
   config.rdzv_backend = raw.values.at("rdzv_backend");
   config.rdzv_endpoint = raw.values.at("rdzv_endpoint");
   config.rdzv_id = raw.values.at("rdzv_id");

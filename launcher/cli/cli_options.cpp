@@ -44,6 +44,9 @@ constexpr std::array kOptions = {
                "MASTER_PORT given to workers. When not given, a free port is picked."},
     OptionSpec{"local_addr", "", true, false, "ADDR", "", kRdzv,
                "Address of this node; becomes MASTER_ADDR when given.", true},
+    OptionSpec{"store_allow_any", "", true, true, "", "", kRdzv,
+               "Let every address connect to the stores this agent serves for the workers "
+               "(behind NAT or a proxy); by default only the job's nodes and loopback may."},
     OptionSpec{"max_restarts", "", true, false, "N", "0", kLife,
                "Restarts of the whole worker group after a failure before giving up."},
     OptionSpec{"monitor_interval", "", true, false, "SECONDS", "5", kLife,

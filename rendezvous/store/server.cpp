@@ -81,9 +81,50 @@ void Server::Impl::start_accept() {
           });
           return;
         }
-        self->adopt(std::move(socket));
+        self->admit(std::move(socket));
         self->start_accept();
       });
+}
+
+void Server::Impl::admit(tcp::socket socket) {
+  if (options.admission.admits_anyone()) return adopt(std::move(socket));
+  boost::system::error_code ec;
+  auto remote = socket.remote_endpoint(ec);
+  if (ec) return;  // gone already (reset before we looked): nothing to serve or refuse
+  switch (options.admission.judge(remote.address())) {
+    case Admission::Verdict::kAdmit:
+      return adopt(std::move(socket));
+    case Admission::Verdict::kRefuse:
+      return refuse(std::move(socket), options.admission.why());
+    case Admission::Verdict::kHold:
+      if (held.size() >= options.max_held_connections) {
+        return refuse(std::move(socket), "already holding " + std::to_string(held.size()) +
+                                             " connection(s) until this store learns who "
+                                             "may connect");
+      }
+      held.push_back(std::move(socket));
+      held_count = static_cast<std::int64_t>(held.size());
+      return;
+  }
+}
+
+void Server::Impl::refuse(tcp::socket socket, const std::string& why) {
+  boost::system::error_code ec;
+  auto remote = socket.remote_endpoint(ec);
+  socket.close(ec);
+  if (auto line =
+          refusals.refused(remote.address().to_string(), why, std::chrono::steady_clock::now())) {
+    log(*line);
+  }
+  ++refused;  // after the line: a reader of stats() finds it logged
+}
+
+void Server::Impl::set_admission(Admission admission) {
+  options.admission = std::move(admission);
+  auto waiting = std::move(held);
+  held.clear();
+  held_count = 0;
+  for (tcp::socket& socket : waiting) admit(std::move(socket));
 }
 
 void Server::Impl::adopt(tcp::socket socket) {
@@ -111,6 +152,9 @@ void Server::Impl::close() {
   boost::system::error_code ignored;
   acceptor.close(ignored);
   accept_retry.cancel();
+  for (tcp::socket& socket : held) socket.close(ignored);
+  held.clear();
+  held_count = 0;
   auto open = std::move(connections);
   connections.clear();
   for (auto& [raw, connection] : open) {
@@ -131,6 +175,8 @@ const std::string& Server::host() const { return impl_->options.host; }
 
 void Server::close() { impl_->close(); }
 
+void Server::set_admission(Admission admission) { impl_->set_admission(std::move(admission)); }
+
 ServerStats Server::stats() const {
   ServerStats s;
   s.connections = impl_->open_connections.load();
@@ -138,6 +184,8 @@ ServerStats Server::stats() const {
   s.keys = impl_->keys.load();
   s.accepted = impl_->accepted.load();
   s.rejected = impl_->rejected.load();
+  s.refused = impl_->refused.load();
+  s.held = impl_->held_count.load();
   s.requests = impl_->requests.load();
   s.stored_bytes = impl_->stored_bytes.load();
   s.queued_reply_bytes = impl_->queued_reply_bytes.load();

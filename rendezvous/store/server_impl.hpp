@@ -9,7 +9,9 @@
 #include <boost/asio/steady_timer.hpp>
 #include <memory>
 #include <unordered_map>
+#include <vector>
 
+#include "ddp/store/refusal_log.hpp"
 #include "ddp/store/server.hpp"
 #include "store_table.hpp"
 
@@ -21,7 +23,11 @@ struct Server::Impl : std::enable_shared_from_this<Server::Impl> {
   Impl(boost::asio::io_context& io, ServerOptions options);
 
   void start_accept();
+  // Serves, refuses or holds a just-accepted socket, as options.admission says.
+  void admit(boost::asio::ip::tcp::socket socket);
   void adopt(boost::asio::ip::tcp::socket socket);
+  void refuse(boost::asio::ip::tcp::socket socket, const std::string& why);
+  void set_admission(Admission admission);
   void remove(Connection* connection);
   void close();
   void log(std::string_view line) const;
@@ -34,6 +40,8 @@ struct Server::Impl : std::enable_shared_from_this<Server::Impl> {
   bool closed = false;
   StoreTable table;
   std::unordered_map<Connection*, std::shared_ptr<Connection>> connections;
+  std::vector<boost::asio::ip::tcp::socket> held;  // unread until admission is decided
+  RefusalLog refusals;
   // Every connection reads into this one buffer: the loop is single-threaded and a
   // connection consumes what it read before returning to the loop.
   std::array<char, 64 * 1024> read_buffer{};
@@ -43,6 +51,8 @@ struct Server::Impl : std::enable_shared_from_this<Server::Impl> {
   std::atomic<std::int64_t> keys{0};
   std::atomic<std::int64_t> accepted{0};
   std::atomic<std::int64_t> rejected{0};
+  std::atomic<std::int64_t> refused{0};
+  std::atomic<std::int64_t> held_count{0};
   std::atomic<std::int64_t> requests{0};
   std::atomic<std::int64_t> stored_bytes{0};
   // Replies queued in every connection (each adds what it holds beyond what it told).

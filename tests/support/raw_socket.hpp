@@ -17,9 +17,20 @@ namespace ddp::test {
 
 class RawSocket {
  public:
-  explicit RawSocket(std::uint16_t port) {
+  // Connects to 127.0.0.1:port from source (a loopback address such as "127.0.0.2"; empty:
+  // the kernel picks, 127.0.0.1).
+  explicit RawSocket(std::uint16_t port, const std::string& source = "") {
     fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd_ < 0) throw std::runtime_error("socket() failed");
+    if (!source.empty()) {
+      sockaddr_in local{};
+      local.sin_family = AF_INET;
+      if (::inet_pton(AF_INET, source.c_str(), &local.sin_addr) != 1 ||
+          ::bind(fd_, reinterpret_cast<sockaddr*>(&local), sizeof(local)) != 0) {
+        ::close(fd_);
+        throw std::runtime_error("cannot bind a socket to " + source);
+      }
+    }
     sockaddr_in addr{};
     addr.sin_family = AF_INET;
     addr.sin_port = htons(port);

@@ -7,6 +7,7 @@
 #include <boost/asio/post.hpp>
 #include <chrono>
 #include <functional>
+#include <future>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -43,6 +44,15 @@ class TestServer {
   }
   std::uint16_t port() const { return server_->port(); }
   store::ServerStats stats() const { return server_->stats(); }
+  // Server::set_admission on the server's thread; returns once it ran.
+  void set_admission(store::Admission admission) {
+    std::promise<void> done;
+    boost::asio::post(io_, [&] {
+      server_->set_admission(std::move(admission));
+      done.set_value();
+    });
+    done.get_future().wait();
+  }
   std::vector<std::string> log() const {
     std::lock_guard lock(mutex_);
     return log_;

@@ -100,6 +100,7 @@ TEST_CASE("defaults are torchrun's") {
   CHECK(c.entrypoint_kind == EntrypointKind::kAuto);
   CHECK_FALSE(c.run_path);
   CHECK_FALSE(c.legacy_local_rank);
+  CHECK_FALSE(c.store_allow_any);
   CHECK(c.entrypoint == "train.py");
   CHECK(c.entrypoint_args.empty());
 }
@@ -194,6 +195,8 @@ TEST_CASE("every valued option in every spelling") {
        [](auto& c) { return c.run_path && c.entrypoint_kind == EntrypointKind::kAuto; }},
       {{"--legacy_local_rank"}, [](auto& c) { return c.legacy_local_rank; }},
       {{"--legacy-local-rank"}, [](auto& c) { return c.legacy_local_rank; }},
+      {{"--store_allow_any"}, [](auto& c) { return c.store_allow_any; }},
+      {{"--store-allow-any"}, [](auto& c) { return c.store_allow_any; }},
       {{"--max_restarts=1", "--max_restarts=4"}, restarts},  // the last one wins, as argparse
   };
   for (const Row& row : rows) {
@@ -266,9 +269,13 @@ TEST_CASE("PET_ variables give every option its default and the command line win
   CHECK(d.nproc_per_node == 2);
   CHECK(d.max_restarts == 0);
 
-  fake.env = {{"PET_STANDALONE", "1"}, {"PET_MODULE", "1"}, {"PET_LEGACY_LOCAL_RANK", "1"}};
+  fake.env = {{"PET_STANDALONE", "1"},
+              {"PET_MODULE", "1"},
+              {"PET_LEGACY_LOCAL_RANK", "1"},
+              {"PET_STORE_ALLOW_ANY", "1"}};
   LaunchConfig e = parse({"pkg.mod"}, fake);
   CHECK(e.standalone);
+  CHECK(e.store_allow_any);
   CHECK(e.entrypoint_kind == EntrypointKind::kModule);
   CHECK(e.legacy_local_rank);
 }
@@ -386,6 +393,7 @@ TEST_CASE("help and version texts") {
                              "--signals_to_handle",
                              "--shutdown_timeout",
                              "--legacy_local_rank",
+                             "--store_allow_any",
                              "Nodes and workers:",
                              "Logs:"}) {
     CHECK_THAT(help.text, Catch::Contains(option));

@@ -51,6 +51,7 @@ struct LaunchConfig {
   std::string master_addr = "127.0.0.1";         // --master_addr; MASTER_ADDR
   std::optional<int> master_port;  // --master_port when given; else a free port is picked
   std::string local_addr;          // --local_addr; MASTER_ADDR when set
+  bool store_allow_any = false;    // --store_allow_any: the stores admit every address
 
   // Worker lifecycle.
   int max_restarts = 0;                // --max_restarts: group restarts after a failure

@@ -16,6 +16,7 @@
 #include <string>
 #include <string_view>
 
+#include "ddp/store/admission.hpp"
 #include "ddp/store/store.hpp"
 #include "ddp/store/wire_codec.hpp"
 
@@ -26,6 +27,7 @@ inline constexpr std::size_t kDefaultMaxWaitsPerConnection = 1024;
 // per rank).
 inline constexpr std::size_t kDefaultMaxStoredBytes = std::size_t{1} << 30;         // 1 GiB
 inline constexpr std::size_t kDefaultMaxQueuedReplyBytes = std::size_t{256} << 20;  // 256 MiB
+inline constexpr std::size_t kDefaultMaxHeldConnections = 1024;
 
 // One line per event worth telling an operator (a connection closed for bad bytes).
 using Logger = std::function<void(std::string_view line)>;
@@ -49,6 +51,11 @@ struct ServerOptions {
   // nanoseconds, so that clients estimate their clock's offset to it (ddprun's job-wide
   // trace). Nothing is stored under it; other commands see an ordinary missing key.
   std::string clock_key;
+  // Who may connect (the peer's address, at accept): anyone by default. Refused peers are
+  // closed at once, with a line per address at most once a minute (RefusalLog).
+  Admission admission = Admission::anyone();
+  // Connections held while admission is pending; one more is refused.
+  std::size_t max_held_connections = kDefaultMaxHeldConnections;
 };
 
 // The key ddprun's agents serve their clock under (ServerOptions::clock_key).
@@ -61,6 +68,8 @@ struct ServerStats {
   std::int64_t keys = 0;                // keys stored
   std::int64_t accepted = 0;            // connections accepted since start
   std::int64_t rejected = 0;            // connections closed for a protocol violation
+  std::int64_t refused = 0;             // connections closed at accept (ServerOptions::admission)
+  std::int64_t held = 0;                // connections held until admission is decided
   std::int64_t requests = 0;            // requests handled since start
   std::int64_t stored_bytes = 0;        // keys, values and queued elements held
   std::int64_t queued_reply_bytes = 0;  // replies waiting for their clients' sockets
@@ -84,6 +93,11 @@ class Server {
   void close();
 
   ServerStats stats() const;
+
+  // From now on, admit by admission: connections held so far are judged by it (a pending one
+  // keeps holding the peers it does not list); open connections are left alone. Call from
+  // the io_context's thread.
+  void set_admission(Admission admission);
 
   struct Impl;
 
