@@ -125,8 +125,8 @@ out=$(timeout "$job_timeout_s" "$ddprun" --standalone --nproc_per_node=2 "$proje
 [[ $(grep -c 'world=2 sum=2$' <<<"$out") -eq 2 ]] || { echo "$out"; fail "expected sum=2 on 2 ranks"; }
 echo "ok: a find_package(ddp) program built against the package ran on 2 ranks: sum=2"
 
-# A 2-rank PyTorch job under the installed ddprun.
-python=/usr/bin/python3
+# A 2-rank PyTorch job under the installed ddprun, with the suite's PyTorch (DDP_TEST_PYTHON).
+python=${DDP_TEST_PYTHON:-/usr/bin/python3}
 "$python" -c 'import torch.distributed' 2>/dev/null ||
   skip "the packages pass; the PyTorch job needs $python with torch (scripts/setup installs python3-torch)"
 out=$(PYTHON_EXEC=$python timeout "$job_timeout_s" "$ddprun" --standalone --nproc_per_node=2 \

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The wheel: packaging/wheel/build_wheel.py makes it from the programs of the build in $1 (no
-# rebuild); a fresh virtualenv over Debian's /usr/bin/python3 (--system-site-packages, so that
-# Debian's torch is visible in it) installs it with `pip install --no-index`; its bin/ddprun is
+# rebuild); a fresh virtualenv over the tests' PyTorch python (DDP_TEST_PYTHON, default Debian's
+# /usr/bin/python3; --system-site-packages, so that its torch is visible in it) installs it
+# with `pip install --no-index`; its bin/ddprun is
 # the native program (not a Python wrapper) and runs a 2-rank PyTorch job with the venv
 # activated, the workers started with the venv's python3 as a user's would be.
 #
@@ -11,16 +12,20 @@ set -euo pipefail
 build=$(cd "${1:?usage: wheel_test.sh BUILD_DIR}" && pwd)
 here=$(cd "$(dirname "$0")" && pwd)
 source_dir=$(cd "$here/../.." && pwd)
-python=/usr/bin/python3
+# Debian's python3 builds the wheel (python3-setuptools, python3-wheel); the venv is made over
+# the python whose PyTorch the suite tests (tests/CMakeLists.txt passes DDP_TEST_PYTHON).
+builder=/usr/bin/python3
+python=${DDP_TEST_PYTHON:-/usr/bin/python3}
 readonly job_timeout_s=120
 
 skip() { echo "skipped: $*"; exit 77; }
 fail() { echo "FAILED: $*" >&2; exit 1; }
 
-[[ -x $python ]] || skip "no $python (Debian's python3)"
+[[ -x $builder ]] || skip "no $builder (Debian's python3)"
+[[ -x $python ]] || skip "no $python (DDP_TEST_PYTHON)"
 command -v objdump >/dev/null || skip "objdump is not installed (binutils, in build-essential)"
-"$python" -c 'import setuptools, wheel' 2>/dev/null ||
-  skip "$python lacks setuptools or wheel (scripts/setup installs python3-setuptools python3-wheel)"
+"$builder" -c 'import setuptools, wheel' 2>/dev/null ||
+  skip "$builder lacks setuptools or wheel (scripts/setup installs python3-setuptools python3-wheel)"
 "$python" -c 'import ensurepip, venv' 2>/dev/null ||
   skip "$python cannot make a virtualenv (scripts/setup installs python3-venv)"
 for target in ddprun ddpstore; do
@@ -31,7 +36,7 @@ version=$(sed -n 's/^CMAKE_PROJECT_VERSION:STATIC=//p' "$build/CMakeCache.txt")
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT
 
-"$python" "$source_dir/packaging/wheel/build_wheel.py" --bin-dir "$build/bin" \
+"$builder" "$source_dir/packaging/wheel/build_wheel.py" --bin-dir "$build/bin" \
   --dist-dir "$scratch/dist" --version "$version" >"$scratch/wheel.log" 2>&1 ||
   { cat "$scratch/wheel.log"; fail "build_wheel.py failed"; }
 cat "$scratch/wheel.log"
@@ -48,6 +53,14 @@ fi
 
 "$python" -m venv --system-site-packages "$scratch/venv" >"$scratch/venv.log" 2>&1 ||
   { cat "$scratch/venv.log"; fail "$python -m venv failed"; }
+# A venv made by a venv's python sees the base interpreter's packages, not that venv's (where
+# its torch is): a .pth file adds them, as --system-site-packages does for a system python.
+parent_site=$("$python" -c 'import site, sys
+if sys.prefix != sys.base_prefix: print("\n".join(site.getsitepackages()))')
+if [[ -n $parent_site ]]; then
+  venv_site=$("$scratch/venv/bin/python" -c 'import site; print(site.getsitepackages()[0])')
+  printf '%s\n' "$parent_site" >"$venv_site/ddp-test-parent.pth"
+fi
 "$scratch/venv/bin/pip" install --no-index --disable-pip-version-check -q "$wheel" \
   >"$scratch/pip.log" 2>&1 || { cat "$scratch/pip.log"; fail "pip install --no-index failed"; }
 venv_ddprun=$scratch/venv/bin/ddprun

@@ -7,6 +7,7 @@
 
 #include "ddp/runtime.hpp"
 #include "ddp/store/memory_store.hpp"
+#include "test_support.hpp"
 #include "thread_world.hpp"
 
 namespace ddp::test {
@@ -21,7 +22,8 @@ inline ddp::Context nccl_context(std::shared_ptr<ddp::store::Store> store, int r
 
 // World size 1 on its own memory store.
 inline ddp::Context nccl_world_of_one() {
-  return nccl_context(std::make_shared<ddp::store::MemoryStore>(), 0, 1, std::chrono::seconds(60));
+  return nccl_context(std::make_shared<ddp::store::MemoryStore>(), 0, 1,
+                      ddp::test::build_timeout(std::chrono::seconds(60)));
 }
 
 }  // namespace ddp::test

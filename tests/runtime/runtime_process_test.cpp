@@ -1,5 +1,5 @@
 // libddp over real processes on loopback: under ddprun, under an agent-hosted store, and
-// under python3-torch's torchrun (1.x store dialect).
+// under PyTorch's torchrun (DDP_TEST_PYTHON's: its agent store speaks 1.x on 1.13, 2.x on 2.x).
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/post.hpp>
 #include <catch2/catch.hpp>
@@ -94,15 +94,16 @@ TEST_CASE("rank 0 hosts the store when the agent does not (TORCHELASTIC_USE_AGEN
   REQUIRE(count_matches(result.output, "sum=3\\b") == 3);
 }
 
-TEST_CASE("the sample program works under python3-torch's torchrun (1.x store)") {
+TEST_CASE("the sample program works under PyTorch's torchrun (its own agent store)") {
   if (!ddp::test::torch_available()) {
     return ddp::test::skip(ddp::test::torch_python() + " cannot import torch");
   }
-  const std::string torchrun = ddp::test::torch_python() + " " +
-                               ddp::test::source_path("tests/runtime/torchrun.py").string();
-  // Static rendezvous: the agent hosts a 1.x store (TORCHELASTIC_USE_AGENT_STORE=True).
+  std::string torchrun;
+  for (const std::string& arg : ddp::test::torchrun_argv()) torchrun += arg + " ";
+  // Static rendezvous: the agent hosts its store (TORCHELASTIC_USE_AGENT_STORE=True), in the
+  // dialect of its version; the workers find which one it speaks.
   const auto port = free_port();
-  const auto result = run(torchrun + " --nproc_per_node=3 --master_port=" + std::to_string(port) +
+  const auto result = run(torchrun + "--nproc_per_node=3 --master_port=" + std::to_string(port) +
                           " --no_python " + bin("ddp-example-sum"));
   INFO(result.output);
   REQUIRE(result.status == 0);

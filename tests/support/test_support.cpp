@@ -76,17 +76,52 @@ void ScopedEnvironment::save(const std::string& name) {
 bool sanitized_build() { return DDP_TEST_TIME_FACTOR > 1; }
 
 std::chrono::milliseconds build_timeout(std::chrono::milliseconds base) {
-  return base * DDP_TEST_TIME_FACTOR;
+  static const int run_factor = [] {
+    const char* value = std::getenv("DDP_TEST_TIME_FACTOR");
+    const int factor = value ? std::atoi(value) : 1;
+    return factor >= 1 ? factor : 1;
+  }();
+  return base * DDP_TEST_TIME_FACTOR * run_factor;
 }
 
-bool torch_available() {
-  static const bool available = [] {
-    std::string cmd = torch_python() +
-                      " -c 'import torch.distributed as d; assert d.is_gloo_available()'"
-                      " >/dev/null 2>&1";
-    return std::system(cmd.c_str()) == 0;
+namespace {
+
+// What torch_python() imports, asked once per process (one interpreter start: importing
+// torch takes seconds on a loaded machine).
+struct TorchProbe {
+  std::optional<TorchVersion> version;  // nullopt: no torch
+  bool gloo = false;                    // torch.distributed with Gloo
+};
+
+const TorchProbe& torch_probe() {
+  static const TorchProbe probe = [] {
+    TorchProbe p;
+    const ShellResult result =
+        run_shell(torch_python() +
+                      " -c 'import torch; import torch.distributed as d;"
+                      " print(int(d.is_available() and d.is_gloo_available()), torch.__version__)'"
+                      " 2>/dev/null",
+                  120);
+    TorchVersion v;
+    int gloo = 0;
+    if (result.status == 0 &&
+        std::sscanf(result.output.c_str(), "%d %d.%d", &gloo, &v.major, &v.minor) == 3) {
+      p.version = v;
+      p.gloo = gloo == 1;
+    }
+    return p;
   }();
-  return available;
+  return probe;
+}
+
+}  // namespace
+
+bool torch_available() { return torch_probe().gloo; }
+
+std::optional<TorchVersion> torch_version() { return torch_probe().version; }
+
+std::vector<std::string> torchrun_argv() {
+  return {torch_python(), source_path("scripts/torchrun-py311").string()};
 }
 
 ShellResult run_shell(const std::string& command, int timeout_seconds) {

@@ -7,6 +7,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace ddp::test {
 
@@ -14,14 +15,30 @@ namespace ddp::test {
 std::filesystem::path bin_path(const std::string& name);
 // <source tree>/<relative>
 std::filesystem::path source_path(const std::string& relative);
-// The interpreter with python3-torch (Debian's /usr/bin/python3).
+// The interpreter with PyTorch that the interop and parity tests run: the CMake cache variable
+// DDP_TEST_PYTHON (default Debian's /usr/bin/python3 with python3-torch 1.13; a virtualenv's
+// or conda env's python tests against another PyTorch).
 std::string torch_python();
 // True when torch_python() can import torch with Gloo.
 bool torch_available();
 
+// The major and minor version of a PyTorch ("2.11.0+cu128": 2 and 11).
+struct TorchVersion {
+  int major = 0;
+  int minor = 0;
+};
+// The version of the PyTorch that torch_python() imports, read once per process (the tests
+// check what that version does: its store dialect, its keys); nullopt when it imports none.
+std::optional<TorchVersion> torch_version();
+// How PyTorch's torchrun is started with torch_python(): scripts/torchrun-py311, which is
+// torchrun itself on 2.x and fixes 1.13's --redirects/--tee parser on Python 3.11.
+std::vector<std::string> torchrun_argv();
+
 // A short timeout for a test, derived from the build: `base` in a normal build, a multiple
 // of it under sanitizers (slower code, and `ctest -j` shares the cores), so a wait meant to
-// succeed does not time out there by accident.
+// succeed does not time out there by accident. The environment variable DDP_TEST_TIME_FACTOR
+// (a whole number >= 1) multiplies it again: scripts/gpu-check sets it for the runs under
+// compute-sanitizer, which slows the same binaries down tenfold or more.
 std::chrono::milliseconds build_timeout(std::chrono::milliseconds base);
 // True in the AddressSanitizer + UndefinedBehaviorSanitizer build of the tests.
 bool sanitized_build();

@@ -21,6 +21,7 @@
 #include "mlp.hpp"
 #include "sgd.hpp"
 #include "skip.hpp"
+#include "test_support.hpp"
 
 namespace {
 
@@ -107,7 +108,8 @@ TEST_CASE("CudaMlp: logits, loss, gradients and their order match the CPU Mlp") 
   DeviceBuffer<double> loss(1, "loss");
   const float* gpu_logits = gpu.forward(images.data(), batch);
   gpu.backward(labels.data(), loss.data(), [&](std::size_t i) { gpu_order.push_back(i); });
-  fmnist::cuda::wait_stream(stream.get(), std::chrono::seconds(60), "the test's backward");
+  fmnist::cuda::wait_stream(stream.get(), ddp::test::build_timeout(std::chrono::seconds(60)),
+                            "the test's backward");
 
   require_close(to_host(gpu_logits, cpu_logits_copy.size()), cpu_logits_copy, "logits");
   double gpu_loss = 0;
@@ -144,11 +146,12 @@ TEST_CASE("CudaSgd: two momentum steps match Sgd") {
     cpu.step(cpu_p, cpu_g);
     gpu.step(gpu_p, gpu_g);
   }
-  fmnist::cuda::wait_stream(stream.get(), std::chrono::seconds(60), "the test's steps");
+  fmnist::cuda::wait_stream(stream.get(), ddp::test::build_timeout(std::chrono::seconds(60)),
+                            "the test's steps");
   for (std::size_t i = 0; i < sizes.size(); ++i) {
     CHECK(to_host(d_params[i].data(), sizes[i]) == params[i]);  // same float operations
   }
   std::vector<std::vector<float>> buffers;
-  gpu.download(buffers, std::chrono::seconds(60));
+  gpu.download(buffers, ddp::test::build_timeout(std::chrono::seconds(60)));
   CHECK(buffers == cpu.buffers());
 }

@@ -72,10 +72,10 @@ TEST_CASE("the PyTorch script's per-step losses match ours under ddprun and torc
   REQUIRE(under_ddprun.status == 0);
   require_close(ours_losses, step_losses(under_ddprun.output));
 
+  std::string torchrun;
+  for (const std::string& arg : ddp::test::torchrun_argv()) torchrun += arg + " ";
   const auto under_torchrun = ddp::test::run_shell(
-      ddp::test::torch_python() + " " + ddp::test::source_path("scripts/torchrun-py311").string() +
-          " --standalone --nproc_per_node=2 " + script + kArgs,
-      kTimeoutSeconds);
+      torchrun + "--standalone --nproc_per_node=2 " + script + kArgs, kTimeoutSeconds);
   INFO(under_torchrun.output);
   REQUIRE(under_torchrun.status == 0);
   require_close(ours_losses, step_losses(under_torchrun.output));

@@ -1,4 +1,4 @@
-// A real PyTorch job (python3-torch, Gloo, init_method="env://") across two agents on
+// A real PyTorch job (DDP_TEST_PYTHON's torch, Gloo, init_method="env://") across two agents on
 // loopback, 2 nodes × 2 workers: ddprun gives the same all_reduce result as torchrun, with
 // static and with c10d rendezvous. Skipped, saying why, where torch cannot be imported.
 #include <catch2/catch.hpp>
@@ -12,14 +12,14 @@ namespace {
 
 constexpr milliseconds kTorchJobTimeout{180000};  // python + torch imports, twice, under load
 
-// One node's command line: ddprun, or torchrun (Debian's, through scripts/torchrun-py311).
+// One node's command line: ddprun, or that PyTorch's torchrun (torchrun_argv()).
 std::vector<std::string> node_command(const std::string& launcher, const std::string& backend,
                                       int node_rank, int port) {
   std::vector<std::string> argv;
   if (launcher == "ddprun") {
     argv = {bin_path("ddprun").string()};
   } else {
-    argv = {torch_python(), source_path("scripts/torchrun-py311").string()};
+    argv = torchrun_argv();
   }
   argv.insert(argv.end(), {"--nnodes=2", "--nproc_per_node=2"});
   if (backend == "static") {

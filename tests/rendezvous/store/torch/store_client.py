@@ -1,5 +1,6 @@
-"""PyTorch 1.13's TCPStore client against a store at 127.0.0.1:PORT: every operation it has.
-Prints OK and exits 0 when every check passed."""
+"""PyTorch's TCPStore client (1.13's 1.x dialect, or 2.x's) against a store at
+127.0.0.1:PORT: every operation both have, with the same answers. Prints OK and exits 0 when
+every check passed."""
 import datetime
 import sys
 import threading

@@ -1,5 +1,5 @@
-"""PyTorch 1.13's own TCPStore server on 127.0.0.1 (port picked). Prints the port, then
-serves until killed."""
+"""PyTorch's own TCPStore server on 127.0.0.1 (port picked): 1.13's, or 2.x's (its libuv
+server, the default since 2.4). Prints the port, then serves until killed."""
 import datetime
 import sys
 import threading
