@@ -134,7 +134,21 @@ void AgentMachine::on(const event::WorkerExited& e) {
   }
   ++exits_seen_;
   if (state_ == State::kRunning && e.exit.failed()) on_local_failure(e.local_rank);
+  if (state_ == State::kStopping && e.exit.failed()) note_late_failure(e.local_rank);
   if (exits_seen_ == group_size_) on_group_exited();
+}
+
+// A worker that exits while the group is being stopped was stopped by us, unless it had
+// written its error file: then it failed on its own before the stop reached it (the same
+// exception on every rank), and the report lists it with the other failures, as torchrun does
+// for the failures it sees in the same poll.
+void AgentMachine::note_late_failure(int local_rank) {
+  if (root_cause_ && root_cause_->local_rank == local_rank) return;
+  for (const WorkerFailure& other : other_failures_) {
+    if (other.local_rank == local_rank) return;  // reaped with the root cause already
+  }
+  WorkerFailure failure = ctx_.workers->failure_of(local_rank);
+  if (failure.error) other_failures_.push_back(std::move(failure));
 }
 
 // The root cause. Workers that have already failed too are "other failures"; the rest are
