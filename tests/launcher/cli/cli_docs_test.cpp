@@ -192,3 +192,10 @@ TEST_CASE("the restart line and the failure report in docs/cli.md are what ddpru
     REQUIRE(at != std::string::npos);
   }
 }
+
+TEST_CASE("ddp-sample-worker, used in the docs' examples, has a --help") {
+  ProcessResult r = run_process({bin_path("ddp-sample-worker").string(), "--help"});
+  CHECK(r.status == 0);
+  CHECK_THAT(r.out, Catch::Contains("--if-rank R"));
+  CHECK_THAT(r.out, Catch::Contains("--exit CODE"));
+}
