@@ -119,6 +119,12 @@ void AgentMachine::on(const event::Waiting& e) {
   } else if (s.joined < s.min_nodes) {
     ctx_.notice("ddprun: waiting for " + std::to_string(s.min_nodes - s.joined) + " of " +
                 std::to_string(s.min_nodes) + " nodes" + where);
+  } else if (s.last_call_left) {
+    const auto left = std::chrono::ceil<std::chrono::seconds>(*s.last_call_left).count();
+    ctx_.notice("ddprun: " + std::to_string(s.joined) + " of at most " +
+                std::to_string(s.max_nodes) + " nodes joined" + where +
+                "; last call: the round starts with these in " + std::to_string(left) +
+                " s (last_call_timeout) unless " + std::to_string(s.max_nodes) + " join sooner");
   } else {
     ctx_.notice("ddprun: " + std::to_string(s.joined) + " of at most " +
                 std::to_string(s.max_nodes) + " nodes joined; waiting for the round to close" +
