@@ -1,5 +1,6 @@
 #include "agent_machine.hpp"
 
+#include <algorithm>
 #include <csignal>
 
 #include "ddp/launcher/signal_names.hpp"
@@ -379,8 +380,31 @@ void AgentMachine::done() {
 // The message of a stop reason for a hang (event::Hung) starts with this.
 constexpr std::string_view kHangPrefix = "the job hung";
 
+namespace {
+
+// "vm (agent pid 4242)": the node's host and, since several agents may share a host, its
+// agent's pid, taken from the node id "<host>_<pid>_<random>"; just the host (or the id)
+// for an id of another form.
+std::string agent_name(const StopReason& reason) {
+  if (reason.host.empty()) return reason.node_id;
+  const std::string& id = reason.node_id;
+  const std::size_t begin = reason.host.size() + 1;
+  const std::size_t end = id.rfind('_');
+  if (!id.starts_with(reason.host + "_") || end == std::string::npos || end <= begin) {
+    return reason.host;
+  }
+  const std::string pid = id.substr(begin, end - begin);
+  if (!std::all_of(pid.begin(), pid.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    return reason.host;
+  }
+  return reason.host + " (agent pid " + pid + ")";
+}
+
+}  // namespace
+
 std::string stop_reason_text(const StopReason& reason) {
   const std::string node = reason.host.empty() ? reason.node_id : reason.host;
+  const std::string agent = agent_name(reason);
   switch (reason.kind) {
     case StopReason::Kind::kWorkerFailed:
       if (reason.message.starts_with(kHangPrefix)) return reason.message;  // says it all
@@ -391,13 +415,13 @@ std::string stop_reason_text(const StopReason& reason) {
         return reason.message.empty() ? "the rendezvous store at " + node + " was lost"
                                       : reason.message;
       }
-      return "node " + node + " stopped answering (" +
+      return "node " + agent + " stopped answering (" +
              (reason.message.empty() ? std::string("its heartbeat went stale") : reason.message) +
              ")";
     case StopReason::Kind::kNodeJoined:
-      return "node " + node + " waits to join";
+      return "node " + agent + " waits to join";
     case StopReason::Kind::kNodeLeft:
-      return "node " + node + " left the job";
+      return "node " + agent + " left the job";
   }
   return "the round stopped";
 }

@@ -297,6 +297,15 @@ TEST_CASE("stop reasons in one line") {
   StopReason killed = worker_failed("node-b", "host-b", 5, 0);
   killed.signal = SIGKILL;
   CHECK(stop_reason_text(killed) == "rank 5 on host-b: signal SIGKILL (9)");
+  // Agents on one host are told apart by the pid in their node id.
+  StopReason left;
+  left.kind = Kind::kNodeLeft;
+  left.host = "vm";
+  left.node_id = "vm_4242_0a1b2c3d";
+  CHECK(stop_reason_text(left) == "node vm (agent pid 4242) left the job");
+  left.host = "my_host";
+  left.node_id = "my_host_77_ffff0000";
+  CHECK(stop_reason_text(left) == "node my_host (agent pid 77) left the job");
 }
 
 TEST_CASE("a signal: forwarded, the rendezvous left, 128+signal, and a second one kills at once") {
