@@ -170,6 +170,7 @@ TEST_CASE("the restart line and the failure report in docs/cli.md are what ddpru
   std::smatch shown;
   REQUIRE(std::regex_search(doc, shown, std::regex("`(ddprun: worker group failed [^`]*)`")));
   std::string line = shown[1].str();
+  REQUIRE(line.find(" on vm:") != std::string::npos);
   line.replace(line.find(" on vm:"), 7, " on " + host[1].str() + ":");
   CHECK_THAT(r.err, Catch::Contains(line + "\n"));
 
@@ -198,4 +199,21 @@ TEST_CASE("ddp-sample-worker, used in the docs' examples, has a --help") {
   CHECK(r.status == 0);
   CHECK_THAT(r.out, Catch::Contains("--if-rank R"));
   CHECK_THAT(r.out, Catch::Contains("--exit CODE"));
+}
+
+TEST_CASE("the restart line in docs/quickstart.md is what ddprun prints") {
+  const std::string doc = read_text(source_path("docs/quickstart.md"));
+  std::smatch shown;
+  REQUIRE(std::regex_search(doc, shown, std::regex("`(worker group failed [^`]*)`")));
+  // As in the quickstart: rank 1 killed by SIGKILL, one restart allowed.
+  ProcessResult r = run_process(ddprun_argv({"--nproc_per_node=2", "--max_restarts=1"},
+                                            {"--if-rank", "1", "--signal", "SIGKILL", "--wait"}));
+  INFO(r.err);
+  CHECK(r.status == 128 + SIGKILL);
+  std::smatch host;
+  REQUIRE(std::regex_search(r.err, host, std::regex("\n  host      : (\\S+)\n")));
+  std::string line = shown[1].str();
+  REQUIRE(line.find(" on vm:") != std::string::npos);
+  line.replace(line.find(" on vm:"), 7, " on " + host[1].str() + ":");
+  CHECK_THAT(r.err, Catch::Contains("ddprun: " + line + "\n"));
 }
