@@ -29,8 +29,9 @@ constexpr std::array kOptions = {
     OptionSpec{"rdzv_backend", "", true, false, "NAME", "static", kRdzv,
                "static, c10d, or etcd (etcd-v2 is the same: etcd's v3 API)."},
     OptionSpec{"rdzv_endpoint", "", true, false, "HOST[:PORT]", "", kRdzv,
-               "Rendezvous store (c10d: default port 29400; its host's agent serves it), or "
-               "the etcd members' HOST:PORT[,HOST:PORT...] (default port 2379).",
+               "Rendezvous store (c10d: default port 29400; its host's agent serves it), the "
+               "etcd members' HOST:PORT[,HOST:PORT...] (default port 2379), or for static the "
+               "master in place of --master_addr:--master_port.",
                true},
     OptionSpec{"rdzv_id", "", true, false, "ID", "none", kRdzv,
                "Job id, given to workers as TORCHELASTIC_RUN_ID."},
