@@ -1,28 +1,5 @@
 // ddp-sample-worker: a small worker for ddprun's tests and demo. Runs its arguments as a
-// script of actions, in order:
-//   --env-json PATH      write the environment as a JSON object to PATH ("-": stdout);
-//                        "{rank}" and "{restart}" in PATH become $RANK and
-//                        $TORCHELASTIC_RESTART_COUNT
-//   --print TEXT         a line on stdout        --eprint TEXT  a line on stderr
-//   --partial TEXT       TEXT on stdout, no newline
-//   --lines N            N lines "rank R line I" on stdout
-//   --hello              a greeting with rank, world size and master endpoint
-//   --ready              "ready rank=R pid=P" on stdout (tests wait for it)
-//   --fds                "fds rank=R: 0 1 2 record:9" on stdout: the open file descriptors
-//   --read-line          read a line from stdin; print "got LINE"
-//   --spawn-child        fork a child that stays in this process group and waits; prints
-//                        "child pid=P"
-//   --ignore SIG         ignore a signal (e.g. SIGTERM, to test the kill timeout)
-//   --wait               wait until a signal ends the process
-//   --wait-for-file PATH wait until PATH exists ({rank} and {restart} expanded)
-//   --store-barrier      as a client of the job's store (MASTER_ADDR:MASTER_PORT), wait
-//                        until every rank has reached it; prints "store barrier passed rank=R"
-//   --error-file MSG     write a torchelastic error file ($TORCHELASTIC_ERROR_FILE)
-//   --exit CODE          exit now with CODE
-//   --signal SIG         kill itself with SIG (a name like SIGKILL or a number)
-// Filters for the next action only:
-//   --if-rank R          only on RANK R
-//   --if-restart-below K only while TORCHELASTIC_RESTART_COUNT < K
+// script of actions, in order; kUsage below (ddp-sample-worker --help) lists them.
 #include <dirent.h>
 #include <sys/inotify.h>
 #include <sys/wait.h>
@@ -178,10 +155,41 @@ void spawn_child() {
   emit(std::cout, "child pid=" + std::to_string(pid));
 }
 
+// The actions, as the comment at the top of this file lists them.
+constexpr const char* kUsage =
+    "usage: ddp-sample-worker [ACTION...]: a worker for ddprun's tests and demo; runs its\n"
+    "arguments as a script of actions, in order:\n"
+    "  --env-json PATH      write the environment as JSON to PATH (\"-\": stdout); {rank} and\n"
+    "                       {restart} in PATH become $RANK and $TORCHELASTIC_RESTART_COUNT\n"
+    "  --print TEXT         a line on stdout        --eprint TEXT  a line on stderr\n"
+    "  --partial TEXT       TEXT on stdout, no newline\n"
+    "  --lines N            N lines \"rank R line I\" on stdout\n"
+    "  --hello              a greeting with rank, world size and master endpoint\n"
+    "  --ready              \"ready rank=R pid=P\" on stdout\n"
+    "  --fds                the open file descriptors on stdout\n"
+    "  --read-line          read a line from stdin; print \"got LINE\"\n"
+    "  --spawn-child        fork a child that stays in this process group and waits\n"
+    "  --ignore SIG         ignore a signal (e.g. SIGTERM)\n"
+    "  --wait               wait until a signal ends the process\n"
+    "  --wait-for-file PATH wait until PATH exists ({rank} and {restart} expanded)\n"
+    "  --store-barrier      as a client of the job's store (MASTER_ADDR:MASTER_PORT), wait\n"
+    "                       until every rank has reached it; prints \"store barrier passed rank=R\"\n"
+    "  --error-file MSG     write a torchelastic error file ($TORCHELASTIC_ERROR_FILE)\n"
+    "  --exit CODE          exit now with CODE\n"
+    "  --signal SIG         kill itself with SIG (a name like SIGKILL or a number)\n"
+    "Filters for the next action only:\n"
+    "  --if-rank R          only on RANK R\n"
+    "  --if-restart-below K only while TORCHELASTIC_RESTART_COUNT < K\n"
+    "Example: ddprun --nproc_per_node=2 ddp-sample-worker --hello --if-rank 1 --exit 3\n";
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.size() == 1 && (args[0] == "--help" || args[0] == "-h")) {
+    std::cout << kUsage;
+    return 0;
+  }
   const std::string rank = env_or("RANK", "?");
   const int restart = std::atoi(env_or("TORCHELASTIC_RESTART_COUNT", "0").c_str());
   bool enabled = true;
@@ -265,7 +273,7 @@ int main(int argc, char** argv) {
         ::raise(s);
       }
     } else {
-      std::cerr << "ddp-sample-worker: unknown argument " << a << "\n";
+      std::cerr << "ddp-sample-worker: unknown argument " << a << " (see --help)\n";
       return 64;
     }
   }

@@ -120,6 +120,12 @@ void AgentMachine::on(const event::Waiting& e) {
   } else if (s.joined < s.min_nodes) {
     ctx_.notice("ddprun: waiting for " + std::to_string(s.min_nodes - s.joined) + " of " +
                 std::to_string(s.min_nodes) + " nodes" + where);
+  } else if (s.last_call_left) {
+    const auto left = std::chrono::ceil<std::chrono::seconds>(*s.last_call_left).count();
+    ctx_.notice("ddprun: " + std::to_string(s.joined) + " of at most " +
+                std::to_string(s.max_nodes) + " nodes joined" + where +
+                "; last call: the round starts with these in " + std::to_string(left) +
+                " s (last_call_timeout) unless " + std::to_string(s.max_nodes) + " join sooner");
   } else {
     ctx_.notice("ddprun: " + std::to_string(s.joined) + " of at most " +
                 std::to_string(s.max_nodes) + " nodes joined; waiting for the round to close" +
@@ -135,7 +141,21 @@ void AgentMachine::on(const event::WorkerExited& e) {
   }
   ++exits_seen_;
   if (state_ == State::kRunning && e.exit.failed()) on_local_failure(e.local_rank);
+  if (state_ == State::kStopping && e.exit.failed()) note_late_failure(e.local_rank);
   if (exits_seen_ == group_size_) on_group_exited();
+}
+
+// A worker that exits while the group is being stopped was stopped by us, unless it had
+// written its error file: then it failed on its own before the stop reached it (the same
+// exception on every rank), and the report lists it with the other failures, as torchrun does
+// for the failures it sees in the same poll.
+void AgentMachine::note_late_failure(int local_rank) {
+  if (root_cause_ && root_cause_->local_rank == local_rank) return;
+  for (const WorkerFailure& other : other_failures_) {
+    if (other.local_rank == local_rank) return;  // reaped with the root cause already
+  }
+  WorkerFailure failure = ctx_.workers->failure_of(local_rank);
+  if (failure.error) other_failures_.push_back(std::move(failure));
 }
 
 // The root cause. Workers that have already failed too are "other failures"; the rest are
@@ -363,8 +383,31 @@ void AgentMachine::done() {
 // The message of a stop reason for a hang (event::Hung) starts with this.
 constexpr std::string_view kHangPrefix = "the job hung";
 
+namespace {
+
+// "vm (agent pid 4242)": the node's host and, since several agents may share a host, its
+// agent's pid, taken from the node id "<host>_<pid>_<random>"; just the host (or the id)
+// for an id of another form.
+std::string agent_name(const StopReason& reason) {
+  if (reason.host.empty()) return reason.node_id;
+  const std::string& id = reason.node_id;
+  const std::size_t begin = reason.host.size() + 1;
+  const std::size_t end = id.rfind('_');
+  if (!id.starts_with(reason.host + "_") || end == std::string::npos || end <= begin) {
+    return reason.host;
+  }
+  const std::string pid = id.substr(begin, end - begin);
+  if (!std::all_of(pid.begin(), pid.end(), [](char c) { return c >= '0' && c <= '9'; })) {
+    return reason.host;
+  }
+  return reason.host + " (agent pid " + pid + ")";
+}
+
+}  // namespace
+
 std::string stop_reason_text(const StopReason& reason) {
   const std::string node = reason.host.empty() ? reason.node_id : reason.host;
+  const std::string agent = agent_name(reason);
   switch (reason.kind) {
     case StopReason::Kind::kWorkerFailed:
       if (reason.message.starts_with(kHangPrefix)) return reason.message;  // says it all
@@ -375,13 +418,13 @@ std::string stop_reason_text(const StopReason& reason) {
         return reason.message.empty() ? "the rendezvous store at " + node + " was lost"
                                       : reason.message;
       }
-      return "node " + node + " stopped answering (" +
+      return "node " + agent + " stopped answering (" +
              (reason.message.empty() ? std::string("its heartbeat went stale") : reason.message) +
              ")";
     case StopReason::Kind::kNodeJoined:
-      return "node " + node + " waits to join";
+      return "node " + agent + " waits to join";
     case StopReason::Kind::kNodeLeft:
-      return "node " + node + " left the job";
+      return "node " + agent + " left the job";
   }
   return "the round stopped";
 }

@@ -122,6 +122,7 @@ class AgentMachine {
   void join_next_round();
   void mark(const std::string& what, const std::string& detail) const;
   void on_local_failure(int local_rank);
+  void note_late_failure(int local_rank);
   void on_start_failure(const WorkerStartError& error);
   void local_failure(WorkerFailure root, std::vector<WorkerFailure> others);
   void stop_workers(int signal);

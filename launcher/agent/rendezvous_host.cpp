@@ -36,6 +36,18 @@ bool port_taken(boost::asio::io_context& io, int port) {
   return ec == boost::asio::error::address_in_use;
 }
 
+// --nnodes=1 with a multi-node backend: the agent runs alone and never contacts it (torchrun
+// would). One line says so, since a wrong endpoint then goes unnoticed. Empty when there is
+// nothing to say (static, --standalone).
+std::string single_node_notice(const LaunchConfig& config) {
+  if (config.standalone || config.rdzv_backend == "static") return "";
+  std::string where = config.rdzv_endpoint.empty() ? "" : " at " + config.rdzv_endpoint;
+  return "ddprun: --nnodes=1: this node runs the job alone; the " + config.rdzv_backend +
+         " rendezvous" + where +
+         " is not contacted (give --nnodes=MIN:MAX with MAX above 1 for a job other nodes "
+         "join)";
+}
+
 }  // namespace
 
 RendezvousHost::RendezvousHost(boost::asio::io_context& io, const LaunchConfig& config,
@@ -47,6 +59,7 @@ RendezvousHost::RendezvousHost(boost::asio::io_context& io, const LaunchConfig& 
   const RdzvConf conf = parse_rdzv_conf(config.rdzv_conf);
   for (const std::string& key : conf.unknown_keys) options_.notice(unknown_rdzv_conf_warning(key));
   if (!is_multi_node(config)) {
+    if (std::string line = single_node_notice(config); !line.empty()) options_.notice(line);
     master_ = options_.master_host
                   ? options_.master_host(io, config)
                   : agent_store_factory([notice = options_.notice](std::string_view line) {

@@ -12,6 +12,7 @@
 #include "cli_options.hpp"
 #include "ddp/common/host_name.hpp"
 #include "ddp/launcher/device_count.hpp"
+#include "ddp/launcher/rdzv_settings.hpp"
 #include "ddp/launcher/signal_names.hpp"
 #include "ddp/launcher/slurm_env.hpp"
 
@@ -159,6 +160,14 @@ void parse_rendezvous(const RawOptions& raw, LaunchConfig& config) {
     config.master_port = int_option(raw, "master_port", 0, 65535);
   }
   config.local_addr = raw.values.at("local_addr");
+  if (!config.standalone && config.rdzv_backend == "static" && !config.rdzv_endpoint.empty()) {
+    // torchrun: the static rendezvous's endpoint is the master (MASTER_ADDR:MASTER_PORT), on
+    // one node as on several.
+    const HostPort master = parse_host_port("--rdzv_endpoint", config.rdzv_endpoint,
+                                            config.master_port.value_or(kDefaultMasterPort));
+    if (!master.host.empty()) config.master_addr = master.host;
+    config.master_port = master.port;
+  }
 }
 
 // Backends ddprun does not have are refused here, by name; multi-node options are checked

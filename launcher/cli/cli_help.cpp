@@ -89,9 +89,14 @@ std::string help_text() {
   out << "\nOther:\n";
   out << "  -h, --help                Show this help and exit.\n";
   out << "  --version                 Show the version and exit.\n";
-  out << "\nExit status: 0 when every worker succeeded; the first failed worker's exit code\n"
-         "(128+N when it died by signal N); 128+N when ddprun itself got signal N; 2 for a\n"
-         "bad command line.\n";
+  out << '\n';
+  wrap(out, 0,
+       "Exit status: 0 when every worker succeeded; when a worker failed and no restart was "
+       "left, the root cause's exit code (128+N when it died by signal N); 1 when a worker "
+       "could not be started, the job hung, the rendezvous failed or ddprun could not go on "
+       "(such as a port in use); 2 for a bad command line; 128+N when ddprun itself got "
+       "signal N.",
+       0);
   return out.str();
 }
 

@@ -16,7 +16,8 @@ constexpr std::string_view kEntry = "What each worker runs";
 // dest, short, dashed, flag, metavar, default, group, help[, may_be_empty]
 constexpr std::array kOptions = {
     OptionSpec{"nnodes", "", false, false, "N|MIN:MAX", "1:1", kNodes,
-               "Number of nodes, or a range of nodes. Only 1 for now."},
+               "Number of nodes, or the range an elastic job (c10d or etcd) may run on. With "
+               "1, this node runs alone and contacts no rendezvous."},
     OptionSpec{"nproc_per_node", "", true, false, "N|cpu|gpu|auto", "1", kNodes,
                "Workers on this node: a number, one per core (cpu), one per GPU (gpu), or one "
                "per GPU if there are any, else per core (auto)."},
@@ -24,12 +25,13 @@ constexpr std::array kOptions = {
                "Rank of this node (static rendezvous). Below --nnodes."},
     OptionSpec{"standalone", "", false, true, "", "", kRdzv,
                "Single-node job with its own rendezvous: picks a free port and a fresh run id; "
-               "--rdzv_* options are ignored."},
+               "--rdzv_backend, --rdzv_endpoint and --rdzv_id are ignored."},
     OptionSpec{"rdzv_backend", "", true, false, "NAME", "static", kRdzv,
                "static, c10d, or etcd (etcd-v2 is the same: etcd's v3 API)."},
     OptionSpec{"rdzv_endpoint", "", true, false, "HOST[:PORT]", "", kRdzv,
-               "Rendezvous store (c10d: default port 29400; its host's agent serves it), or "
-               "the etcd members' HOST:PORT[,HOST:PORT...] (default port 2379).",
+               "Rendezvous store (c10d: default port 29400; its host's agent serves it), the "
+               "etcd members' HOST:PORT[,HOST:PORT...] (default port 2379), or for static the "
+               "master in place of --master_addr:--master_port.",
                true},
     OptionSpec{"rdzv_id", "", true, false, "ID", "none", kRdzv,
                "Job id, given to workers as TORCHELASTIC_RUN_ID."},
@@ -41,7 +43,8 @@ constexpr std::array kOptions = {
     OptionSpec{"master_addr", "", true, false, "ADDR", "127.0.0.1", kRdzv,
                "MASTER_ADDR given to workers."},
     OptionSpec{"master_port", "", true, false, "PORT", "29500", kRdzv,
-               "MASTER_PORT given to workers. When not given, a free port is picked."},
+               "MASTER_PORT given to workers. When not given, one node picks a free port; "
+               "several nodes (static rendezvous) use 29500."},
     OptionSpec{"local_addr", "", true, false, "ADDR", "", kRdzv,
                "Address of this node; becomes MASTER_ADDR when given.", true},
     OptionSpec{"store_allow_any", "", true, true, "", "", kRdzv,
@@ -68,16 +71,12 @@ constexpr std::array kOptions = {
     OptionSpec{"straggler_threshold", "", true, false, "SECONDS", "0.005", kLife,
                "How much later than the median rank's (and at least 20 % of its compute "
                "time) a step's gradients must be to count as late."},
-    OptionSpec{"trace_file", "", true, false, "PATH", "", kLogs,
-               "Write the job's timeline here at the end, as Chrome Trace Event JSON "
-               "(Perfetto, chrome://tracing): the agent's events, each libddp rank's "
-               "collectives and Reducer steps.",
-               true},
     OptionSpec{"role", "", false, false, "NAME", "default", kLife,
                "Worker role: ROLE_NAME and the [<role><local_rank>]: prefix of teed lines."},
     OptionSpec{"log_dir", "", true, false, "DIR", "", kLogs,
-               "Base directory of <run_id>/attempt_<n>/<local_rank>/ logs and error files. "
-               "A fresh temp directory when not given.",
+               "Base directory of <run_id>_<random>/attempt_<n>/<local_rank>/ logs and error "
+               "files, a fresh <run_id>_<random> for every run. A temp directory when not "
+               "given.",
                true},
     OptionSpec{"redirects", "-r", false, false, "0-3|R:S,...", "0", kLogs,
                "Send workers' streams to log files instead of the console: 1 stdout, 2 "
@@ -88,6 +87,11 @@ constexpr std::array kOptions = {
                "Show only these local ranks on the console (log files keep everything).", true},
     OptionSpec{"logs_specs", "", true, false, "NAME", "", kLogs,
                "torchrun's Python LogsSpecs plug-in: not supported.", true},
+    OptionSpec{"trace_file", "", true, false, "PATH", "", kLogs,
+               "Write the job's timeline here at the end, as Chrome Trace Event JSON "
+               "(Perfetto, chrome://tracing): the agent's events, each libddp rank's "
+               "collectives and Reducer steps.",
+               true},
     OptionSpec{"module", "-m", false, true, "", "", kEntry,
                "Run the entrypoint as a Python module: python3 -u -m NAME."},
     OptionSpec{"no_python", "", true, true, "", "", kEntry,
@@ -95,7 +99,7 @@ constexpr std::array kOptions = {
     OptionSpec{"run_path", "", true, true, "", "", kEntry,
                "Run the entrypoint as a Python script (like a .py file)."},
     OptionSpec{"legacy_local_rank", "", true, true, "", "", kEntry,
-               "Append --local_rank=<n> to each worker's arguments, as "
+               "Pass --local_rank=<n> to each worker, before the script's own arguments, as "
                "torch.distributed.launch did."},
 };
 

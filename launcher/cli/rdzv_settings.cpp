@@ -188,7 +188,7 @@ elastic::RendezvousSettings rendezvous_settings(const LaunchConfig& config, cons
       throw UsageError("--nnodes=" + std::to_string(config.min_nodes) + ":" +
                        std::to_string(config.max_nodes) +
                        ": the static rendezvous needs a fixed number of nodes (use "
-                       "--rdzv_backend=c10d for MIN:MAX)");
+                       "--rdzv_backend=c10d or --rdzv_backend=etcd for MIN:MAX)");
     }
     const int port = config.master_port.value_or(kDefaultMasterPort);
     store = config.rdzv_endpoint.empty()

@@ -117,8 +117,9 @@ class EtcdBackend final : public RunBackend {
   // EtcdStore adds /ddprun/<run_id>/ itself.
   RunKeys keys() const override { return RunKeys(""); }
 
-  std::unique_ptr<store::Store> connect(Clock::time_point deadline,
-                                        const std::atomic<bool>& cancel) const override {
+  std::unique_ptr<store::Store> connect(
+      Clock::time_point deadline, const std::atomic<bool>& cancel,
+      const std::function<void(const std::string&)>& on_failure) const override {
     auto start = Clock::now();
     std::string last_error = "no attempt made";
     while (true) {
@@ -135,6 +136,7 @@ class EtcdBackend final : public RunBackend {
       } catch (const store::StoreError& e) {
         last_error = e.what();
       }
+      if (on_failure) on_failure(last_error);
       if (Clock::now() >= deadline) break;
       std::this_thread::sleep_for(kConnectSlice / 4);  // back-off between rounds of members
     }

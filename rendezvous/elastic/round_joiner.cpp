@@ -162,6 +162,13 @@ void RoundJoiner::notice(const RoundState& state) {
   status.max_nodes = session_.rules.max_nodes;
   status.endpoint = session_.endpoint;
   status.waited = ms_until(now, start_);
+  if (!status.wait_listed && status.joined >= status.min_nodes &&
+      status.joined < status.max_nodes) {
+    if (auto at_min = last_call_.observe(state, session_.rules, now)) {
+      status.last_call_left =
+          std::max(session_.rules.last_call - *at_min, std::chrono::milliseconds(0));
+    }
+  }
   on_wait_(status);
 }
 

@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -42,8 +43,10 @@ class RunBackend {
 
   // A connection for one engine thread, retried with back-off until deadline (cancel looked
   // at between attempts); then a RendezvousError naming where() and how long it tried.
-  virtual std::unique_ptr<store::Store> connect(std::chrono::steady_clock::time_point deadline,
-                                                const std::atomic<bool>& cancel) const = 0;
+  // on_failure (may be empty) gets each failed attempt's error, for the waiting notice.
+  virtual std::unique_ptr<store::Store> connect(
+      std::chrono::steady_clock::time_point deadline, const std::atomic<bool>& cancel,
+      const std::function<void(const std::string&)>& on_failure = {}) const = 0;
   // One attempt whose every call takes at most `bound` (leave(), heartbeats). Throws
   // StoreError.
   virtual std::unique_ptr<store::Store> connect_once(std::chrono::milliseconds bound) const = 0;

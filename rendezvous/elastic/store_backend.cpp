@@ -46,8 +46,9 @@ class StoreBackend final : public RunBackend {
   std::string where() const override { return where_; }
   RunKeys keys() const override { return RunKeys(RunKeys::run_prefix(settings_.run_id)); }
 
-  std::unique_ptr<store::Store> connect(Clock::time_point deadline,
-                                        const std::atomic<bool>& cancel) const override {
+  std::unique_ptr<store::Store> connect(
+      Clock::time_point deadline, const std::atomic<bool>& cancel,
+      const std::function<void(const std::string&)>& on_failure) const override {
     auto start = Clock::now();
     std::string last_error = "no attempt made";
     while (true) {
@@ -60,6 +61,7 @@ class StoreBackend final : public RunBackend {
       } catch (const store::StoreError& e) {
         last_error = e.what();
       }
+      if (on_failure) on_failure(last_error);
       if (Clock::now() >= deadline) break;
     }
     auto tried = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);

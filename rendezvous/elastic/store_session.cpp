@@ -25,6 +25,26 @@ StoreSession::StoreSession(RendezvousSettings s)
       keys(backend->keys()),
       endpoint(backend->where()) {}
 
+std::unique_ptr<store::Store> StoreSession::connect(Clock::time_point deadline) const {
+  const auto start = Clock::now();
+  std::optional<Clock::time_point> next_notice;
+  const std::string what = settings.backend == "etcd" || settings.backend == "etcd-v2"
+                               ? endpoint  // "etcd at H:P,..."
+                               : "the rendezvous store at " + endpoint;
+  auto on_failure = [&](const std::string& error) {
+    const auto now = Clock::now();
+    if (cancel.load() || (next_notice && now < *next_notice)) return;  // left: nothing to say
+    next_notice = now + settings.wait_notice_interval;
+    using std::chrono::seconds;
+    const auto waited = std::chrono::duration_cast<seconds>(now - start).count();
+    const auto left = std::chrono::ceil<seconds>(deadline - now).count();
+    notice("ddprun: waiting for " + what + " (" + std::to_string(waited) +
+           " s so far, giving up in " + std::to_string(std::max<long long>(left, 0)) +
+           " s): " + error);
+  };
+  return backend->connect(deadline, cancel, on_failure);
+}
+
 std::chrono::milliseconds heartbeat_budget(const RendezvousTimeouts& timeouts) {
   return timeouts.keep_alive * std::max(1, timeouts.keep_alive_max_attempt);
 }

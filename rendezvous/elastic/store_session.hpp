@@ -50,9 +50,9 @@ struct StoreSession {
 
   // A connection for one engine thread, retrying with back-off until deadline; then a
   // RendezvousError naming where the state lives, how long it tried and the last error.
-  std::unique_ptr<store::Store> connect(Clock::time_point deadline) const {
-    return backend->connect(deadline, cancel);
-  }
+  // While it retries, a notice names the backend and the last error: at the first failure,
+  // then every settings.wait_notice_interval.
+  std::unique_ptr<store::Store> connect(Clock::time_point deadline) const;
   // Sends a line to the console, when the agent gave a way to.
   void notice(const std::string& line) const {
     if (settings.notice) settings.notice(line);

@@ -353,8 +353,9 @@ struct AsyncClient::Impl : std::enable_shared_from_this<AsyncClient::Impl> {
       drop_connection();
       return;
     }
-    fail_connection(eof ? "the server closed the connection (it logs why when it rejected a "
-                          "request)"
+    fail_connection(eof ? "the connection closed before the answer came: the store's process "
+                          "exited (or was killed), or the store rejected the request (then it "
+                          "logs why)"
                         : "receive failed: " + ec.message(),
                     false);
   }

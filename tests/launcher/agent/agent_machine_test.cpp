@@ -297,6 +297,15 @@ TEST_CASE("stop reasons in one line") {
   StopReason killed = worker_failed("node-b", "host-b", 5, 0);
   killed.signal = SIGKILL;
   CHECK(stop_reason_text(killed) == "rank 5 on host-b: signal SIGKILL (9)");
+  // Agents on one host are told apart by the pid in their node id.
+  StopReason left;
+  left.kind = Kind::kNodeLeft;
+  left.host = "vm";
+  left.node_id = "vm_4242_0a1b2c3d";
+  CHECK(stop_reason_text(left) == "node vm (agent pid 4242) left the job");
+  left.host = "my_host";
+  left.node_id = "my_host_77_ffff0000";
+  CHECK(stop_reason_text(left) == "node my_host (agent pid 77) left the job");
 }
 
 TEST_CASE("a signal: forwarded, the rendezvous left, 128+signal, and a second one kills at once") {
@@ -387,8 +396,17 @@ TEST_CASE("events of an older round are dropped") {
 
 TEST_CASE("the waiting line is printed at most every few seconds") {
   Harness h;
+  auto status = [](int joined, int min, int max, int seconds) {
+    ddp::elastic::WaitStatus s;
+    s.joined = joined;
+    s.min_nodes = min;
+    s.max_nodes = max;
+    s.endpoint = "10.0.0.1:29500";
+    s.waited = std::chrono::seconds(seconds);
+    return s;
+  };
   auto wait = [&](int joined, int seconds) {
-    h.rdzv.last().on_wait({joined, 3, 3, "10.0.0.1:29500", std::chrono::seconds(seconds)});
+    h.rdzv.last().on_wait(status(joined, 3, 3, seconds));
     h.run();
   };
   wait(2, 1);
@@ -402,19 +420,28 @@ TEST_CASE("the waiting line is printed at most every few seconds") {
   REQUIRE(h.notices.size() == 2);
   CHECK(h.notices[1] == "ddprun: waiting for 2 of 3 nodes at 10.0.0.1:29500 (8 s)");
   h.timers.now_ += kWaitNoticeInterval;
-  h.rdzv.last().on_wait({2, 2, 4, "10.0.0.1:29500", std::chrono::seconds(15)});  // last call
+  h.rdzv.last().on_wait(status(2, 2, 4, 15));  // MIN joined, not MAX
   h.run();
   REQUIRE(h.notices.size() == 3);
   CHECK(h.notices[2] ==
         "ddprun: 2 of at most 4 nodes joined; waiting for the round to close at 10.0.0.1:29500 "
         "(15 s)");
   h.timers.now_ += kWaitNoticeInterval;
-  ddp::elastic::WaitStatus listed{0, 2, 4, "10.0.0.1:29500", std::chrono::seconds(20)};
-  listed.wait_listed = true;  // the round is full, or restarting without this node
-  h.rdzv.last().on_wait(listed);
+  auto last_call = status(2, 2, 4, 18);
+  last_call.last_call_left = std::chrono::milliseconds(11500);
+  h.rdzv.last().on_wait(last_call);
   h.run();
   REQUIRE(h.notices.size() == 4);
   CHECK(h.notices[3] ==
+        "ddprun: 2 of at most 4 nodes joined at 10.0.0.1:29500 (18 s); last call: the round "
+        "starts with these in 12 s (last_call_timeout) unless 4 join sooner");
+  h.timers.now_ += kWaitNoticeInterval;
+  auto listed = status(0, 2, 4, 20);
+  listed.wait_listed = true;  // the round is full, or restarting without this node
+  h.rdzv.last().on_wait(listed);
+  h.run();
+  REQUIRE(h.notices.size() == 5);
+  CHECK(h.notices[4] ==
         "ddprun: a round runs without this node; waiting to join the next one at "
         "10.0.0.1:29500 (20 s)");
 }

@@ -174,6 +174,35 @@ TEST_CASE("workers that failed together: the first is the root cause and the oth
   CHECK(others.find("rank      : 0") == std::string::npos);  // stopped by ddprun: not a failure
 }
 
+TEST_CASE("a rank that wrote its error file before the group was stopped is another failure") {
+  TempDir dir;
+  const std::string go = (dir.path() / "go").string();
+  // Rank 0 fails (its error file written) but is slow to exit: the stop reaches it first.
+  // Rank 1 fails once the test saw rank 0's file written.
+  ChildProcess run(
+      ddprun({"--nproc_per_node=3", "--log_dir", dir.path().string()},
+             {"--if-rank", "0", "--error-file", "rank 0 broke too", "--ready", "--if-rank", "1",
+              "--wait-for-file", go, "--if-rank", "1", "--error-file", "rank 1 broke", "--if-rank",
+              "1", "--exit", "3", "--wait"}));
+  run.wait_for_stdout_lines("ready", 3);
+  REQUIRE(std::ofstream(go).good());
+  ProcessResult r = run.wait();
+  INFO(r.err);
+  CHECK(r.status == 3);
+  const auto failures = r.err.find("\nFailures:\n");
+  const auto root_at = r.err.find("Root Cause");
+  REQUIRE(failures != std::string::npos);
+  REQUIRE(root_at != std::string::npos);
+  const std::string others = r.err.substr(failures, root_at - failures);
+  const std::string root = r.err.substr(root_at);
+  CHECK_THAT(root, Catch::Contains("message   : RuntimeError: rank 1 broke"));
+  CHECK_THAT(others, Catch::Contains("rank      : 0 (local_rank: 0)"));
+  CHECK_THAT(others, Catch::Contains("message   : RuntimeError: rank 0 broke too"));
+  CHECK_THAT(others, Catch::Contains("signal SIGTERM"));
+  CHECK(others.find("<NO_OTHER_FAILURES>") == std::string::npos);
+  CHECK(others.find("rank      : 2") == std::string::npos);  // stopped by ddprun, no error file
+}
+
 TEST_CASE("a worker killed by a signal: 128+signal and the signal's name") {
   ProcessResult r = run_process(
       ddprun({"--nproc_per_node=2"}, {"--if-rank", "0", "--signal", "SIGKILL", "--wait"}));

@@ -164,6 +164,52 @@ TEST_CASE("etcd: unreachable at start is a clear error within the join timeout")
   CHECK_THAT(r.err, Catch::Contains("are the etcd members running"));
 }
 
+TEST_CASE("etcd: MIN:MAX nodes on an etcd that does not answer says at once what it waits for") {
+  const std::string endpoint = "127.0.0.1:" + std::to_string(free_port());  // nobody listens
+  ChildProcess agent(ddprun({"--nnodes=1:2", "--rdzv_backend=etcd", "--rdzv_endpoint=" + endpoint,
+                             "--rdzv_id=closed", "--monitor_interval=0.1"},
+                            {"--exit", "0"}));
+  // The first refused connection is the first failure: its line comes at once.
+  agent.wait_for_stderr("waiting for etcd at " + endpoint, std::chrono::seconds(3));
+  agent.signal(SIGTERM);
+  ProcessResult r = agent.wait(kJobTimeout);
+  INFO(r.err);
+  std::vector<std::string> waiting;
+  for (const std::string& line : lines_of(r.err)) {
+    if (line.find("waiting for etcd at") != std::string::npos) waiting.push_back(line);
+  }
+  REQUIRE(!waiting.empty());
+  CHECK_THAT(waiting.front(), Catch::Contains("(0 s so far, giving up in 600 s)"));
+  CHECK_THAT(waiting.front(), Catch::Contains("Connection refused"));
+}
+
+TEST_CASE(
+    "etcd or c10d with one node: runs alone and says in one line that the rendezvous is not "
+    "contacted") {
+  const std::string etcd = "127.0.0.1:" + std::to_string(free_port());  // nobody listens
+  const std::vector<std::vector<std::string>> cases = {
+      {"--rdzv_backend=etcd", "--rdzv_endpoint=" + etcd},
+      {"--rdzv_backend=c10d", "--rdzv_endpoint=no-such-host.invalid:29400"}};
+  for (const auto& options : cases) {
+    std::vector<std::string> all = {"--nnodes=1", "--monitor_interval=0.1"};
+    all.insert(all.end(), options.begin(), options.end());
+    ProcessResult r = run_process(ddprun(all, {"--hello"}), {}, {}, kJobTimeout);
+    INFO(options[0] << "\n" << r.err);
+    CHECK(r.status == 0);
+    CHECK_THAT(r.out, Catch::Contains("hello from rank 0 of 1"));
+    const std::string backend = options[0].substr(options[0].find('=') + 1);
+    const std::string endpoint = options[1].substr(options[1].find('=') + 1);
+    std::size_t notices = 0;
+    for (const std::string& line : lines_of(r.err)) {
+      if (line.find("--nnodes=1: this node runs the job alone") == std::string::npos) continue;
+      ++notices;
+      CHECK_THAT(line, Catch::Contains("the " + backend + " rendezvous at " + endpoint +
+                                       " is not contacted"));
+    }
+    CHECK(notices == 1);
+  }
+}
+
 TEST_CASE(
     "etcd: TLS with the cluster CA and a client certificate works, and a wrong CA is refused") {
   if (!EtcdCluster::available()) return skip(EtcdCluster::kMissing);

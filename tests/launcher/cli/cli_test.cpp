@@ -331,6 +331,18 @@ TEST_CASE("bad input is a UsageError naming the option") {
   CHECK_THAT(usage_error({"x"}, fake), Catch::Contains("PET_STANDALONE=yes"));
 }
 
+TEST_CASE("the static rendezvous's endpoint is the master on one node too, as in torchrun") {
+  LaunchConfig one = parse({"--rdzv_backend=static", "--rdzv_endpoint=127.0.0.2:29555", "x"});
+  CHECK(one.master_addr == "127.0.0.2");
+  CHECK(one.master_port == 29555);
+  // Without a port: --master_port, else torchrun's 29500.
+  CHECK(parse({"--rdzv_endpoint=127.0.0.1", "--master_port=4000", "x"}).master_port == 4000);
+  CHECK(parse({"--rdzv_endpoint=127.0.0.1", "x"}).master_port == 29500);
+  // Other backends (and --standalone) keep their endpoint for the rendezvous.
+  CHECK(!parse({"--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:29555", "x"}).master_port);
+  CHECK(!parse({"--standalone", "--rdzv_endpoint=127.0.0.1:29555", "x"}).master_port);
+}
+
 TEST_CASE("multi-node options are parsed and options ddprun lacks are refused as not implemented") {
   LaunchConfig two = parse({"--nnodes=2", "--node_rank=1", "--master_addr=10.0.0.1", "x"});
   CHECK(two.min_nodes == 2);

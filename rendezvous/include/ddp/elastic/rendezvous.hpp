@@ -113,6 +113,9 @@ struct WaitStatus {
   std::chrono::milliseconds waited{0};
   bool wait_listed = false;  // a round runs without this node (full, or it is restarting into
                              // a larger world): it waits for the next round; joined is 0
+  // MIN nodes joined but not MAX: the last call, after which the round closes with the nodes
+  // it has (last_call_timeout); this is what is left of it. Empty otherwise.
+  std::optional<std::chrono::milliseconds> last_call_left;
 };
 
 // Every method is called from the agent's thread and returns at once; results arrive through
