@@ -8,6 +8,14 @@ target_link_libraries(ddprun PRIVATE ddp::launcher)
 if(NOT DDP_SANITIZE)
   target_link_options(ddprun PRIVATE "$<$<LINK_LANGUAGE:CXX>:-static-libstdc++;-static-libgcc>")
 endif()
+# The relative relocations of a position-independent ddprun (tens of thousands, most of them
+# OpenSSL's tables) in the compact DT_RELR form: the loader applies them faster (glibc 2.36+,
+# which the packages require anyway, see docs/install.md).
+include(CheckLinkerFlag)
+check_linker_flag(CXX "LINKER:-z,pack-relative-relocs" DDP_LINKER_PACKS_RELATIVE_RELOCS)
+if(DDP_LINKER_PACKS_RELATIVE_RELOCS)
+  target_link_options(ddprun PRIVATE "LINKER:-z,pack-relative-relocs")
+endif()
 ddp_strict(ddprun)
 
 # A worker for tests and the demo: dumps its environment, prints, fails, waits for signals.
