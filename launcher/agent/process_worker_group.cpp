@@ -118,10 +118,11 @@ WorkerStartError ProcessWorkerGroup::start_error(int local_rank, pid_t pid,
 }
 
 void ProcessWorkerGroup::start_worker(int local_rank, const fs::path& dir, ExitHandler on_exit) {
-  fs::create_directories(dir);
+  const bool fresh = fs::create_directories(dir);
   WorkerIdentity identity{local_rank, round_.restart_count, (dir / "error.json").string(),
                           elastic::worker_ranks(round_, local_rank)};
-  fs::remove(identity.error_file);  // a stale file from an earlier run must not be reported
+  // A stale file from an earlier run must not be reported; a directory just made has none.
+  if (!fresh) fs::remove(identity.error_file);
   const MasterEndpoint master{round_.master_addr, round_.master_port, options_.agent_store};
   SpawnOptions spawn;
   spawn.program = options_.command.program;
