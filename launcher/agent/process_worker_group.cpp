@@ -74,7 +74,7 @@ ProcessWorkerGroup::~ProcessWorkerGroup() {
   for (auto& worker : workers_) worker->kill_and_reap();
 }
 
-// Every worker of the round, in local rank order; then waits for their execs together.
+// Every worker of the round, in local rank order; then checks that each exec worked.
 void ProcessWorkerGroup::start(const elastic::RoundInfo& round, ExitHandler on_exit) {
   round_ = round;
   workers_.clear();
