@@ -1,6 +1,21 @@
 # ddprun and its sample workers
 add_executable(ddprun ddprun.cpp)
 target_link_libraries(ddprun PRIVATE ddp::launcher)
+# Start-up time: the dynamic loader's symbol look-ups and relocations in libstdc++ are a few
+# milliseconds of every launch on a small machine (docs/benchmarks.md, Launch time). ddprun
+# loads no C++ library at run time (device_count.cpp dlopens C libraries only), so linking the
+# GCC runtime in is safe. Not under the sanitizers, whose runtimes expect the shared one.
+if(NOT DDP_SANITIZE)
+  target_link_options(ddprun PRIVATE "$<$<LINK_LANGUAGE:CXX>:-static-libstdc++;-static-libgcc>")
+endif()
+# The relative relocations of a position-independent ddprun (tens of thousands, most of them
+# OpenSSL's tables) in the compact DT_RELR form: the loader applies them faster (glibc 2.36+,
+# which the packages require anyway, see docs/install.md).
+include(CheckLinkerFlag)
+check_linker_flag(CXX "LINKER:-z,pack-relative-relocs" DDP_LINKER_PACKS_RELATIVE_RELOCS)
+if(DDP_LINKER_PACKS_RELATIVE_RELOCS)
+  target_link_options(ddprun PRIVATE "LINKER:-z,pack-relative-relocs")
+endif()
 ddp_strict(ddprun)
 
 # A worker for tests and the demo: dumps its environment, prints, fails, waits for signals.

@@ -8,7 +8,7 @@
 namespace ddp::launcher {
 
 CollectiveExchange::CollectiveExchange(std::function<void(const std::string&)> notice)
-    : notice_(std::move(notice)), thread_([this] { run(); }) {}
+    : notice_(std::move(notice)) {}
 
 CollectiveExchange::~CollectiveExchange() {
   {
@@ -16,7 +16,7 @@ CollectiveExchange::~CollectiveExchange() {
     stopping_ = true;
   }
   wake_.notify_all();
-  thread_.join();
+  if (thread_.joinable()) thread_.join();
 }
 
 std::string CollectiveExchange::key(int round, int group_rank) {
@@ -30,6 +30,8 @@ void CollectiveExchange::publish(const elastic::RoundInfo& round, std::vector<Ra
     round_ = round;
     local_ = std::move(local);
   }
+  // The thread starts with the first views to send: a one-node job never starts it.
+  if (!thread_.joinable()) thread_ = std::thread([this] { run(); });
   wake_.notify_all();
 }
 

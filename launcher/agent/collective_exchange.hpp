@@ -3,7 +3,8 @@
 // whole job and names a culprit on another node. Through the round's workers' store (the
 // store at MASTER_ADDR:MASTER_PORT that some agent serves, with every rendezvous backend):
 // each node writes its views under ddprun/collectives/<round>/<group rank> and reads the
-// others'. On a thread of its own, so that a slow store never holds the agent's loop.
+// others'. On a thread of its own, so that a slow store never holds the agent's loop; the
+// thread starts at the first publish of a round with several nodes (never for one node).
 // Internal to the launcher.
 
 #include <chrono>
@@ -33,8 +34,9 @@ class CollectiveExchange {
   CollectiveExchange(const CollectiveExchange&) = delete;
   CollectiveExchange& operator=(const CollectiveExchange&) = delete;
 
-  // This node's views now, and the round they belong to: sent on the exchange's thread.
-  // Rounds of one node (group world size 1) are not shared.
+  // This node's views now, and the round they belong to: sent on the exchange's thread
+  // (started by the first call that has views to send). Call from one thread (the agent's
+  // loop). Rounds of one node (group world size 1) are not shared.
   void publish(const elastic::RoundInfo& round, std::vector<RankView> local);
 
   // The other nodes' views of the round last published, as last received, aged to now.
@@ -60,7 +62,7 @@ class CollectiveExchange {
   std::map<int, Received> remote_;  // by group rank, for round_
   int remote_round_ = -1;
   int failed_round_ = -1;  // the round whose failure was said
-  std::thread thread_;     // last: starts after the members it uses
+  std::thread thread_;     // started by publish; empty until then
 };
 
 }  // namespace ddp::launcher

@@ -130,7 +130,7 @@ ProcessWorkerGroup::~ProcessWorkerGroup() {
   for (auto& analyser : analysers_) analyser.join();  // bounded by kFlightRecorderTimeout
 }
 
-// Every worker of the round, in local rank order; then waits for their execs together.
+// Every worker of the round, in local rank order; then checks that each exec worked.
 void ProcessWorkerGroup::start(const elastic::RoundInfo& round, ExitHandler on_exit) {
   round_ = round;
   workers_.clear();
@@ -175,10 +175,11 @@ WorkerStartError ProcessWorkerGroup::start_error(int local_rank, pid_t pid,
 }
 
 void ProcessWorkerGroup::start_worker(int local_rank, const fs::path& dir, ExitHandler on_exit) {
-  fs::create_directories(dir);
+  const bool fresh = fs::create_directories(dir);
   WorkerIdentity identity{local_rank, round_.restart_count, (dir / "error.json").string(),
                           elastic::worker_ranks(round_, local_rank)};
-  fs::remove(identity.error_file);  // a stale file from an earlier run must not be reported
+  // A stale file from an earlier run must not be reported; a directory just made has none.
+  if (!fresh) fs::remove(identity.error_file);
   const MasterEndpoint master{round_.master_addr, round_.master_port, options_.agent_store};
   SpawnOptions spawn;
   spawn.program = options_.command.program;

@@ -12,13 +12,17 @@ namespace ddp::launcher {
 
 class GroupReaper {
  public:
-  // Forks the guard (its own session, standard streams on /dev/null, no other descriptor of
-  // the agent). Throws std::system_error when it cannot. Call from the agent's loop thread,
-  // before the first worker starts; other threads may exist (the console writer): the guard
-  // runs only async-signal-safe code after the fork and never returns from it.
+  // Starts the guard (its own session, standard streams on /dev/null, no other descriptor of
+  // the agent): a process that shares the agent's memory (clone with CLONE_VM, on a stack of
+  // its own; forked on architectures other than x86-64 and AArch64) and makes only raw system
+  // calls. A kill -9 of the agent leaves the memory to the guard; a core dump of the agent on
+  // a kernel before 5.16 also ends the guard (the workers still die by their parent-death
+  // signal). Throws std::system_error when it cannot. Call from the agent's loop thread, before
+  // the first worker starts; other threads may exist (the console writer).
   GroupReaper();
   // Closes the channel: the guard kills the groups still watched (none after an orderly
-  // end) and exits; reaps it, SIGKILLing it if it has not exited after kExitTimeout.
+  // end) and exits; reaps it, SIGKILLing it if it has not exited after kExitTimeout; then
+  // frees its stack.
   ~GroupReaper();
   GroupReaper(const GroupReaper&) = delete;
   GroupReaper& operator=(const GroupReaper&) = delete;
@@ -33,9 +37,11 @@ class GroupReaper {
 
  private:
   void send(pid_t value);
+  void release_stack();
 
   pid_t pid_ = -1;
-  UniqueFd channel_;  // the agent's end of a socket pair; EOF tells the guard the agent died
+  void* stack_ = nullptr;  // the guard's stack while it shares our memory
+  UniqueFd channel_;       // the agent's end of a socket pair; EOF tells the guard the agent died
 };
 
 }  // namespace ddp::launcher

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <linux/close_range.h>
 #include <pthread.h>
+#include <sched.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/syscall.h>
@@ -10,6 +11,7 @@
 
 #include <csignal>
 #include <cstring>
+#include <memory>
 
 namespace ddp::launcher {
 namespace {
@@ -22,10 +24,22 @@ std::vector<char*> c_strings(const std::vector<std::string>& strings) {
   return pointers;
 }
 
+// Code that runs in the vfork-like child (on a stack of its own, see spawn_process) is not
+// instrumented by AddressSanitizer: its poisoned stack redzones would outlive the exec.
+#if defined(__SANITIZE_ADDRESS__)
+#define DDP_CHILD_OF_VFORK __attribute__((no_sanitize_address))
+#else
+#define DDP_CHILD_OF_VFORK
+#endif
+
+// The child's stack until it execs: exec_child's frames and the libc calls it makes need a
+// few kilobytes.
+constexpr std::size_t kChildStackBytes = 64 * 1024;
+
 // Marks every descriptor from 3 up close-on-exec, so that a worker inherits only its standard
 // streams (as torchrun's close_fds=True subprocesses do): sockets of the agent's store
 // server, which Asio opens without SOCK_CLOEXEC, must not leak into workers. Async-signal-safe.
-void cloexec_from_3() {
+DDP_CHILD_OF_VFORK void cloexec_from_3() {
   if (::syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC) == 0) return;
   rlimit limit{};  // kernels before 5.11: one fcntl per possible descriptor
   const rlim_t max = ::getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY
@@ -52,10 +66,12 @@ class BlockAllSignals {
   sigset_t saved_;
 };
 
-// In the child, between fork and exec: only async-signal-safe calls. Reports errno on
-// error_fd (close-on-exec, so the parent reads EOF on success) and exits.
-[[noreturn]] void exec_child(const SpawnOptions& options, char* const* argv, char* const* envp,
-                             pid_t agent, int error_fd) {
+// In the child, between clone and exec, on its own stack but in the agent's memory (the agent
+// is suspended meanwhile, see spawn_process): only async-signal-safe calls, nothing that
+// allocates or writes the agent's data. Reports errno on error_fd (close-on-exec, so the parent
+// reads EOF on success) and exits.
+DDP_CHILD_OF_VFORK [[noreturn]] void exec_child(const SpawnOptions& options, char* const* argv,
+                                                char* const* envp, pid_t agent, int error_fd) {
   auto fail = [error_fd]() {
     int error = errno;
     [[maybe_unused]] ssize_t n = ::write(error_fd, &error, sizeof error);
@@ -92,6 +108,19 @@ class BlockAllSignals {
   ::_exit(127);
 }
 
+struct ChildArguments {
+  const SpawnOptions* options;
+  char* const* argv;
+  char* const* envp;
+  pid_t agent;
+  int error_fd;
+};
+
+DDP_CHILD_OF_VFORK int child_main(void* arguments) {
+  const auto* a = static_cast<const ChildArguments*>(arguments);
+  exec_child(*a->options, a->argv, a->envp, a->agent, a->error_fd);
+}
+
 }  // namespace
 
 SpawnedProcess spawn_process(const SpawnOptions& options) {
@@ -102,19 +131,26 @@ SpawnedProcess spawn_process(const SpawnOptions& options) {
     const int error = errno;
     throw SpawnError("cannot start " + options.program + ": pipe: " + std::strerror(error), error);
   }
-  const pid_t agent = ::getpid();
+  ChildArguments arguments{&options, argv.data(), envp.data(), ::getpid(), error_pipe[1]};
+  // As posix_spawn does: the child shares the agent's memory until it execs (CLONE_VM) and
+  // the agent waits for that (CLONE_VFORK), so nothing of the agent is copied or made
+  // copy-on-write. A fork of the agent cost more than the worker's whole exec (page tables
+  // copied, then a page fault and a TLB flush for each page the agent wrote afterwards).
+  // The child gets a copy of the signal handlers (no CLONE_SIGHAND) and of the descriptor
+  // table (no CLONE_FILES), so what it changes there stays its own.
+  std::unique_ptr<char[]> stack(new char[kChildStackBytes]);
+  void* stack_top = stack.get() + kChildStackBytes;  // grows down; new[] aligns for any type
   pid_t pid;
   int fork_errno;
   {
     BlockAllSignals blocked;
-    pid = ::fork();
-    if (pid == 0) exec_child(options, argv.data(), envp.data(), agent, error_pipe[1]);
+    pid = ::clone(child_main, stack_top, CLONE_VM | CLONE_VFORK | SIGCHLD, &arguments);
     fork_errno = errno;
   }
   ::close(error_pipe[1]);
   SpawnedProcess process{pid, options.program, UniqueFd(error_pipe[0])};
   if (pid < 0) {
-    throw SpawnError("cannot start " + options.program + ": fork: " + std::strerror(fork_errno),
+    throw SpawnError("cannot start " + options.program + ": clone: " + std::strerror(fork_errno),
                      fork_errno);
   }
   // No setpgid from here: it would make the child a group leader, and then its setsid fails.

@@ -33,11 +33,11 @@ class Worker : public std::enable_shared_from_this<Worker> {
   Worker& operator=(const Worker&) = delete;
 
   // Spawns the process (throws SpawnError) and calls on_exit once, from the io_context,
-  // when it has exited and been reaped. Returns before the exec: call confirm_started()
-  // (after starting the other workers, so that they exec in parallel). Call once.
+  // when it has exited and been reaped. Returns once the child has exec'd or failed to
+  // (spawn_process); call confirm_started() to learn which. Call once.
   void start(const SpawnOptions& options, ExitHandler on_exit);
 
-  // Waits for the exec of start(); throws SpawnError when it failed.
+  // Throws SpawnError when the exec of start() failed.
   void confirm_started();
 
   // Reaps the process if it has already exited, without waiting; true once it has exited

@@ -1,5 +1,5 @@
 #pragma once
-// Starting one worker process: the only place that forks. The child runs in its own session
+// Starting one worker process: the only place that starts one. The child runs in its own session
 // and process group (so a terminal's Ctrl-C reaches the agent, which forwards it, while the
 // worker can still read the terminal, as under torchrun) and gets SIGKILL when
 // the agent dies (PR_SET_PDEATHSIG), so that not even `kill -9` of the agent leaves it behind.
@@ -24,7 +24,7 @@ struct SpawnOptions {
                                   // collective record page); -1: none
 };
 
-// The program could not be started (fork failed, or execve failed in the child).
+// The program could not be started (clone failed, or execve failed in the child).
 class SpawnError : public std::runtime_error {
  public:
   explicit SpawnError(const std::string& what, int error = 0)
@@ -36,21 +36,23 @@ class SpawnError : public std::runtime_error {
   int error_;
 };
 
-// A forked child on its way to exec.
+// A started child: exec'd, or failing to.
 struct SpawnedProcess {
   pid_t pid = 0;         // also its process group and session id, once it has exec'd
   std::string program;   // for the error message
   UniqueFd exec_report;  // EOF once the exec happened; an errno when it failed
 };
 
-// Forks; the child execs options.program. Returns at once, without waiting for the exec,
-// so that several workers exec in parallel; confirm_exec says whether it worked. Throws
-// SpawnError when fork fails. Call from the agent's only thread: the parent-death signal is
-// tied to the calling thread.
+// Starts a child that execs options.program, as vfork does: the child shares the agent's
+// memory (nothing is copied) and the calling thread waits until the child has exec'd or
+// failed (the kernel's part of execve up to replacing the memory: well under a millisecond);
+// the new program's own loading runs after, so several workers still load in parallel.
+// confirm_exec says whether the exec worked. Throws SpawnError when the clone fails. Call
+// from the agent's only thread: the parent-death signal is tied to the calling thread.
 SpawnedProcess spawn_process(const SpawnOptions& options);
 
-// Waits until the child has exec'd (microseconds to milliseconds: the time the kernel takes
-// to load the program); throws SpawnError naming the program and errno when the exec
+// Reads what the child reported (it has exec'd or failed by the time spawn_process returns,
+// so this does not wait); throws SpawnError naming the program and errno when the exec
 // failed. The child has then exited with status 127: reap it as usual.
 void confirm_exec(SpawnedProcess& process);
 
