@@ -148,8 +148,7 @@ NcclRasStatus query_nccl_ras(const std::string& address, std::chrono::millisecon
     return fail("not NCCL's RAS service: it answered \"" + line.substr(0, 80) + "\"");
   }
   // RAS waits this long for the other processes' answers; ours ends a few seconds later.
-  const int ras_wait_s =
-      static_cast<int>(std::max<long long>(1, timeout.count() / 1000 - 3));
+  const int ras_wait_s = static_cast<int>(std::max<long long>(1, timeout.count() / 1000 - 3));
   if (auto why = connection.send("TIMEOUT " + std::to_string(ras_wait_s) + "\n", deadline);
       !why.empty()) {
     return fail(why);

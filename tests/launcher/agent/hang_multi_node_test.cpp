@@ -90,7 +90,8 @@ TEST_CASE("a trace file across two agents: one file, every rank on the store hos
   const bool a_wrote = std::filesystem::exists(trace_a);
   CHECK_THAT(a_wrote ? rb.err : ra.err,
              Catch::Contains("ddprun: this node's timeline went to the agent of group rank 0"));
-  CHECK_THAT(a_wrote ? ra.err : rb.err, Catch::Contains("(2 nodes on the clock of the workers' store host ("));
+  CHECK_THAT(a_wrote ? ra.err : rb.err,
+             Catch::Contains("(2 nodes on the clock of the workers' store host ("));
   const nlohmann::json trace = read_json(a_wrote ? trace_a : trace_b);
 
   const nlohmann::json& nodes = trace.at("otherData").at("nodes");
