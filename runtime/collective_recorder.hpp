@@ -59,6 +59,10 @@ class CollectiveRecorder {
   void step_ready();
   void step_finalized();
 
+  // True once the agent asked the workers to stop (the job hung: RecordPage::stop_requested).
+  // Any thread; one relaxed load.
+  bool stop_requested() const { return page_->stop_requested.load(std::memory_order_relaxed) != 0; }
+
   // The page, for tests.
   const record::RecordPage& page() const { return *page_; }
 

@@ -4,6 +4,7 @@
 
 #include <vector>
 
+#include "collective_recorder.hpp"
 #include "ddp/types.hpp"
 #include "nccl_work.hpp"
 
@@ -115,6 +116,8 @@ void NcclCommState::watchdog_loop(int device) {
     lock.unlock();
     check_pending();
     check_async_error();
+    const CollectiveRecorder* record = stop_request_.load();
+    if (record != nullptr && !aborting() && record->stop_requested()) abort(kStopRequestedReason);
     lock.lock();
   }
 }

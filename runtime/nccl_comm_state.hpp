@@ -8,7 +8,9 @@
 // (the collective timeout from when it was queued, or a shorter bound from
 // Work::wait_on_stream) and reads ncclCommGetAsyncError. A deadline passed or an asynchronous
 // NCCL error aborts the communicator with a reason naming the collective. No host callback
-// is queued on the stream: a stuck stream holds nothing of the host's.
+// is queued on the stream: a stuck stream holds nothing of the host's. It also obeys the
+// agent's stop request in the collective record (ddprun found the job hung): an abort, so
+// that a rank stuck in a collective fails with that reason and exits on its own.
 
 #include <nccl.h>
 
@@ -27,6 +29,12 @@ namespace ddp::detail {
 using NcclClock = std::chrono::steady_clock;
 
 class NcclWork;
+class CollectiveRecorder;
+
+// Why the communicator was aborted when the agent asked (RecordPage::stop_requested).
+inline constexpr const char* kStopRequestedReason =
+    "ddprun found the job hung and stopped it (its report names the rank and the collective "
+    "to blame)";
 
 class NcclCommState {
  public:
@@ -65,6 +73,10 @@ class NcclCommState {
   // it at once when the communicator is aborting.
   void watch(std::shared_ptr<NcclWork> work);
 
+  // The record page whose stop request (the agent found the job hung) the watchdog obeys by
+  // aborting with kStopRequestedReason; null: none. The recorder must outlive the watchdog.
+  void watch_stop_request(const CollectiveRecorder* recorder) { stop_request_.store(recorder); }
+
   // Starts the watchdog thread on `device`. Call once, after `comm` is set.
   void start_watchdog(int device);
   // Stops and joins the watchdog, then settles what is still pending: a collective whose
@@ -82,6 +94,7 @@ class NcclCommState {
   // (the enqueue reads it itself).
   void check_async_error();
 
+  std::atomic<const CollectiveRecorder*> stop_request_{nullptr};
   std::atomic<bool> aborting_{false};
   mutable std::mutex reason_mutex_;
   std::string reason_;  // guarded by reason_mutex_

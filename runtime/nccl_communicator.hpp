@@ -56,6 +56,11 @@ class NcclCommunicator : public Communicator {
   // Thread-safe. Every pending Work fails with `reason` at once, then ncclCommAbort ends the
   // kernels on the stream; later calls throw CommError with the reason.
   void abort(const std::string& reason) override;
+  // Also hands the page's stop request to the watchdog (NcclCommState::watch_stop_request).
+  void set_recorder(std::shared_ptr<detail::CollectiveRecorder> recorder) override {
+    state_->watch_stop_request(recorder.get());
+    Communicator::set_recorder(std::move(recorder));
+  }
 
  private:
   // Waits (up to timeout_) for the last queued operation; destroys the communicator, or

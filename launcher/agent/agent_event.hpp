@@ -46,6 +46,9 @@ struct KillTimer {  // --shutdown_timeout passed since the workers were asked to
 struct GraceTimer {  // the barrier failed and no stop reason came
   int round = 0;
 };
+struct AbortTimer {  // a hung job's NCCL workers were asked to abort a while ago
+  int round = 0;
+};
 struct Signal {  // one of --signals_to_handle reached the agent
   int number = 0;
 };
@@ -63,6 +66,7 @@ namespace ddp::launcher {
 using AgentEvent =
     std::variant<event::RoundReady, event::RoundError, event::Waiting, event::WorkerExited,
                  event::RoundStopped, event::BarrierDone, event::KillTimer, event::GraceTimer,
-                 event::Signal, event::Hung, event::OutputDrained, event::DrainTimer>;
+                 event::AbortTimer, event::Signal, event::Hung, event::OutputDrained,
+                 event::DrainTimer>;
 
 }  // namespace ddp::launcher

@@ -10,6 +10,9 @@ namespace ddp::launcher {
 
 using elastic::StopReason;
 
+// The message of a stop reason for a hang (event::Hung) starts with this.
+constexpr std::string_view kHangPrefix = "the job hung";
+
 AgentMachine::AgentMachine(AgentMachineConfig config, AgentMachineContext context)
     : config_(std::move(config)), ctx_(std::move(context)) {}
 
@@ -195,6 +198,20 @@ void AgentMachine::local_failure(WorkerFailure root, std::vector<WorkerFailure> 
   sent_reason_ = reason;
   ctx_.rendezvous->stop_round(reason);
   ctx_.workers->dump_python_stacks();
+  if (root_cause_->hung) return stop_hung_workers();
+  stop_workers(SIGTERM);
+}
+
+void AgentMachine::stop_hung_workers() {
+  if (!ctx_.workers->request_abort()) return stop_workers(SIGTERM);
+  auto post = ctx_.post;
+  const int round = round_;
+  ctx_.timers->start(TimerId::kAbort, kAbortGrace,
+                     [post, round] { post(event::AbortTimer{round}); });
+}
+
+void AgentMachine::on(const event::AbortTimer& e) {
+  if (!current(e.round) || group_exited_ || state_ != State::kStopping) return;
   stop_workers(SIGTERM);
 }
 
@@ -222,6 +239,7 @@ void AgentMachine::on(const event::KillTimer& e) {
 void AgentMachine::on_group_exited() {
   group_exited_ = true;
   ctx_.timers->cancel(TimerId::kKill);
+  ctx_.timers->cancel(TimerId::kAbort);
   ctx_.workers->release();
   if (state_ == State::kShuttingDown) return finish({128 + signal_, "", false});
   if (state_ == State::kStopping) {
@@ -247,6 +265,7 @@ void AgentMachine::on(const event::RoundStopped& e) {
     ctx_.notice("ddprun: stopping the workers: " + stop_reason_text(e.reason));
     state_ = State::kStopping;
     if (e.reason.kind == StopReason::Kind::kWorkerFailed) ctx_.workers->dump_python_stacks();
+    if (e.reason.message.starts_with(kHangPrefix)) return stop_hung_workers();
     return stop_workers(SIGTERM);
   }
   if (state_ == State::kStopping || state_ == State::kBarrier) {
@@ -379,9 +398,6 @@ void AgentMachine::done() {
   ctx_.timers->cancel(TimerId::kDrain);
   ctx_.on_done(std::move(outcome_));
 }
-
-// The message of a stop reason for a hang (event::Hung) starts with this.
-constexpr std::string_view kHangPrefix = "the job hung";
 
 namespace {
 

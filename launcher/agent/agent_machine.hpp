@@ -39,6 +39,9 @@ inline constexpr std::chrono::milliseconds kOutputDrainTimeout{5000};
 // stopped: after a local failure the agent then goes on with its own reason; after a failed
 // exit barrier it gives up.
 inline constexpr std::chrono::milliseconds kStopReasonGrace{5000};
+// How long the NCCL workers of a hung job may take to abort their communicators (asked
+// through their collective records) and exit by themselves before they get SIGTERM.
+inline constexpr std::chrono::milliseconds kAbortGrace{3000};
 // The "waiting for N of M nodes" line is printed at most this often.
 inline constexpr std::chrono::milliseconds kWaitNoticeInterval{5000};
 
@@ -113,6 +116,7 @@ class AgentMachine {
   void on(const event::BarrierDone& e);
   void on(const event::KillTimer& e);
   void on(const event::GraceTimer& e);
+  void on(const event::AbortTimer& e);
   void on(const event::Signal& e);
   void on(const event::Hung& e);
   void on(const event::OutputDrained& e);
@@ -126,6 +130,8 @@ class AgentMachine {
   void on_start_failure(const WorkerStartError& error);
   void local_failure(WorkerFailure root, std::vector<WorkerFailure> others);
   void stop_workers(int signal);
+  // The stop after a hang: NCCL workers first get kAbortGrace to abort and exit by themselves.
+  void stop_hung_workers();
   void on_group_exited();
   void decide_after_stop();
   void start_grace_timer();

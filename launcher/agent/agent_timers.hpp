@@ -11,6 +11,7 @@ enum class TimerId {
   kKill,   // SIGKILL what is left of a stopping group (--shutdown_timeout)
   kDrain,  // stop waiting for the last teed output
   kGrace,  // stop waiting for the reason of a round the exit barrier reported stopped
+  kAbort,  // a hung job's NCCL ranks had their time to abort by themselves: SIGTERM
 };
 
 class AgentTimers {

@@ -397,6 +397,17 @@ void ProcessWorkerGroup::analyse_flight_recorder() {
   });
 }
 
+bool ProcessWorkerGroup::request_abort() {
+  bool nccl = false;
+  for (std::size_t i = 0; i < workers_.size() && i < records_.size(); ++i) {
+    if (!workers_[i]->running() || !records_[i]->attached()) continue;
+    records_[i]->request_stop();
+    const std::uint64_t backend = records_[i]->page().backend.load(std::memory_order_relaxed);
+    if (backend == record::pack_name("nccl")) nccl = true;
+  }
+  return nccl;
+}
+
 std::chrono::milliseconds ProcessWorkerGroup::analysis_time_left() const {
   if (pending_analyses_ == 0) return {};
   const auto left = analysis_deadline_ - std::chrono::steady_clock::now();

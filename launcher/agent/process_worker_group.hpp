@@ -60,6 +60,7 @@ class ProcessWorkerGroup : public WorkerGroup {
   std::vector<RankView> rank_views() const override;
   void dump_python_stacks() override;
   void analyse_flight_recorder() override;
+  bool request_abort() override;
   std::chrono::milliseconds analysis_time_left() const override;
 
   // Calls fn with each worker's rank and record page (for the timeline).

@@ -60,6 +60,11 @@ class WorkerGroup {
   // dumps this round's workers left (TORCH_NCCL_DUMP_ON_TIMEOUT) and runs PyTorch's analyser
   // over them off the loop; its verdict is output (output_pending() until it is printed).
   virtual void analyse_flight_recorder() {}
+  // The job hung: asks each running libddp worker to abort its NCCL communicators (the
+  // collective record's stop request), so that it fails with that reason and exits by itself.
+  // True when some local worker records an NCCL communicator (it is worth waiting for).
+  virtual bool request_abort() { return false; }
+
   // How long output may still take because an analysis runs (0: none runs); the job's end
   // waits for output that long at least.
   virtual std::chrono::milliseconds analysis_time_left() const { return {}; }

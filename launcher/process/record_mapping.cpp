@@ -16,7 +16,8 @@ RecordMapping::RecordMapping() {
   if (::ftruncate(fd_.get(), sizeof(record::RecordPage)) != 0) {
     throw std::system_error(errno, std::generic_category(), "ftruncate (collective record)");
   }
-  void* address = ::mmap(nullptr, sizeof(record::RecordPage), PROT_READ, MAP_SHARED, fd_.get(), 0);
+  void* address =
+      ::mmap(nullptr, sizeof(record::RecordPage), PROT_READ | PROT_WRITE, MAP_SHARED, fd_.get(), 0);
   if (address == MAP_FAILED) {
     throw std::system_error(errno, std::generic_category(), "mmap (collective record)");
   }

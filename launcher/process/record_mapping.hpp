@@ -27,6 +27,9 @@ class RecordMapping {
   const record::RecordPage& page() const { return *page_; }
   // True once a libddp communicator attached to the page.
   bool attached() const;
+  // Asks the worker to stop: the job hung (RecordPage::stop_requested); libddp aborts its
+  // NCCL communicators.
+  void request_stop() { page_->stop_requested.store(1, std::memory_order_release); }
 
  private:
   UniqueFd fd_;

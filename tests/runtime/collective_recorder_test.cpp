@@ -180,6 +180,15 @@ TEST_CASE("CollectiveRecorder publishes its header and records collectives in or
   CHECK(page.finished.load() == 5);
 }
 
+TEST_CASE("CollectiveRecorder sees the agent's stop request") {
+  AgentPage agent;
+  auto recorder = CollectiveRecorder::attach(agent.fd(), 0, 2, ddp::Backend::Nccl);
+  REQUIRE(recorder != nullptr);
+  CHECK_FALSE(recorder->stop_requested());
+  agent.page().stop_requested.store(1);  // what ddprun writes when the job hung
+  CHECK(recorder->stop_requested());
+}
+
 TEST_CASE("CollectiveRecorder names dtypes as PyTorch does and counts per call") {
   AgentPage agent;
   auto recorder = CollectiveRecorder::attach(agent.fd(), 0, 2, ddp::Backend::Nccl);

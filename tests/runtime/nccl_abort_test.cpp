@@ -4,6 +4,8 @@
 // collective that cannot finish is made here the honest way one GPU allows: it is ordered
 // after a stream that a host function holds closed. Built with CUDA; skips without a device.
 #include <cuda_runtime.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <chrono>
@@ -12,6 +14,7 @@
 #include <mutex>
 
 #include "cuda_device.hpp"
+#include "ddp/common/collective_record.hpp"
 #include "ddp/runtime.hpp"
 #include "ddp/store/memory_store.hpp"
 #include "skip.hpp"
@@ -196,4 +199,38 @@ TEST_CASE("nccl: after normal use the watchdog reports success, and a Work outli
   }
   CHECK(kept.completed());
   kept.wait(std::chrono::seconds(1));
+}
+
+TEST_CASE("nccl: the agent's stop request in the record page aborts with ddprun's reason") {
+  SKIP_WITHOUT_GPU();
+  // The record page as ddprun makes it, and writes into when the job hung.
+  const int fd = memfd_create("ddp-stop-request-test", MFD_CLOEXEC);
+  REQUIRE(fd >= 0);
+  REQUIRE(ftruncate(fd, sizeof(ddp::record::RecordPage)) == 0);
+  void* mapped =
+      mmap(nullptr, sizeof(ddp::record::RecordPage), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  REQUIRE(mapped != MAP_FAILED);
+  auto* page = static_cast<ddp::record::RecordPage*>(mapped);
+  ddp::InitOptions options;
+  options.backend = ddp::Backend::Nccl;
+  options.init_timeout = std::chrono::seconds(60);
+  options.timeout = std::chrono::seconds(60);
+  options.record_fd = fd;
+  {
+    ddp::Context ctx = ddp::init(ddp::test::thread_env(0, 1),
+                                 std::make_shared<ddp::store::MemoryStore>(), options);
+    REQUIRE(page->magic.load() == ddp::record::kRecordMagic);
+    DeviceFloats buffer;
+    StreamGate gate;
+    ddp::Work stuck = queue_allreduce(ctx, buffer, gate.stream());
+    page->stop_requested.store(1);
+    const auto start = std::chrono::steady_clock::now();
+    REQUIRE_THROWS_WITH(stuck.wait(std::chrono::seconds(30)),
+                        Contains("ddprun found the job hung"));
+    CHECK(std::chrono::steady_clock::now() - start < std::chrono::seconds(20));
+    REQUIRE_THROWS_WITH(ctx.barrier(), Contains("ddprun found the job hung"));
+    gate.release();
+  }
+  munmap(mapped, sizeof(ddp::record::RecordPage));
+  close(fd);
 }

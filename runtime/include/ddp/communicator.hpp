@@ -91,7 +91,7 @@ class Communicator {
   // record, docs/runtime.md); nullptr while recording is off. Set by init() before the first
   // collective.
   detail::CollectiveRecorder* recorder() const { return recorder_.get(); }
-  void set_recorder(std::shared_ptr<detail::CollectiveRecorder> recorder) {
+  virtual void set_recorder(std::shared_ptr<detail::CollectiveRecorder> recorder) {
     recorder_ = std::move(recorder);
   }
 

@@ -64,6 +64,8 @@ class FakeWorkers : public WorkerGroup {
   std::map<int, WorkerExit> exits;  // of the current round, by local rank
   std::set<int> failed_unreported;  // failed, exit event not delivered yet
   bool pending_output = false;
+  bool nccl_workers = false;  // what request_abort answers
+  int abort_requests = 0;
   // The next start fails at this local rank, after starting the ranks below it.
   std::optional<int> fail_start_at;
 
@@ -108,6 +110,10 @@ class FakeWorkers : public WorkerGroup {
   }
   std::vector<StillRunning> still_running() const override { return {}; }
   bool output_pending() const override { return pending_output; }
+  bool request_abort() override {
+    ++abort_requests;
+    return nccl_workers;
+  }
 
   // Worker local_rank of the latest start exits.
   void exit(int local_rank, int code, int signal = 0) {

@@ -504,3 +504,63 @@ TEST_CASE("one node through LocalRendezvous: a failure restarts at once with the
   REQUIRE(outcome);
   CHECK(outcome->exit_code == 0);
 }
+
+namespace {
+
+// What the hang monitor posts for the machine's round `round`: rank 3 blamed, hung.
+event::Hung hang_of(int round) {
+  WorkerFailure f;
+  f.host = "host-a";
+  f.rank = 3;
+  f.local_rank = 1;
+  f.pid = 1001;
+  f.exit_code = 1;
+  f.hung = true;
+  f.error = ErrorFileContent{"the job hung at collective 3 (all_reduce): rank 3 never entered it",
+                             "the report"};
+  return event::Hung{round, f};
+}
+
+}  // namespace
+
+TEST_CASE("a hang with NCCL workers: asked to abort, SIGTERM only after the abort grace") {
+  Harness h(1);
+  h.workers.nccl_workers = true;
+  h.round_ready(two_nodes(0));
+  h.queue.push_back(hang_of(1));  // the machine counts its rounds from 1
+  h.run();
+  CHECK(h.workers.abort_requests == 1);
+  CHECK(h.workers.signals.empty());  // they abort their communicators and exit by themselves
+  REQUIRE(h.rdzv.stopped.size() == 1);
+  h.advance(kAbortGrace - std::chrono::milliseconds(1));
+  CHECK(h.workers.signals.empty());
+  h.advance(std::chrono::milliseconds(1));
+  CHECK(h.workers.signals == std::vector<int>{SIGTERM});  // one did not
+  h.advance(kShutdown);
+  CHECK(h.workers.signals == std::vector<int>{SIGTERM, SIGKILL});
+}
+
+TEST_CASE("a hang whose NCCL workers abort and exit in time: no signal, the round ends") {
+  Harness h(1);
+  h.workers.nccl_workers = true;
+  h.round_ready(two_nodes(0));
+  h.queue.push_back(hang_of(1));  // the machine counts its rounds from 1
+  h.run();
+  h.exit(0, 1);
+  h.exit(1, 1);
+  CHECK_FALSE(h.timers.is_armed(TimerId::kAbort));
+  h.remote_stop(h.rdzv.stopped.front());  // the reason every node agrees on: ours
+  h.advance(kAbortGrace);
+  CHECK(h.workers.signals.empty());
+  CHECK(h.rdzv.rounds.size() == 2);  // restarted
+}
+
+TEST_CASE("a hang reported by another node: Gloo workers get SIGTERM at once") {
+  Harness h(1);
+  h.round_ready(two_nodes(0));
+  StopReason hung = worker_failed("node-b", "host-b", 0, 1);
+  hung.message = "the job hung at collective 3 (all_reduce): rank 0 never entered it";
+  h.remote_stop(hung);
+  CHECK(h.workers.abort_requests == 1);  // asked all the same: the record says who listens
+  CHECK(h.workers.signals == std::vector<int>{SIGTERM});
+}

@@ -135,7 +135,11 @@ struct RecordPage {
   std::atomic<std::uint64_t> steps;             // the last step that began
   std::atomic<std::uint64_t> compute_ns_total;  // sum over steps of ready_ns - begin_ns
   std::atomic<std::uint64_t> wait_ns_total;     // sum over steps of finalized_ns - ready_ns
-  std::atomic<std::uint64_t> reserved[18];
+  // Written by the agent: nonzero once ddprun stops the job because it hung. libddp then
+  // aborts its NCCL communicators, so that ranks stuck in a collective fail with a reason
+  // and exit on their own (an older libddp ignores it).
+  std::atomic<std::uint64_t> stop_requested;
+  std::atomic<std::uint64_t> reserved[17];
   CollectiveSlot collectives[kCollectiveSlots];
   StepSlot step_slots[kStepSlots];
 };
