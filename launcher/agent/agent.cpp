@@ -326,7 +326,9 @@ class Agent::Impl {
           };
         }
       } catch (const std::exception& e) {
-        const std::string own = path + ".group_rank_" + std::to_string(round.group_rank);
+        // The writer keeps the path; the others do not write over its file on a shared disk.
+        const std::string own =
+            round.group_rank == 0 ? path : path + ".group_rank_" + std::to_string(round.group_rank);
         then = [this, own, json = local.json, why = std::string(e.what())] {
           notice("ddprun: cannot share this node's timeline through the workers' store (" + why +
                  "); it goes to " + own + " on its own clock");
