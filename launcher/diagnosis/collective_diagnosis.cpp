@@ -7,11 +7,6 @@
 namespace ddp::launcher {
 namespace {
 
-std::string who(const RankView& r) {
-  return "rank " + std::to_string(r.rank) + " (" + (r.host.empty() ? "" : "host " + r.host + ", ") +
-         "pid " + std::to_string(r.pid) + ")";
-}
-
 // "all_reduce, bucket 3, 12.0 MiB float32"
 std::string call_text(const CollectiveInfo& c) {
   std::string text = c.op;
@@ -29,7 +24,7 @@ std::string plural_ranks(const std::vector<int>& ranks) {
 }
 
 std::string rank_line(const RankView& r, std::uint64_t k) {
-  std::string line = who(r) + ": ";
+  std::string line = rank_who(r) + ": ";
   if (!r.attached) {
     line += "no collective record (not a libddp program, or its communicator is not made yet)";
   } else if (r.queued >= k && r.finished < k) {
@@ -211,7 +206,7 @@ CollectiveDiagnosis diagnose(std::vector<RankView> ranks) {
   for (int rank : absent) {
     const RankView& r = *std::find_if(ranks.begin(), ranks.end(),
                                       [&](const RankView& v) { return v.rank == rank; });
-    d.headline += "; " + who(r) + " never entered it: " + absence_text(r);
+    d.headline += "; " + rank_who(r) + " never entered it: " + absence_text(r);
     d.blamed.push_back(rank);
   }
   if (absent.empty() && !d.desync) {

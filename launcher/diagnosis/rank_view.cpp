@@ -41,6 +41,12 @@ std::uint64_t monotonic_now_ns() {
          static_cast<std::uint64_t>(now.tv_nsec);
 }
 
+std::string rank_who(const RankView& view) {
+  return "rank " + std::to_string(view.rank) + " (" +
+         (view.host.empty() ? "" : "host " + view.host + ", ") + "pid " + std::to_string(view.pid) +
+         ")";
+}
+
 std::optional<CollectiveInfo> read_collective(const record::RecordPage& page, std::uint64_t seq,
                                               std::uint64_t now_ns) {
   if (seq == 0) return std::nullopt;

@@ -73,4 +73,7 @@ std::optional<CollectiveInfo> read_collective(const record::RecordPage& page, st
 // CLOCK_MONOTONIC in nanoseconds: the clock of every record on this node.
 std::uint64_t monotonic_now_ns();
 
+// "rank 3 (host node-a, pid 4242)": the rank as reports name it (the host only when known).
+std::string rank_who(const RankView& view);
+
 }  // namespace ddp::launcher

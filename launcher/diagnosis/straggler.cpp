@@ -82,8 +82,7 @@ std::optional<Straggler> find_straggler(const std::vector<RankView>& ranks,
   const RankView& r = *recording[worst];
   Straggler s;
   s.rank = r.rank;
-  s.who = "rank " + std::to_string(r.rank) + " (" +
-          (r.host.empty() ? "" : "host " + r.host + ", ") + "pid " + std::to_string(r.pid) + ")";
+  s.who = rank_who(r);
   s.late_steps = t.late;
   s.window = options.window;
   s.late_by_s = t.late_sum / t.late;
