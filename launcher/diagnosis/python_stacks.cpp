@@ -1,11 +1,11 @@
 #include "python_stacks.hpp"
 
-#include <algorithm>
 #include <map>
 #include <regex>
 #include <sstream>
 
 #include "collective_diagnosis.hpp"
+#include "stack_capture.hpp"
 
 namespace ddp::launcher {
 namespace {
@@ -64,7 +64,7 @@ std::string innermost_frame(std::string_view dump) {
 }
 
 std::string group_python_stacks(const std::vector<PythonStack>& stacks) {
-  std::map<std::string, std::vector<int>> by_shape;
+  std::vector<std::pair<int, std::string>> rank_shapes;
   std::map<std::string, std::string> frame_of;  // shape -> its innermost frame
   std::vector<std::string> missing;
   for (const PythonStack& s : stacks) {
@@ -77,24 +77,17 @@ std::string group_python_stacks(const std::vector<PythonStack>& stacks) {
     while (std::getline(lines, line)) {
       if (is_thread_header(line) || is_frame(line)) shape += without_thread_id(line) + "\n";
     }
-    by_shape[shape].push_back(s.rank);
     frame_of[shape] = innermost_frame(s.dump);
+    rank_shapes.emplace_back(s.rank, std::move(shape));
   }
-  std::vector<std::pair<std::string, std::vector<int>>> groups(by_shape.begin(), by_shape.end());
-  std::stable_sort(groups.begin(), groups.end(),
-                   [](const auto& a, const auto& b) { return a.second.size() > b.second.size(); });
-  std::string text;
-  for (const auto& [shape, ranks] : groups) {
-    text += std::to_string(ranks.size()) + (ranks.size() == 1 ? " rank (rank " : " ranks (ranks ") +
-            rank_list(ranks) + ")";
-    if (const std::string& frame = frame_of[shape]; !frame.empty()) text += ": in " + frame;
-    text += "\n";
-    std::istringstream lines(shape);
-    std::string line;
-    while (std::getline(lines, line)) text += "  " + line + "\n";
-  }
-  for (const auto& line : missing) text += line + "\n";
-  return text;
+  return format_stack_groups(
+      rank_shapes, missing, [&frame_of](const std::vector<int>& ranks, const std::string& shape) {
+        std::string heading = std::to_string(ranks.size()) +
+                              (ranks.size() == 1 ? " rank (rank " : " ranks (ranks ") +
+                              rank_list(ranks) + ")";
+        if (const std::string& frame = frame_of[shape]; !frame.empty()) heading += ": in " + frame;
+        return heading;
+      });
 }
 
 }  // namespace ddp::launcher

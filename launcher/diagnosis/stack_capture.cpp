@@ -64,30 +64,41 @@ std::string stack_shape(const std::string& eu_stack_text) {
   return shape;
 }
 
-std::string group_stacks(const std::vector<RankStack>& stacks) {
+std::string format_stack_groups(const std::vector<std::pair<int, std::string>>& rank_shapes,
+                                const std::vector<std::string>& missing,
+                                const StackHeading& heading) {
   std::map<std::string, std::vector<int>> by_shape;
-  std::vector<std::string> missing;
-  for (const RankStack& s : stacks) {
-    if (!s.error.empty()) {
-      missing.push_back("rank " + std::to_string(s.rank) + " (pid " + std::to_string(s.pid) +
-                        "): no stack: " + s.error);
-      continue;
-    }
-    by_shape[stack_shape(s.stack)].push_back(s.rank);
-  }
+  for (const auto& [rank, shape] : rank_shapes) by_shape[shape].push_back(rank);
   std::vector<std::pair<std::string, std::vector<int>>> groups(by_shape.begin(), by_shape.end());
   std::stable_sort(groups.begin(), groups.end(),
                    [](const auto& a, const auto& b) { return a.second.size() > b.second.size(); });
   std::string text;
   for (const auto& [shape, ranks] : groups) {
-    text += std::to_string(ranks.size()) + (ranks.size() == 1 ? " rank (" : " ranks (") +
-            rank_list(ranks) + "):\n";
+    text += heading(ranks, shape) + "\n";
     std::istringstream lines(shape);
     std::string line;
     while (std::getline(lines, line)) text += "  " + line + "\n";
   }
   for (const auto& line : missing) text += line + "\n";
   return text;
+}
+
+std::string group_stacks(const std::vector<RankStack>& stacks) {
+  std::vector<std::pair<int, std::string>> rank_shapes;
+  std::vector<std::string> missing;
+  for (const RankStack& s : stacks) {
+    if (!s.error.empty()) {
+      missing.push_back("rank " + std::to_string(s.rank) + " (pid " + std::to_string(s.pid) +
+                        "): no stack: " + s.error);
+    } else {
+      rank_shapes.emplace_back(s.rank, stack_shape(s.stack));
+    }
+  }
+  return format_stack_groups(
+      rank_shapes, missing, [](const std::vector<int>& ranks, const std::string&) {
+        return std::to_string(ranks.size()) + (ranks.size() == 1 ? " rank (" : " ranks (") +
+               rank_list(ranks) + "):";
+      });
 }
 
 }  // namespace ddp::launcher

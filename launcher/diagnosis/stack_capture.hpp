@@ -7,7 +7,9 @@
 #include <sys/types.h>
 
 #include <chrono>
+#include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace ddp::launcher {
@@ -33,5 +35,15 @@ std::string stack_shape(const std::string& eu_stack_text);
 // Groups ranks by stack shape, largest group first: "3 ranks (0, 1, 3):" then the frames of
 // each thread indented; a rank without a stack is listed with why.
 std::string group_stacks(const std::vector<RankStack>& stacks);
+
+// The grouping both kinds of stack share (native here, Python in python_stacks): ranks with
+// the same shape together, the largest group first (equal sizes in shape order); each group
+// is its heading line, then the shape's lines indented by two spaces; `missing` (a line per
+// rank without a stack) comes last.
+using StackHeading =
+    std::function<std::string(const std::vector<int>& ranks, const std::string& shape)>;
+std::string format_stack_groups(const std::vector<std::pair<int, std::string>>& rank_shapes,
+                                const std::vector<std::string>& missing,
+                                const StackHeading& heading);
 
 }  // namespace ddp::launcher
