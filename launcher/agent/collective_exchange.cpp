@@ -4,6 +4,7 @@
 
 #include "../diagnosis/rank_view_json.hpp"
 #include "ddp/store/client.hpp"
+#include "workers_store_client.hpp"
 
 namespace ddp::launcher {
 
@@ -80,13 +81,7 @@ void CollectiveExchange::run() {
 // keeps no state to go stale across rounds; it is a few requests a second at most.
 void CollectiveExchange::exchange(const elastic::RoundInfo& round,
                                   const std::vector<RankView>& local) {
-  store::ClientOptions options;
-  options.host = round.master_addr;
-  options.port = static_cast<std::uint16_t>(round.master_port);
-  options.dialect = std::nullopt;  // whichever the workers' store speaks
-  options.connect_timeout = kExchangeTimeout;
-  options.timeout = kExchangeTimeout;
-  store::Client client(options);
+  store::Client client = connect_workers_store(round, kExchangeTimeout);
   client.set(key(round.round, round.group_rank), encode_views(local));
   std::map<int, Received> received;
   for (int g = 0; g < static_cast<int>(round.members.size()); ++g) {

@@ -9,6 +9,7 @@
 
 #include "ddp/store/client.hpp"
 #include "ddp/store/server.hpp"
+#include "workers_store_client.hpp"
 
 namespace ddp::launcher {
 namespace {
@@ -24,16 +25,6 @@ std::int64_t now_ns() {
 
 std::string key(int round, int group_rank) {
   return "ddprun/trace/" + std::to_string(round) + "/" + std::to_string(group_rank);
-}
-
-store::Client connect(const elastic::RoundInfo& round) {
-  store::ClientOptions options;
-  options.host = round.master_addr;
-  options.port = static_cast<std::uint16_t>(round.master_port);
-  options.dialect = std::nullopt;  // whichever the workers' store speaks
-  options.connect_timeout = kTraceShareTimeout;
-  options.timeout = kTraceShareTimeout;
-  return store::Client(options);
 }
 
 }  // namespace
@@ -61,7 +52,7 @@ ClockEstimate estimate_clock(store::Store& store, int samples) {
 }
 
 void send_trace(const elastic::RoundInfo& round, const LocalTrace& trace) {
-  store::Client client = connect(round);
+  store::Client client = connect_workers_store(round, kTraceShareTimeout);
   const ClockEstimate clock = estimate_clock(client);
   const std::string base = key(round.round, round.group_rank);
   std::size_t chunks = 0;
@@ -80,7 +71,7 @@ void send_trace(const elastic::RoundInfo& round, const LocalTrace& trace) {
 
 GatheredTrace gather_traces(const elastic::RoundInfo& round, const LocalTrace& trace,
                             std::chrono::milliseconds timeout) {
-  store::Client client = connect(round);
+  store::Client client = connect_workers_store(round, kTraceShareTimeout);
   const ClockEstimate clock = estimate_clock(client);
   GatheredTrace gathered;
   NodeTrace own;
