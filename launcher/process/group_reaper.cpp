@@ -17,6 +17,8 @@
 #include <cstdint>
 #include <system_error>
 
+#include "blocked_signals.hpp"
+
 namespace ddp::launcher {
 namespace {
 
@@ -147,23 +149,6 @@ DDP_GUARD_CODE int guard_entry(void* channel) {
   guard_main(static_cast<int>(reinterpret_cast<std::intptr_t>(channel)));
 }
 
-// Blocks every signal on the calling thread while alive and restores the mask after: the guard
-// starts with them blocked, so that no agent's handler runs in it before it resets them.
-class BlockedSignals {
- public:
-  BlockedSignals() {
-    sigset_t all;
-    ::sigfillset(&all);
-    ::pthread_sigmask(SIG_SETMASK, &all, &saved_);
-  }
-  ~BlockedSignals() { ::pthread_sigmask(SIG_SETMASK, &saved_, nullptr); }
-  BlockedSignals(const BlockedSignals&) = delete;
-  BlockedSignals& operator=(const BlockedSignals&) = delete;
-
- private:
-  sigset_t saved_;
-};
-
 }  // namespace
 
 GroupReaper::GroupReaper() {
@@ -173,7 +158,7 @@ GroupReaper::GroupReaper() {
   }
   UniqueFd agent_end(ends[0]);
   UniqueFd guard_end(ends[1]);
-  BlockedSignals blocked;
+  BlockAllSignals blocked;
   if (kGuardSharesMemory) {
     // Like a thread, but a process of its own that outlives the agent (kill -9 ends only the
     // agent's thread group; the memory stays for the guard): nothing of the agent is copied

@@ -13,6 +13,8 @@
 #include <cstring>
 #include <memory>
 
+#include "blocked_signals.hpp"
+
 namespace ddp::launcher {
 namespace {
 
@@ -47,24 +49,6 @@ DDP_CHILD_OF_VFORK void cloexec_from_3() {
                          : 65536;
   for (rlim_t fd = 3; fd < max; ++fd) ::fcntl(static_cast<int>(fd), F_SETFD, FD_CLOEXEC);
 }
-
-// Blocks every signal on the calling thread while alive and restores the mask after, so that
-// a signal arriving during fork is not run in the child by the agent's (Asio's) handler,
-// which would report it to the agent a second time through Asio's signal pipe.
-class BlockAllSignals {
- public:
-  BlockAllSignals() {
-    sigset_t all;
-    ::sigfillset(&all);
-    ::pthread_sigmask(SIG_SETMASK, &all, &saved_);
-  }
-  ~BlockAllSignals() { ::pthread_sigmask(SIG_SETMASK, &saved_, nullptr); }
-  BlockAllSignals(const BlockAllSignals&) = delete;
-  BlockAllSignals& operator=(const BlockAllSignals&) = delete;
-
- private:
-  sigset_t saved_;
-};
 
 // In the child, between clone and exec, on its own stack but in the agent's memory (the agent
 // is suspended meanwhile, see spawn_process): only async-signal-safe calls, nothing that
