@@ -8,7 +8,6 @@
 #include <mutex>
 #include <set>
 #include <stdexcept>
-#include <thread>
 #include <unordered_map>
 #include <utility>
 
@@ -120,31 +119,23 @@ class EtcdBackend final : public RunBackend {
   std::unique_ptr<store::Store> connect(
       Clock::time_point deadline, const std::atomic<bool>& cancel,
       const std::function<void(const std::string&)>& on_failure) const override {
-    auto start = Clock::now();
-    std::string last_error = "no attempt made";
-    while (true) {
-      if (cancel.load()) throw Cancelled{};
-      try {
-        auto store = make_store(options_);
-        store->check({keys().state()});  // one request: is a member there, and serving?
-        return store;
-      } catch (const etcd::EtcdError& e) {
-        if (e.kind() == etcd::EtcdError::Kind::kRefused) {
-          throw RendezvousError(where_ + " refused this agent: " + std::string(e.what()));
-        }
-        last_error = e.what();
-      } catch (const store::StoreError& e) {
-        last_error = e.what();
-      }
-      if (on_failure) on_failure(last_error);
-      if (Clock::now() >= deadline) break;
-      std::this_thread::sleep_for(kConnectSlice / 4);  // back-off between rounds of members
-    }
-    auto tried = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
-    throw RendezvousError("could not reach " + where_ + " for " + seconds_text(tried) + " (" +
-                          last_error +
-                          "); are the etcd members running, and are the --rdzv_endpoint "
-                          "addresses (their client URLs) reachable from here?");
+    return connect_with_retries(
+        deadline, cancel, on_failure, kConnectSlice / 4,  // back-off between rounds of members
+        [this]() -> std::unique_ptr<store::Store> {
+          try {
+            auto store = make_store(options_);
+            store->check({keys().state()});  // one request: is a member there, and serving?
+            return store;
+          } catch (const etcd::EtcdError& e) {
+            if (e.kind() != etcd::EtcdError::Kind::kRefused) throw;
+            throw RendezvousError(where_ + " refused this agent: " + std::string(e.what()));
+          }
+        },
+        [this](std::chrono::milliseconds tried, const std::string& error) {
+          return "could not reach " + where_ + " for " + seconds_text(tried) + " (" + error +
+                 "); are the etcd members running, and are the --rdzv_endpoint addresses "
+                 "(their client URLs) reachable from here?";
+        });
   }
 
   // Connects on its first request: etcd failing right as a round starts is then retried by

@@ -49,26 +49,19 @@ class StoreBackend final : public RunBackend {
   std::unique_ptr<store::Store> connect(
       Clock::time_point deadline, const std::atomic<bool>& cancel,
       const std::function<void(const std::string&)>& on_failure) const override {
-    auto start = Clock::now();
-    std::string last_error = "no attempt made";
-    while (true) {
-      if (cancel.load()) throw Cancelled{};
-      try {
-        // Each attempt (and each later reconnect) tries for kConnectSlice, so that a dead
-        // store is retried with back-off, never in a tight loop, and cancellation is seen in
-        // time.
-        return std::make_unique<store::Client>(options(kConnectSlice));
-      } catch (const store::StoreError& e) {
-        last_error = e.what();
-      }
-      if (on_failure) on_failure(last_error);
-      if (Clock::now() >= deadline) break;
-    }
-    auto tried = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
-    throw RendezvousError("could not reach the rendezvous store at " + where_ + " for " +
-                          seconds_text(tried) + " (" + last_error +
-                          "); is the agent of node 0 (the host of --master_addr or "
-                          "--rdzv_endpoint) running, and is that address reachable from here?");
+    // Each attempt (and each later reconnect) tries for kConnectSlice, so that a dead store
+    // is retried with back-off, never in a tight loop, and cancellation is seen in time.
+    return connect_with_retries(
+        deadline, cancel, on_failure, std::chrono::milliseconds(0),
+        [this]() -> std::unique_ptr<store::Store> {
+          return std::make_unique<store::Client>(options(kConnectSlice));
+        },
+        [this](std::chrono::milliseconds tried, const std::string& error) {
+          return "could not reach the rendezvous store at " + where_ + " for " +
+                 seconds_text(tried) + " (" + error +
+                 "); is the agent of node 0 (the host of --master_addr or --rdzv_endpoint) "
+                 "running, and is that address reachable from here?";
+        });
   }
 
   std::unique_ptr<store::Store> connect_once(std::chrono::milliseconds bound) const override {

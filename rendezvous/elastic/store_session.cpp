@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <thread>
 
 #include "ddp/elastic/state_backend.hpp"
 
@@ -78,6 +79,29 @@ std::optional<RoundState> StoreSession::modify(
 
 RoundEnd StoreSession::end_round(store::Store& store, int round, const RoundEnd& end) const {
   return decode_end(store.compare_set(keys.end(round), "", encode_end(end)));
+}
+
+std::unique_ptr<store::Store> connect_with_retries(
+    Clock::time_point deadline, const std::atomic<bool>& cancel,
+    const std::function<void(const std::string&)>& on_failure, std::chrono::milliseconds pause,
+    const std::function<std::unique_ptr<store::Store>()>& attempt,
+    const std::function<std::string(std::chrono::milliseconds tried, const std::string& error)>&
+        give_up) {
+  const auto start = Clock::now();
+  std::string last_error = "no attempt made";
+  while (true) {
+    if (cancel.load()) throw Cancelled{};
+    try {
+      return attempt();
+    } catch (const store::StoreError& e) {
+      last_error = e.what();
+    }
+    if (on_failure) on_failure(last_error);
+    if (Clock::now() >= deadline) break;
+    if (pause.count() > 0) std::this_thread::sleep_for(pause);
+  }
+  const auto tried = std::chrono::duration_cast<std::chrono::milliseconds>(Clock::now() - start);
+  throw RendezvousError(give_up(tried, last_error));
 }
 
 std::string seconds_text(std::chrono::milliseconds duration) {

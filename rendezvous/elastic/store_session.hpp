@@ -72,6 +72,17 @@ struct StoreSession {
 // "12 s", "1.5 s"
 std::string seconds_text(std::chrono::milliseconds duration);
 
+// The backends' connect() loop: attempt() until it returns a store, `pause` between failed
+// attempts. A StoreError is a failed attempt (its text goes to on_failure, which may be
+// empty); anything else attempt() throws ends the loop at once. Cancelled when cancel is set;
+// past the deadline a RendezvousError of give_up(how long it tried, the last error).
+std::unique_ptr<store::Store> connect_with_retries(
+    Clock::time_point deadline, const std::atomic<bool>& cancel,
+    const std::function<void(const std::string&)>& on_failure, std::chrono::milliseconds pause,
+    const std::function<std::unique_ptr<store::Store>()>& attempt,
+    const std::function<std::string(std::chrono::milliseconds tried, const std::string& error)>&
+        give_up);
+
 // keep_alive_interval x keep_alive_max_attempt: when a silent node counts as dead.
 std::chrono::milliseconds heartbeat_budget(const RendezvousTimeouts& timeouts);
 
