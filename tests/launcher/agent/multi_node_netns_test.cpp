@@ -242,19 +242,26 @@ TEST_CASE("netns c10d: after a restart the new round's workers' store admits bot
     WARN("skipped: " << reason);
     return;
   }
+  TempDir dir;
   NetnsPair pair;
   const std::string a = pair.address(Side::kA);
   const int port = free_port();
+  const std::filesystem::path go = dir.path() / "go";
   auto node = [&](const char* is_host) {
     auto options = c10d_node("2", port, "admit-restart", a);
     options.push_back(std::string("--rdzv_conf=is_host=") + is_host);
     options.push_back("--max_restarts=1");
-    // Round 0: every worker meets the others in the store, then fails; round 1 (a fresh
-    // store, its admission set anew) they meet again and succeed.
-    return ddprun(options, {"--store-barrier", "--if-restart-below", "1", "--exit", "1"});
+    // Round 0: every worker meets the others in the store, then fails once the test has seen
+    // both say so (a worker failing at once could have the other stopped before it prints);
+    // round 1 (a fresh store, its admission set anew) they meet again and succeed.
+    return ddprun(options, {"--store-barrier", "--if-restart-below", "1", "--wait-for-file",
+                            go.string(), "--if-restart-below", "1", "--exit", "1"});
   };
   ChildProcess agent_a(pair.command_in(Side::kA, node("1")));
   ChildProcess agent_b(pair.command_in(Side::kB, node("0")));
+  agent_a.wait_for_stdout_lines("store barrier passed", 1, kJobTimeout);
+  agent_b.wait_for_stdout_lines("store barrier passed", 1, kJobTimeout);
+  touch(go);
   for (auto* agent : {&agent_a, &agent_b}) {
     ProcessResult r = agent->wait(kJobTimeout);
     INFO(r.out << r.err);
