@@ -36,14 +36,6 @@ std::string agent_store_worker(int rank, std::uint16_t port, const std::string& 
          " TORCHELASTIC_RESTART_COUNT=0 " + program;
 }
 
-// A port that was free a moment ago (bound to port 0 by a throwaway server).
-std::uint16_t free_port() {
-  boost::asio::io_context io;
-  ddp::store::ServerOptions options;
-  options.host = "127.0.0.1";
-  return ddp::store::Server(io, options).port();
-}
-
 }  // namespace
 
 TEST_CASE("the sample program prints sum=3 on each of 3 ranks under ddprun") {
@@ -85,7 +77,7 @@ TEST_CASE("ranks use the agent's store when TORCHELASTIC_USE_AGENT_STORE=True") 
 }
 
 TEST_CASE("rank 0 hosts the store when the agent does not (TORCHELASTIC_USE_AGENT_STORE=False)") {
-  const auto port = free_port();
+  const auto port = ddp::test::reserve_port();
   const std::string program = bin("ddp-example-sum");
   const auto result = run("sh -c '" + agent_store_worker(2, port, program, false) + " & " +
                           agent_store_worker(1, port, program, false) + " & " +
@@ -102,7 +94,7 @@ TEST_CASE("the sample program works under PyTorch's torchrun (its own agent stor
   for (const std::string& arg : ddp::test::torchrun_argv()) torchrun += arg + " ";
   // Static rendezvous: the agent hosts its store (TORCHELASTIC_USE_AGENT_STORE=True), in the
   // dialect of its version; the workers find which one it speaks.
-  const auto port = free_port();
+  const auto port = ddp::test::reserve_port();
   const auto result = run(torchrun + "--nproc_per_node=3 --master_port=" + std::to_string(port) +
                           " --no_python " + bin("ddp-example-sum"));
   INFO(result.output);

@@ -1,6 +1,8 @@
 #include "test_support.hpp"
 
+#include <fcntl.h>
 #include <netinet/in.h>
+#include <sys/file.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -8,6 +10,7 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <memory>
 #include <random>
 #include <stdexcept>
@@ -26,7 +29,59 @@ std::string quote_for_sh(const std::string& command) {
   return out;
 }
 
+// The lowest port the kernel hands out for bind(0) and outgoing connections.
+int ephemeral_low() {
+  std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
+  int low = 32768;
+  range >> low;
+  return low;
+}
+
+// True when a server could listen at port on every address now (SO_REUSEADDR, as ddprun's
+// stores and PyTorch's TCPStore set it).
+bool can_listen(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  const int one = 1;
+  ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  addr.sin_port = htons(static_cast<std::uint16_t>(port));
+  const bool ok = ::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+  ::close(fd);
+  return ok;
+}
+
 }  // namespace
+
+int reserve_port() {
+  constexpr int kLowest = 10000;
+  const int highest = ephemeral_low() - 1;
+  if (highest - kLowest < 1000) {
+    throw std::runtime_error("reserve_port: the kernel's ephemeral ports start at " +
+                             std::to_string(highest + 1) + ", leaving too few below for tests");
+  }
+  const auto locks = std::filesystem::temp_directory_path() / "ddp-test-ports";
+  std::error_code ec;
+  std::filesystem::create_directories(locks, ec);
+  std::random_device rd;
+  std::uniform_int_distribution<int> pick(kLowest, highest);
+  for (int attempt = 0; attempt < 1000; ++attempt) {
+    const int port = pick(rd);
+    if (port >= 29400 && port <= 29600) continue;
+    const std::string lock = (locks / (std::to_string(port) + ".lock")).string();
+    const int fd = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0666);
+    if (fd < 0) continue;
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0 || !can_listen(port)) {
+      ::close(fd);
+      continue;
+    }
+    return port;  // fd stays open: the lock holds until this process exits
+  }
+  throw std::runtime_error("reserve_port: no free port found between " + std::to_string(kLowest) +
+                           " and " + std::to_string(highest));
+}
 
 std::filesystem::path bin_path(const std::string& name) {
   return std::filesystem::path(DDP_BIN_DIR) / name;

@@ -53,6 +53,15 @@ struct ShellResult {
 // timeout_seconds, status then 124), and collects its stdout and stderr.
 ShellResult run_shell(const std::string& command, int timeout_seconds);
 
+// A TCP port for a server that a test starts at a port it names (ddprun's --master_port or
+// --rdzv_endpoint, a store): free on every address when picked; below the kernel's ephemeral
+// range, so that no outgoing connection of a concurrent test takes it as its own end before the
+// server binds it (a port from bind(0) can be); clear of torchrun's defaults 29400 and 29500;
+// and reserved against every other test process for the rest of this one, by a lock file
+// under the temp dir (tests/launcher/cli/slurm/run_slurm_test.sh takes the same locks).
+// Throws std::runtime_error when no port is left.
+int reserve_port();
+
 // A TCP socket listening on 127.0.0.1 at a port the kernel picked, that never accepts or
 // answers: the kernel completes connections to it and nobody reads. Stands for a port in
 // use, or a server that hangs. Closed on destruction.

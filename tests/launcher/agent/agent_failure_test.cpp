@@ -87,7 +87,7 @@ TEST_CASE("a worker that cannot be started is restarted while restarts remain") 
 TEST_CASE(
     "c10d: the store's host cannot start its worker on the last attempt: both nodes report it") {
   TempDir dir;
-  const int port = free_port();
+  const int port = reserve_port();
   // The host's only worker blocks its own attempt-1 directory and fails; the other node's
   // worker waits to be stopped.
   const std::string host_worker = std::string(kRoot) +
@@ -195,7 +195,7 @@ TEST_CASE("the rendezvous engine leaves and ends at once behind a store that nev
 
 TEST_CASE("c10d: a second SIGTERM while the store's host shuts down ends it at once") {
   TempDir dir;
-  const int port = free_port();
+  const int port = reserve_port();
   const std::vector<std::string> worker = {"--ready", "--wait"};
   auto options = [&](const char* is_host) {
     auto o = c10d_node("2", port, "twice");

@@ -52,7 +52,7 @@ std::string verdict_line(const std::string& err) {
 
 TEST_CASE("hang across two agents: both name the rank on the other node that never entered") {
   TempDir logs_a, logs_b;
-  const int port = free_port();
+  const int port = reserve_port();
   ChildProcess a(hang_node(port, "hang2", logs_a.path()));
   ChildProcess b(hang_node(port, "hang2", logs_b.path()));
   const ProcessResult ra = a.wait(milliseconds(90000));
@@ -71,7 +71,7 @@ TEST_CASE("hang across two agents: both name the rank on the other node that nev
 
 TEST_CASE("a trace file across two agents: one file, every rank on the store host's clock") {
   TempDir dir;
-  const int port = free_port();
+  const int port = reserve_port();
   const auto trace_a = dir.path() / "a.json", trace_b = dir.path() / "b.json";
   auto node = [&](const std::filesystem::path& trace) {
     return node_argv(port, "trace2",

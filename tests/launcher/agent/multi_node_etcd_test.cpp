@@ -151,8 +151,8 @@ TEST_CASE(
 }
 
 TEST_CASE("etcd: unreachable at start is a clear error within the join timeout") {
-  const std::string endpoints =
-      "127.0.0.1:" + std::to_string(free_port()) + ",127.0.0.1:" + std::to_string(free_port());
+  const std::string endpoints = "127.0.0.1:" + std::to_string(reserve_port()) +
+                                ",127.0.0.1:" + std::to_string(reserve_port());
   ProcessResult r =
       run_process(ddprun({"--nnodes=2", "--rdzv_backend=etcd", "--rdzv_endpoint=" + endpoints,
                           "--rdzv_id=nobody", "--rdzv_conf=join_timeout=2"},
@@ -165,7 +165,7 @@ TEST_CASE("etcd: unreachable at start is a clear error within the join timeout")
 }
 
 TEST_CASE("etcd: MIN:MAX nodes on an etcd that does not answer says at once what it waits for") {
-  const std::string endpoint = "127.0.0.1:" + std::to_string(free_port());  // nobody listens
+  const std::string endpoint = "127.0.0.1:" + std::to_string(reserve_port());  // nobody listens
   ChildProcess agent(ddprun({"--nnodes=1:2", "--rdzv_backend=etcd", "--rdzv_endpoint=" + endpoint,
                              "--rdzv_id=closed", "--monitor_interval=0.1"},
                             {"--exit", "0"}));
@@ -186,7 +186,7 @@ TEST_CASE("etcd: MIN:MAX nodes on an etcd that does not answer says at once what
 TEST_CASE(
     "etcd or c10d with one node: runs alone and says in one line that the rendezvous is not "
     "contacted") {
-  const std::string etcd = "127.0.0.1:" + std::to_string(free_port());  // nobody listens
+  const std::string etcd = "127.0.0.1:" + std::to_string(reserve_port());  // nobody listens
   const std::vector<std::vector<std::string>> cases = {
       {"--rdzv_backend=etcd", "--rdzv_endpoint=" + etcd},
       {"--rdzv_backend=c10d", "--rdzv_endpoint=no-such-host.invalid:29400"}};

@@ -1,11 +1,7 @@
 #pragma once
-// Helpers shared by the multi-node process tests: the ddprun command line, a free loopback
-// port, and the workers' --env-json files. Header-only; every function asserts on the
-// calling (main) thread.
-
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
+// Helpers shared by the multi-node process tests: the ddprun command line (ports from
+// reserve_port(), test_support.hpp), and the workers' --env-json files. Header-only; every function
+// asserts on the calling (main) thread.
 
 #include <catch2/catch.hpp>
 #include <chrono>
@@ -22,20 +18,6 @@ namespace ddp::test {
 
 // How long a multi-node test waits for a whole job (generous: ASan under ctest -j2).
 inline constexpr milliseconds kJobTimeout{90000};
-
-// A port the kernel reports free on loopback (bound and released).
-inline int free_port() {
-  int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  REQUIRE(fd >= 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
-  socklen_t size = sizeof addr;
-  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &size) == 0);
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
 
 // build/bin/ddprun OPTIONS build/bin/ddp-sample-worker WORKER_ARGS
 inline std::vector<std::string> ddprun(const std::vector<std::string>& options,

@@ -23,7 +23,7 @@ double seconds_since(steady_clock::time_point start) {
 TEST_CASE(
     "c10d: SIGTERM to one of 3 agents: it exits 143 and the other two finish in a world of 2") {
   TempDir dir;
-  const int port = free_port();
+  const int port = reserve_port();
   // Every worker says hello and then waits for "go", which the test makes once the smaller
   // group runs: the world-3 workers are stopped by the departure, never by "go".
   const std::vector<std::string> worker = {"--hello", "--wait-for-file",
@@ -87,7 +87,7 @@ TEST_CASE(
   const std::string backend = GENERATE("static", "c10d");
   INFO("backend " << backend);
   TempDir dir;
-  const int port = free_port();
+  const int port = reserve_port();
   // Every worker of every node fails on attempt 0, so the nodes report failures together:
   // the job still counts one restart.
   const std::vector<std::string> worker = {"--env-json",
@@ -117,7 +117,7 @@ TEST_CASE(
 }
 
 TEST_CASE("static: a node that cannot reach node 0 fails after the rendezvous timeout, naming it") {
-  const int port = free_port();  // nobody listens there
+  const int port = reserve_port();  // nobody listens there
   auto options = static_node(1, 2, port);
   options.push_back("--rdzv_conf=timeout=2");
   const auto start = steady_clock::now();
@@ -134,7 +134,7 @@ TEST_CASE("static: a node that cannot reach node 0 fails after the rendezvous ti
 }
 
 TEST_CASE("static: while node 0 waits for its peer it says for what, then the job runs") {
-  const int port = free_port();
+  const int port = reserve_port();
   ChildProcess first(ddprun(static_node(0, 2, port), {"--hello"}));
   // The first notice comes after a few seconds (then at most every 5 s).
   first.wait_for_stderr(

@@ -38,7 +38,7 @@ TEST_CASE("netns static: node 1 in B reaches node 0's store at A's address and g
   TempDir dir;
   NetnsPair pair;  // declared after dir, before the agents: they stop before it goes
   const std::string a = pair.address(Side::kA);
-  const int port = free_port();
+  const int port = reserve_port();
   auto worker = [&](const char* side) {
     return std::vector<std::string>{"--env-json",
                                     (dir.path() / (std::string(side) + "-{rank}.json")).string()};
@@ -64,7 +64,7 @@ TEST_CASE("netns c10d: endpoint in A, and B's workers get A's address (group ran
   TempDir dir;
   NetnsPair pair;
   const std::string a = pair.address(Side::kA);
-  const int port = free_port();
+  const int port = reserve_port();
   auto node = [&](const char* side, const char* is_host) {
     auto options = c10d_node("2", port, "netns", a);
     options.push_back(std::string("--rdzv_conf=is_host=") + is_host);
@@ -139,7 +139,7 @@ struct StoreJob {
   StoreJob(const NetnsPair& pair, const TempDir& dir, const std::vector<std::string>& extra)
       : go(dir.path() / "go") {
     const std::string a = pair.address(Side::kA);
-    const int rdzv_port = free_port();
+    const int rdzv_port = reserve_port();
     auto node = [&](const char* side, const char* is_host) {
       auto options = c10d_node("2", rdzv_port, "admit", a);
       options.push_back(std::string("--rdzv_conf=is_host=") + is_host);
@@ -220,7 +220,7 @@ TEST_CASE("netns one node on A's address: its workers get in, a peer in B is ref
   TempDir dir;
   NetnsPair pair;
   const std::string a = pair.address(Side::kA);
-  const int port = free_port();
+  const int port = reserve_port();
   const std::filesystem::path go = dir.path() / "go";
   // Two workers meet in the store at A's address (not loopback: it listens on every address).
   ChildProcess agent(pair.command_in(
@@ -245,7 +245,7 @@ TEST_CASE("netns c10d: after a restart the new round's workers' store admits bot
   TempDir dir;
   NetnsPair pair;
   const std::string a = pair.address(Side::kA);
-  const int port = free_port();
+  const int port = reserve_port();
   const std::filesystem::path go = dir.path() / "go";
   auto node = [&](const char* is_host) {
     auto options = c10d_node("2", port, "admit-restart", a);

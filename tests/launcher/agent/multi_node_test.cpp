@@ -30,7 +30,7 @@ std::vector<std::string> c10d(int port, const std::string& run_id) {
 
 TEST_CASE("static: two nodes with different --nproc_per_node get torchrun's global ranks") {
   TempDir dir;
-  const int port = free_port();
+  const int port = reserve_port();
   const std::string env = (dir.path() / "env-{rank}.json").string();
   auto node = [&](int rank, int nproc) {
     return ddprun({"--nnodes=2", "--node_rank=" + std::to_string(rank),
@@ -64,7 +64,7 @@ TEST_CASE("static: two nodes with different --nproc_per_node get torchrun's glob
 
 TEST_CASE("c10d: a worker failing on one node restarts every node with the next restart count") {
   TempDir dir;
-  const int port = free_port();
+  const int port = reserve_port();
   std::ofstream(dir.path() / "pass-1").put('\n');  // rank 1 passes its wait; rank 0 waits
   const std::vector<std::string> worker = {"--env-json",
                                            (dir.path() / "env-{rank}-{restart}.json").string(),
@@ -95,7 +95,7 @@ TEST_CASE("c10d: a worker failing on one node restarts every node with the next 
 
 TEST_CASE("c10d: restarts exhausted: every node exits non-zero naming the root cause") {
   TempDir dir;
-  const int port = free_port();
+  const int port = reserve_port();
   const std::vector<std::string> worker = {
       "--env-json",      (dir.path() / "env-{rank}.json").string(),
       "--wait-for-file", (dir.path() / "env-0.json").string(),
@@ -114,7 +114,7 @@ TEST_CASE("c10d: restarts exhausted: every node exits non-zero naming the root c
 }
 
 TEST_CASE("c10d: a node arriving while a round runs restarts the group into a larger world") {
-  const int port = free_port();
+  const int port = reserve_port();
   auto options = c10d(port, "grow");
   options[0] = "--nnodes=1:2";
   options.push_back("--rdzv_conf=last_call_timeout=0.2");
@@ -135,7 +135,7 @@ TEST_CASE("c10d: a node arriving while a round runs restarts the group into a la
 }
 
 TEST_CASE("c10d: kill -9 of an agent: the other goes on in a smaller world") {
-  const int port = free_port();
+  const int port = reserve_port();
   auto options = c10d(port, "shrink");
   options[0] = "--nnodes=1:2";
   const std::string conf = "--rdzv_conf=keep_alive_interval=0.2,keep_alive_max_attempt=2";

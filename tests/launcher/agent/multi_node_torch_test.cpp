@@ -36,7 +36,7 @@ std::vector<std::string> node_command(const std::string& launcher, const std::st
 
 // The "allreduce rank=R world=W sum=S" lines of both nodes, by rank.
 std::map<int, std::string> run_job(const std::string& launcher, const std::string& backend) {
-  const int port = free_port();
+  const int port = reserve_port();
   const std::map<std::string, std::string> env = {{"PYTHON_EXEC", torch_python()}};
   ChildProcess node0(node_command(launcher, backend, 0, port), env);
   ChildProcess node1(node_command(launcher, backend, 1, port), env);

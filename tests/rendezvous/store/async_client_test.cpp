@@ -51,13 +51,6 @@ AsyncClient::ReplyHandler record(Outcome& out) {
   };
 }
 
-// A port nothing listens on (bound, then released).
-std::uint16_t free_port(boost::asio::io_context& io) {
-  boost::asio::ip::tcp::acceptor probe(
-      io, boost::asio::ip::tcp::endpoint(boost::asio::ip::make_address("127.0.0.1"), 0));
-  return probe.local_endpoint().port();
-}
-
 }  // namespace
 
 TEST_CASE("AsyncClient: requests complete through their handlers, in order, on the caller's loop") {
@@ -124,7 +117,7 @@ TEST_CASE("AsyncClient: a request whose reply does not come in time fails with S
 
 TEST_CASE("AsyncClient: connect retries until the server is listening") {
   boost::asio::io_context io;
-  const std::uint16_t port = free_port(io);
+  const auto port = static_cast<std::uint16_t>(ddp::test::reserve_port());
   ClientOptions options;
   options.port = port;
   options.connect_timeout = 10s;
@@ -154,7 +147,7 @@ TEST_CASE(
     "AsyncClient: no server within connect_timeout fails every request, naming the endpoint") {
   boost::asio::io_context io;
   ClientOptions options;
-  options.port = free_port(io);
+  options.port = static_cast<std::uint16_t>(ddp::test::reserve_port());
   options.connect_timeout = 300ms;
   AsyncClient client(io, options);
   Outcome first, second;

@@ -71,15 +71,37 @@ cleanup() {
 trap cleanup EXIT
 trap 'exit 143' TERM INT
 
-# Three free TCP ports on loopback, picked by the kernel.
-read -r ctld_port node_a_port node_b_port < <(python3 - <<'EOF'
-import socket
-socks = [socket.socket() for _ in range(3)]
-for s in socks:
-    s.bind(("127.0.0.1", 0))
-print(*(s.getsockname()[1] for s in socks))
-EOF
-)
+# reserve_port NAME: sets NAME to a TCP port for a server of this test: below the kernel's
+# ephemeral range (no outgoing connection of a concurrent test takes it meanwhile), clear of
+# torchrun's defaults, free when picked, and reserved against the other tests by a lock held
+# until this script exits (the same locks as reserve_port() in tests/support/test_support.hpp).
+reserve_port() {
+  # (its locals start with rp_: printf -v sets the caller's variable, which a local of the
+  # same name would hide)
+  local rp_low rp_locks=${TMPDIR:-/tmp}/ddp-test-ports rp_port rp_fd rp_attempt
+  read -r rp_low _ </proc/sys/net/ipv4/ip_local_port_range
+  mkdir -p "$rp_locks"
+  for ((rp_attempt = 0; rp_attempt < 1000; rp_attempt++)); do
+    rp_port=$((10000 + (RANDOM * 32768 + RANDOM) % (rp_low - 10000)))
+    ((rp_port >= 29400 && rp_port <= 29600)) && continue
+    exec {rp_fd}>>"$rp_locks/$rp_port.lock" || continue
+    if flock -n "$rp_fd" && python3 -c '
+import socket, sys
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", int(sys.argv[1])))' "$rp_port" 2>/dev/null; then
+      printf -v "$1" '%s' "$rp_port"
+      return 0
+    fi
+    exec {rp_fd}>&-
+  done
+  fail "no free port to reserve below $rp_low"
+}
+
+# Three ports for slurmctld and the two slurmd.
+reserve_port ctld_port
+reserve_port node_a_port
+reserve_port node_b_port
 
 mkdir -p "$dir/state" "$dir/spool-$node_a" "$dir/spool-$node_b"
 cat >"$dir/slurm.conf" <<EOF
@@ -154,11 +176,6 @@ $lines"
   [[ $(grep -o 'JOB=[0-9]*' <<<"$output" | sort -u | wc -l) == 1 ]] || fail "the two nodes saw different SLURM_JOB_IDs"
 }
 
-# A free TCP port on loopback for the job's --master_port (both nodes are this host).
-free_port() {
-  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
-}
-
 # Checks a two-node ddprun job's output in file $1: the four workers' lines (grep pattern
 # $2 followed by the rank, then $3 before the world size) and each node's Slurm line.
 check_world() {
@@ -177,18 +194,21 @@ $ranks"
 }
 
 check_ddprun() {
-  run_srun "$ddprun" --nproc_per_node=2 --master_port="$(free_port)" "$here/print_env_worker.sh"
+  local port
+  reserve_port port
+  run_srun "$ddprun" --nproc_per_node=2 --master_port="$port" "$here/print_env_worker.sh"
   check_world "$dir/srun.out" "slurm-test-worker RANK=" " WORLD_SIZE="
 }
 
 # The batch script of docs/multi-node.md (section Slurm), submitted as written but for
 # build/bin/, which becomes DDPRUN's directory, and the port, a free one.
 check_sbatch() {
-  local docs=$here/../../../../docs/multi-node.md bin_dir
+  local docs=$here/../../../../docs/multi-node.md bin_dir port
+  reserve_port port
   bin_dir=$(cd "$(dirname "$ddprun")" && pwd)
   awk '/^## /{slurm = ($0 == "## Slurm")} slurm && /^```bash$/{inside = 1; next}
        inside && /^```$/{exit} inside' "$docs" |
-    sed -e "s|build/bin/|$bin_dir/|g" -e "s|--master_port=29500|--master_port=$(free_port)|" \
+    sed -e "s|build/bin/|$bin_dir/|g" -e "s|--master_port=29500|--master_port=$port|" \
       >"$dir/job.sbatch"
   grep -q '^srun ' "$dir/job.sbatch" || fail "no sbatch script with srun in $docs (section Slurm)"
   cat "$dir/job.sbatch"
