@@ -36,6 +36,19 @@ bool port_taken(boost::asio::io_context& io, int port) {
   return ec == boost::asio::error::address_in_use;
 }
 
+// True when something accepts connections at 127.0.0.1:port (an agent or program serving it,
+// which every address includes), false when a port that is taken has no listener: another
+// program's connection holds it as its own end.
+bool someone_listens(boost::asio::io_context& io, int port) {
+  using boost::asio::ip::tcp;
+  tcp::socket probe(io);
+  boost::system::error_code ec;
+  probe.connect(
+      tcp::endpoint(boost::asio::ip::address_v4::loopback(), static_cast<unsigned short>(port)),
+      ec);
+  return !ec;
+}
+
 // --nnodes=1 with a multi-node backend: the agent runs alone and never contacts it (torchrun
 // would). One line says so, since a wrong endpoint then goes unnoticed. Empty when there is
 // nothing to say (static, --standalone).
@@ -55,7 +68,8 @@ RendezvousHost::RendezvousHost(boost::asio::io_context& io, const LaunchConfig& 
     : io_(io),
       options_(std::move(options)),
       store_allow_any_(config.store_allow_any),
-      linger_timer_(io) {
+      linger_timer_(io),
+      host_retry_timer_(io) {
   const RdzvConf conf = parse_rdzv_conf(config.rdzv_conf);
   for (const std::string& key : conf.unknown_keys) options_.notice(unknown_rdzv_conf_warning(key));
   if (!is_multi_node(config)) {
@@ -95,16 +109,47 @@ void RendezvousHost::leave() {
 void RendezvousHost::host_rendezvous_store(const std::string& where, int port) {
   try {
     rendezvous_store_ = std::make_unique<store::Server>(io_, store_options(port, options_.notice));
+    return;
   } catch (const store::StoreError&) {
     if (!port_taken(io_, port)) throw;
-    options_.notice("ddprun: port " + std::to_string(port) +
-                    " is held by another process; joining the rendezvous at " + where + ":" +
-                    std::to_string(port) + " as a client");
   }
+  const std::string endpoint = where + ":" + std::to_string(port);
+  if (someone_listens(io_, port)) {
+    options_.notice("ddprun: port " + std::to_string(port) +
+                    " is held by another process; joining the rendezvous at " + endpoint +
+                    " as a client");
+    return;
+  }
+  options_.notice("ddprun: port " + std::to_string(port) +
+                  " on this host is in use, but nothing accepts connections there (a "
+                  "connection of another program holds it, or held it a moment ago); this "
+                  "agent waits for the rendezvous at " +
+                  endpoint +
+                  " as a client, and hosts its store as soon as the port is free (give "
+                  "--rdzv_endpoint another port if this lasts)");
+  retry_hosting(port);
+}
+
+void RendezvousHost::retry_hosting(int port) {
+  host_retry_timer_.expires_after(kHostRetryInterval);
+  host_retry_timer_.async_wait([this, port](boost::system::error_code ec) {
+    if (ec) return;  // shut down meanwhile
+    try {
+      rendezvous_store_ =
+          std::make_unique<store::Server>(io_, store_options(port, options_.notice));
+      options_.notice("ddprun: port " + std::to_string(port) +
+                      " is free now: this agent hosts the rendezvous store there");
+    } catch (const store::StoreError&) {
+      // Still taken. Once a server listens there (another agent of this host won the port),
+      // this agent stays its client.
+      if (!someone_listens(io_, port)) retry_hosting(port);
+    }
+  });
 }
 
 void RendezvousHost::shut_down(bool wait_for_others, std::function<void()> done) {
   if (closer_.joinable()) return;  // shutting down already
+  host_retry_timer_.cancel();
   closer_ = std::thread([this, engine = std::move(rendezvous_), leaver = std::move(leaver_),
                          wait_for_others, done = std::move(done)]() mutable {
     if (leaver.joinable()) leaver.join();

@@ -2,9 +2,9 @@
 // Which Rendezvous an agent runs and the stores it serves for it. One node: a LocalRendezvous
 // whose master is the MasterHost (today's agent store at MASTER_PORT). Several nodes: the
 // store engine (make_store_rendezvous), the rendezvous store served by this agent when it is
-// the host (static: node rank 0; c10d: the endpoint's host or is_host=1; a port another
-// process holds is joined as a client, as torchrun does), and for c10d a fresh worker store
-// per round. Internal to the launcher; lives on the agent's loop.
+// the host (static: node rank 0; c10d: the endpoint's host or is_host=1; a server another
+// process runs at that port is joined as a client, as torchrun does), and for c10d a fresh worker
+// store per round. Internal to the launcher; lives on the agent's loop.
 
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/steady_timer.hpp>
@@ -26,6 +26,9 @@ namespace ddp::launcher {
 inline constexpr std::chrono::milliseconds kStoreLingerTimeout{5000};
 // How often it looks whether they are gone.
 inline constexpr std::chrono::milliseconds kStoreLingerCheck{20};
+// When the rendezvous store's port is taken on this host and nothing listens there (another
+// program's connection holds it), how often the agent that should host it tries again.
+inline constexpr std::chrono::milliseconds kHostRetryInterval{500};
 
 struct RendezvousHostOptions {
   MasterHostFactory master_host;                   // one node: who serves MASTER_PORT
@@ -89,7 +92,11 @@ class RendezvousHost : public elastic::Rendezvous {
  private:
   void check_linger(std::chrono::steady_clock::time_point deadline, std::function<void()> done);
 
+  // Serves the rendezvous store at port. When the port is taken: a server there is joined
+  // as a client (as torchrun does); when nothing listens there, the agent waits as a client
+  // and retries hosting (retry_hosting) until it serves the store or a server listens there.
   void host_rendezvous_store(const std::string& where, int port);
+  void retry_hosting(int port);
 
   boost::asio::io_context& io_;
   RendezvousHostOptions options_;
@@ -103,10 +110,11 @@ class RendezvousHost : public elastic::Rendezvous {
   std::shared_ptr<store::Server> worker_store_;
   std::unique_ptr<elastic::Rendezvous> rendezvous_;
   boost::asio::steady_timer linger_timer_;
-  bool hurry_ = false;  // hurry() was called
-  bool left_ = false;   // leave() was called
-  std::thread leaver_;  // the engine's leave(), off the loop
-  std::thread closer_;  // ends the engine off the loop (shut_down)
+  boost::asio::steady_timer host_retry_timer_;  // retry_hosting
+  bool hurry_ = false;                          // hurry() was called
+  bool left_ = false;                           // leave() was called
+  std::thread leaver_;                          // the engine's leave(), off the loop
+  std::thread closer_;                          // ends the engine off the loop (shut_down)
 };
 
 }  // namespace ddp::launcher
