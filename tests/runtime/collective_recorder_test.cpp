@@ -7,7 +7,6 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include <boost/asio/io_context.hpp>
 #include <catch2/catch.hpp>
 #include <cstdio>
 #include <fstream>
@@ -20,7 +19,6 @@
 #include "ddp/common/collective_record.hpp"
 #include "ddp/runtime.hpp"
 #include "ddp/store/memory_store.hpp"
-#include "ddp/store/server.hpp"
 #include "test_support.hpp"
 #include "thread_world.hpp"
 
@@ -484,10 +482,7 @@ TEST_CASE("A Gloo job with a Reducer records every collective with its bucket an
 
 TEST_CASE("A worker process records into the page named by DDPRUN_RECORD_FD") {
   AgentPage agent(sizeof(RecordPage), /*inherited=*/true);
-  boost::asio::io_context io;
-  ddp::store::ServerOptions server_options;
-  server_options.host = "127.0.0.1";
-  const auto port = ddp::store::Server(io, server_options).port();  // free a moment ago
+  const int port = ddp::test::reserve_port();
   const auto result = ddp::test::run_shell(
       "RANK=0 LOCAL_RANK=0 WORLD_SIZE=1 LOCAL_WORLD_SIZE=1 MASTER_ADDR=127.0.0.1 MASTER_PORT=" +
           std::to_string(port) +
