@@ -1,7 +1,13 @@
 #include "rendezvous_host.hpp"
 
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
+#include <cerrno>
 #include <cstdio>
 
 #include "ddp/launcher/agent_store.hpp"
@@ -36,17 +42,28 @@ bool port_taken(boost::asio::io_context& io, int port) {
   return ec == boost::asio::error::address_in_use;
 }
 
-// True when something accepts connections at 127.0.0.1:port (an agent or program serving it,
-// which every address includes), false when a port that is taken has no listener: another
-// program's connection holds it as its own end.
-bool someone_listens(boost::asio::io_context& io, int port) {
-  using boost::asio::ip::tcp;
-  tcp::socket probe(io);
-  boost::system::error_code ec;
-  probe.connect(
-      tcp::endpoint(boost::asio::ip::address_v4::loopback(), static_cast<unsigned short>(port)),
-      ec);
-  return !ec;
+// True when something listens at 127.0.0.1:port (an agent or program serving it; every
+// address includes loopback), false when a port that is taken has no listener: another
+// program's connection holds it as its own end. A listener too busy to complete the
+// connection within 200 ms counts as one (the loop never blocks longer).
+bool someone_listens(int port) {
+  constexpr int kListenProbeTimeoutMs = 200;
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return true;  // cannot tell: keep torchrun's behaviour (join as a client)
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<std::uint16_t>(port));
+  bool listens = ::connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof addr) == 0;
+  if (!listens && errno == EINPROGRESS) {
+    pollfd wait{fd, POLLOUT, 0};
+    int error = 0;
+    socklen_t size = sizeof error;
+    listens = ::poll(&wait, 1, kListenProbeTimeoutMs) == 0 ||  // still connecting: busy
+              (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &size) == 0 && error == 0);
+  }
+  ::close(fd);
+  return listens;
 }
 
 // --nnodes=1 with a multi-node backend: the agent runs alone and never contacts it (torchrun
@@ -114,7 +131,7 @@ void RendezvousHost::host_rendezvous_store(const std::string& where, int port) {
     if (!port_taken(io_, port)) throw;
   }
   const std::string endpoint = where + ":" + std::to_string(port);
-  if (someone_listens(io_, port)) {
+  if (someone_listens(port)) {
     options_.notice("ddprun: port " + std::to_string(port) +
                     " is held by another process; joining the rendezvous at " + endpoint +
                     " as a client");
@@ -142,7 +159,7 @@ void RendezvousHost::retry_hosting(int port) {
     } catch (const store::StoreError&) {
       // Still taken. Once a server listens there (another agent of this host won the port),
       // this agent stays its client.
-      if (!someone_listens(io_, port)) retry_hosting(port);
+      if (!someone_listens(port)) retry_hosting(port);
     }
   });
 }
