@@ -18,17 +18,22 @@ namespace ddp::test {
 class RawSocket {
  public:
   // Connects to 127.0.0.1:port from source (a loopback address such as "127.0.0.2"; empty:
-  // the kernel picks, 127.0.0.1).
-  explicit RawSocket(std::uint16_t port, const std::string& source = "") {
+  // the kernel picks, 127.0.0.1) and source_port (0: the kernel picks; else the connection
+  // holds that port as its own end, as another program's connection can).
+  explicit RawSocket(std::uint16_t port, const std::string& source = "",
+                     std::uint16_t source_port = 0) {
     fd_ = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd_ < 0) throw std::runtime_error("socket() failed");
-    if (!source.empty()) {
+    if (!source.empty() || source_port != 0) {
+      const std::string address = source.empty() ? "127.0.0.1" : source;
       sockaddr_in local{};
       local.sin_family = AF_INET;
-      if (::inet_pton(AF_INET, source.c_str(), &local.sin_addr) != 1 ||
+      local.sin_port = htons(source_port);
+      if (::inet_pton(AF_INET, address.c_str(), &local.sin_addr) != 1 ||
           ::bind(fd_, reinterpret_cast<sockaddr*>(&local), sizeof(local)) != 0) {
         ::close(fd_);
-        throw std::runtime_error("cannot bind a socket to " + source);
+        throw std::runtime_error("cannot bind a socket to " + address + ":" +
+                                 std::to_string(source_port));
       }
     }
     sockaddr_in addr{};
@@ -50,6 +55,14 @@ class RawSocket {
   void close() {
     if (fd_ >= 0) ::close(fd_);
     fd_ = -1;
+  }
+
+  // Closes with a reset (SO_LINGER 0): no TIME_WAIT, so the local port is free at once.
+  void reset() {
+    if (fd_ < 0) return;
+    const linger no_time_wait{1, 0};
+    ::setsockopt(fd_, SOL_SOCKET, SO_LINGER, &no_time_wait, sizeof no_time_wait);
+    close();
   }
 
   // False when the peer has closed (the send may still succeed once after a close).

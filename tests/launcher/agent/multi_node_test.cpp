@@ -1,9 +1,5 @@
 // Several ddprun agents on loopback forming one job: global ranks through the rendezvous, a
 // worker failure on one node restarting every node, restarts exhausted reported on every node.
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <unistd.h>
-
 #include <catch2/catch.hpp>
 #include <csignal>
 #include <fstream>
@@ -11,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "multi_node_harness.hpp"
+#include "raw_socket.hpp"
 
 using namespace ddp::test;
 using nlohmann::json;
@@ -29,38 +26,6 @@ std::vector<ProcessResult> run_agents(const std::vector<std::vector<std::string>
 std::vector<std::string> c10d(int port, const std::string& run_id) {
   return c10d_node("2", port, run_id);
 }
-
-// Port `port` held as the local end of an open loopback connection (to a SilentListener):
-// taken, with nothing listening there, as when another program's outgoing connection got it.
-class PortHeldByConnection {
- public:
-  explicit PortHeldByConnection(int port) : fd_(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0)) {
-    REQUIRE(fd_ >= 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    addr.sin_port = htons(static_cast<std::uint16_t>(port));
-    REQUIRE(::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
-    addr.sin_port = htons(peer_.port());
-    REQUIRE(::connect(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0);
-  }
-  ~PortHeldByConnection() { release(); }
-  PortHeldByConnection(const PortHeldByConnection&) = delete;
-  PortHeldByConnection& operator=(const PortHeldByConnection&) = delete;
-
-  // Resets the connection (SO_LINGER 0: no TIME_WAIT), which frees the port at once.
-  void release() {
-    if (fd_ < 0) return;
-    const linger reset{1, 0};
-    ::setsockopt(fd_, SOL_SOCKET, SO_LINGER, &reset, sizeof reset);
-    ::close(fd_);
-    fd_ = -1;
-  }
-
- private:
-  SilentListener peer_;
-  int fd_ = -1;
-};
 
 }  // namespace
 
@@ -133,7 +98,10 @@ TEST_CASE(
     "c10d: the endpoint's port held by a connection, nobody listening: an agent hosts the store "
     "once it is free") {
   const int port = reserve_port();
-  PortHeldByConnection held(port);
+  // The port held as the local end of an open loopback connection, nothing listening there:
+  // as when another program's outgoing connection got it.
+  SilentListener peer;
+  RawSocket held(peer.port(), "", static_cast<std::uint16_t>(port));
   ChildProcess a(ddprun(c10d(port, "held"), {}));
   ChildProcess b(ddprun(c10d(port, "held"), {}));
   // Both agents could host (the endpoint is this host); both wait as clients, saying why.
@@ -142,7 +110,7 @@ TEST_CASE(
                                " on this host is in use, but nothing accepts connections there",
                            kJobTimeout);
   }
-  held.release();
+  held.reset();  // frees the port at once
   const ProcessResult ra = a.wait(kJobTimeout), rb = b.wait(kJobTimeout);
   INFO("node a:\n" << ra.err << "\nnode b:\n" << rb.err);
   CHECK(ra.status == 0);
