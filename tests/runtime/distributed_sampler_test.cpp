@@ -78,7 +78,7 @@ TEST_CASE("sampler: a rank outside the world is refused") {
   REQUIRE_THROWS_AS(DistributedSampler(10, 2, 2), std::invalid_argument);
 }
 
-TEST_CASE("sampler: shuffle off gives exactly PyTorch's indices") {
+TEST_CASE("sampler: shuffle off gives exactly PyTorch's indices", "[torch]") {
   if (!ddp::test::torch_available()) {
     return ddp::test::skip(ddp::test::torch_python() + " cannot import torch");
   }

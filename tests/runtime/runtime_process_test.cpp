@@ -86,7 +86,7 @@ TEST_CASE("rank 0 hosts the store when the agent does not (TORCHELASTIC_USE_AGEN
   REQUIRE(count_matches(result.output, "sum=3\\b") == 3);
 }
 
-TEST_CASE("the sample program works under PyTorch's torchrun (its own agent store)") {
+TEST_CASE("the sample program works under PyTorch's torchrun (its own agent store)", "[torch]") {
   if (!ddp::test::torch_available()) {
     return ddp::test::skip(ddp::test::torch_python() + " cannot import torch");
   }

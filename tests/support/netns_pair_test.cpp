@@ -106,7 +106,8 @@ TEST_CASE("NetnsPair: a pair left by a test process that died is removed by the 
   CHECK_FALSE(left);
 }
 
-TEST_CASE("NetnsPair: ddpstore in A serves SET and GET to a client in B at A's address") {
+TEST_CASE("NetnsPair: ddpstore in A serves SET and GET to a client in B at A's address",
+          "[torch]") {
   if (std::string reason = skip_reason(); !reason.empty()) {
     WARN("skipped: " << reason);
     return;

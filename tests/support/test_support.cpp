@@ -91,7 +91,10 @@ std::filesystem::path source_path(const std::string& relative) {
   return std::filesystem::path(DDP_SOURCE_DIR) / relative;
 }
 
-std::string torch_python() { return DDP_TORCH_PYTHON; }
+std::string torch_python() {
+  const char* chosen = std::getenv("DDP_TEST_PYTHON");
+  return chosen && *chosen ? chosen : DDP_TORCH_PYTHON;
+}
 
 ScopedEnvironment::ScopedEnvironment(const std::map<std::string, std::string>& vars,
                                      const std::string& clear_prefix) {

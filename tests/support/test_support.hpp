@@ -15,9 +15,11 @@ namespace ddp::test {
 std::filesystem::path bin_path(const std::string& name);
 // <source tree>/<relative>
 std::filesystem::path source_path(const std::string& relative);
-// The interpreter with PyTorch that the interop and parity tests run: the CMake cache variable
-// DDP_TEST_PYTHON (default Debian's /usr/bin/python3 with python3-torch 1.13; a virtualenv's
-// or conda env's python tests against another PyTorch).
+// The interpreter with PyTorch that the interop and parity tests run: the environment variable
+// DDP_TEST_PYTHON when set (CTest sets it for the second run of the [torch] tests, against
+// DDP_TEST_PYTHON2), else the CMake cache variable DDP_TEST_PYTHON (default Debian's
+// /usr/bin/python3 with python3-torch 1.13; a virtualenv's or conda env's python tests against
+// another PyTorch). Tag a test case that depends on it "[torch]" so that it runs against both.
 std::string torch_python();
 // True when torch_python() can import torch with Gloo.
 bool torch_available();

@@ -50,7 +50,7 @@ void require_close(const std::map<int, double>& ours, const std::map<int, double
 
 }  // namespace
 
-TEST_CASE("the PyTorch script's per-step losses match ours under ddprun and torchrun") {
+TEST_CASE("the PyTorch script's per-step losses match ours under ddprun and torchrun", "[torch]") {
   if (!std::filesystem::exists("/usr/share/datasets/fashion-mnist/t10k-labels-idx1-ubyte.gz")) {
     return ddp::test::skip("dataset-fashion-mnist is not installed (scripts/setup installs it)");
   }

@@ -20,7 +20,7 @@ TEST_CASE("a --master_port in use stops ddprun before any worker starts, naming 
   CHECK(r.out.find("worker started") == std::string::npos);
 }
 
-TEST_CASE("PyTorch: a restarted gloo group meets again through the agent's store") {
+TEST_CASE("PyTorch: a restarted gloo group meets again through the agent's store", "[torch]") {
   if (!torch_available()) {
     return ddp::test::skip(torch_python() + " cannot import torch with Gloo");
   }

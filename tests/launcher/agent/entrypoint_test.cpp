@@ -209,7 +209,7 @@ TEST_CASE("help and version exit 0") {
   CHECK_THAT(version.out, Catch::StartsWith("ddprun "));
 }
 
-TEST_CASE("PyTorch: two ranks init_process_group(gloo) and all_reduce under ddprun") {
+TEST_CASE("PyTorch: two ranks init_process_group(gloo) and all_reduce under ddprun", "[torch]") {
   if (!torch_available()) {
     return ddp::test::skip(torch_python() + " cannot import torch with Gloo");
   }
@@ -222,7 +222,7 @@ TEST_CASE("PyTorch: two ranks init_process_group(gloo) and all_reduce under ddpr
   CHECK_THAT(r.out, Catch::Contains("allreduce rank=1 world=2 sum=3"));
 }
 
-TEST_CASE("PyTorch: @record's error file becomes the report's root cause") {
+TEST_CASE("PyTorch: @record's error file becomes the report's root cause", "[torch]") {
   if (!torch_available()) {
     return ddp::test::skip(torch_python() + " cannot import torch");
   }

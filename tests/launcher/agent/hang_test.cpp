@@ -173,7 +173,7 @@ TEST_CASE("straggler: a rank 20 ms slower every step is named, and a balanced ru
   CHECK_THAT(balanced.err, !Catch::Contains("straggler"));
 }
 
-TEST_CASE("a PyTorch rank blocked before all_reduce: the stop shows its Python stack") {
+TEST_CASE("a PyTorch rank blocked before all_reduce: the stop shows its Python stack", "[torch]") {
   if (!torch_available()) {
     return skip(torch_python() + " cannot import torch.distributed with Gloo");
   }
@@ -205,7 +205,7 @@ TEST_CASE("a PyTorch rank blocked before all_reduce: the stop shows its Python s
   CHECK_THAT(dump, Catch::Contains("sleep_before_allreduce.py\", line 12 in <module>"));
 }
 
-TEST_CASE("a PyTorch rank's stack is found in its redirected stderr file too") {
+TEST_CASE("a PyTorch rank's stack is found in its redirected stderr file too", "[torch]") {
   if (!torch_available()) {
     return skip(torch_python() + " cannot import torch.distributed with Gloo");
   }

@@ -44,7 +44,8 @@ std::size_t rank_zero_agent(std::vector<std::unique_ptr<ChildProcess>>& agents, 
 
 }  // namespace
 
-TEST_CASE("etcd: 3 agents x 2 workers run one PyTorch gloo job through a 3-member etcd") {
+TEST_CASE("etcd: 3 agents x 2 workers run one PyTorch gloo job through a 3-member etcd",
+          "[torch]") {
   if (!EtcdCluster::available()) return skip(EtcdCluster::kMissing);
   if (!torch_available()) return skip("PyTorch with Gloo cannot be imported by " + torch_python());
   EtcdCluster etcd;

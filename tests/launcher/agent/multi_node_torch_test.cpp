@@ -54,7 +54,8 @@ std::map<int, std::string> run_job(const std::string& launcher, const std::strin
 
 }  // namespace
 
-TEST_CASE("PyTorch gloo on 2 nodes x 2 workers: ddprun's all_reduce matches torchrun's") {
+TEST_CASE("PyTorch gloo on 2 nodes x 2 workers: ddprun's all_reduce matches torchrun's",
+          "[torch]") {
   if (!torch_available()) {
     WARN("skipped: " << torch_python() << " cannot import torch with Gloo");
     return;

@@ -82,7 +82,7 @@ class TorchServer {
 
 }  // namespace
 
-TEST_CASE("PyTorch's TCPStore client against our server: every operation it has") {
+TEST_CASE("PyTorch's TCPStore client against our server: every operation it has", "[torch]") {
   if (skip_without_torch()) return;
   TestServer server;
   ChildProcess python(
@@ -96,7 +96,7 @@ TEST_CASE("PyTorch's TCPStore client against our server: every operation it has"
   CHECK(client.get("init/") == "2");  // both clients counted themselves
 }
 
-TEST_CASE("a two-rank PyTorch Gloo job meets through our server") {
+TEST_CASE("a two-rank PyTorch Gloo job meets through our server", "[torch]") {
   if (skip_without_torch()) return;
   TestServer server;
   std::vector<std::unique_ptr<ChildProcess>> ranks;
@@ -120,7 +120,7 @@ TEST_CASE("a two-rank PyTorch Gloo job meets through our server") {
   CHECK(client.get("init/") == "2");  // both ranks' clients counted themselves
 }
 
-TEST_CASE("our client in PyTorch's dialect against PyTorch's own TCPStore server") {
+TEST_CASE("our client in PyTorch's dialect against PyTorch's own TCPStore server", "[torch]") {
   if (skip_without_torch()) return;
   TorchServer torch_server;
   const ClientOptions options = torch_server.client_options();  // 1.x or 2.x dialect
@@ -155,7 +155,7 @@ TEST_CASE("our client in PyTorch's dialect against PyTorch's own TCPStore server
   CHECK(detect_dialect("127.0.0.1", options.port) == options.dialect);
 }
 
-TEST_CASE("ADD on every stored form answers as PyTorch's own server does") {
+TEST_CASE("ADD on every stored form answers as PyTorch's own server does", "[torch]") {
   if (skip_without_torch()) return;
   TorchServer torch_server;
   const ClientOptions options = torch_server.client_options();
