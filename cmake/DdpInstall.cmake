@@ -7,7 +7,7 @@
 #   # or: g++ -std=c++20 train.cpp $(pkg-config --cflags --libs ddp)
 #
 # Two install components, one Debian package each (cmake/DdpPackage.cmake):
-#   ddprun  the programs: ddprun and ddpstore
+#   ddprun  the programs: ddprun and ddpstore, and ddprun's Python probe
 #   dev     libraries, headers, the CMake package and ddp.pc (libddp-dev)
 include(CMakePackageConfigHelpers)
 
@@ -28,6 +28,10 @@ foreach(_ddp_program ddprun ddpstore)
     install(TARGETS ${_ddp_program} RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT ddprun)
   endif()
 endforeach()
+# ddprun's Python probe (launcher/CMakeLists.txt), read-only for all but its owner.
+list(TRANSFORM DDP_PYTHON_PROBE_FILES PREPEND launcher/ OUTPUT_VARIABLE _ddp_probe_sources)
+install(FILES ${_ddp_probe_sources} DESTINATION ${CMAKE_INSTALL_DATADIR}/ddprun/python
+  PERMISSIONS OWNER_READ OWNER_WRITE GROUP_READ WORLD_READ COMPONENT ddprun)
 
 install(EXPORT ddpTargets NAMESPACE ddp:: DESTINATION ${DDP_INSTALL_CMAKEDIR} COMPONENT dev)
 configure_package_config_file(cmake/ddpConfig.cmake.in

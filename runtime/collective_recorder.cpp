@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <chrono>
@@ -69,7 +70,8 @@ std::optional<int> choose_fd(std::optional<int> fd, int rank) {
 }  // namespace
 
 std::unique_ptr<CollectiveRecorder> CollectiveRecorder::attach(std::optional<int> fd, int rank,
-                                                               int world_size, Backend backend) {
+                                                               int world_size, Backend backend,
+                                                               std::chrono::milliseconds timeout) {
   const auto chosen = choose_fd(fd, rank);
   if (!chosen) return nullptr;
   const std::string name = "the collective record descriptor " + std::to_string(*chosen) +
@@ -107,6 +109,8 @@ std::unique_ptr<CollectiveRecorder> CollectiveRecorder::attach(std::optional<int
   page->rank.store(static_cast<std::uint64_t>(rank), std::memory_order_relaxed);
   page->world_size.store(static_cast<std::uint64_t>(world_size), std::memory_order_relaxed);
   page->backend.store(pack_name(to_string(backend)), std::memory_order_relaxed);
+  page->timeout_ms.store(static_cast<std::uint64_t>(std::max<std::int64_t>(timeout.count(), 0)),
+                         std::memory_order_relaxed);
   page->magic.store(kRecordMagic, std::memory_order_release);  // last: publishes the header
   return std::unique_ptr<CollectiveRecorder>(new CollectiveRecorder(page));
 }

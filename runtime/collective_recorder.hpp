@@ -15,6 +15,7 @@
 // collective seq - kCollectiveSlots only once that collective finished, and otherwise leaves
 // the slot alone (the record of the newer collective is lost, its counters still move).
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -31,9 +32,12 @@ class CollectiveRecorder {
   // set and not empty; -1: recording off), fills its header and publishes it. Returns nullptr
   // (recording off) when there is no page, when the value or the descriptor is unusable (one
   // warning line on stderr naming it; never an error), or when another communicator of this
-  // process, or another process, already claimed the page (its pid field).
+  // process, or another process, already claimed the page (its pid field). timeout: the
+  // collective timeout the program waits with (InitOptions::timeout), for the agent's rule of
+  // when a hang may be stopped (0: unknown).
   static std::unique_ptr<CollectiveRecorder> attach(std::optional<int> fd, int rank, int world_size,
-                                                    Backend backend);
+                                                    Backend backend,
+                                                    std::chrono::milliseconds timeout = {});
   ~CollectiveRecorder();
   CollectiveRecorder(const CollectiveRecorder&) = delete;
   CollectiveRecorder& operator=(const CollectiveRecorder&) = delete;

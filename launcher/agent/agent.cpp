@@ -14,9 +14,11 @@
 #include <system_error>
 #include <thread>
 
+#include "../diagnosis/stack_capture.hpp"
 #include "../diagnosis/trace_events.hpp"
 #include "../output/console_writer.hpp"
 #include "../process/group_reaper.hpp"
+#include "../process/python_probe.hpp"
 #include "agent_machine.hpp"
 #include "asio_timers.hpp"
 #include "collective_exchange.hpp"
@@ -151,6 +153,11 @@ class Agent::Impl {
     group.on_output_drained = [this] { post(event::OutputDrained{}); };
     group.notice = [this](const std::string& text) { notice(text); };
     group.log_errors = log_errors_;
+    if (command_.python) {
+      PythonProbeDir probe = find_python_probe(config_.python_probe, options_.base_env);
+      if (!probe.notice.empty()) notice(probe.notice);
+      group.python_probe_dir = std::move(probe.dir);
+    }
     workers_ = std::make_unique<ProcessWorkerGroup>(io_, std::move(group), console_, *reaper_);
 
     AgentMachineConfig machine;
@@ -189,6 +196,10 @@ class Agent::Impl {
     if (auto ras = options_.base_env.find("NCCL_RAS_ADDR"); ras != options_.base_env.end()) {
       hang.ras_address = ras->second;
     }
+    hang.python_stacks = [this](PythonStackCapture::Done done) {
+      if (!workers_->capture_python_stacks(done)) done({});
+    };
+    hang.stop_after = config_.hang_stop_timeout;
     hang_monitor_ = std::make_unique<HangMonitor>(io_, std::move(hang));
 
     machine_ = std::make_unique<AgentMachine>(std::move(machine), std::move(context));
@@ -402,15 +413,24 @@ class Agent::Impl {
     return std::find(handled.begin(), handled.end(), signal) != handled.end();
   }
 
-  // kill -USR1 <ddprun>: where every rank's collectives are; the job goes on.
+  // kill -USR1 <ddprun>: where every rank's collectives are, and the live stacks of the
+  // Python workers that run the probe; the job goes on.
   void print_collectives() {
     std::string view = hang_monitor_ ? hang_monitor_->view_now() : "";
     if (view.empty()) {
       view =
-          "kill -USR1: no worker records its collectives (not libddp programs, or no "
-          "communicator made yet)";
+          "kill -USR1: no worker records its collectives (not a libddp program or a PyTorch "
+          "job with ddprun's Python probe, or no communicator made yet)";
     }
-    notice("ddprun: " + view);
+    const bool taking = workers_ && workers_->capture_python_stacks([this, view](auto stacks) {
+      std::string text = "ddprun: " + view;
+      if (!stacks.empty()) {
+        text += "\nwhere each Python worker is:\n" + indent_lines(group_python_stacks(stacks));
+        text.pop_back();  // notice() ends the line
+      }
+      notice(text);
+    });
+    if (!taking) notice("ddprun: " + view);
   }
 
   void notice(const std::string& line) { console_.write_notice(options_.console_err, line + "\n"); }

@@ -1,6 +1,7 @@
 #include "hang_monitor.hpp"
 
 #include <algorithm>
+#include <boost/asio/post.hpp>
 #include <fstream>
 #include <future>
 
@@ -32,25 +33,58 @@ const RankView& root_rank(const CollectiveDiagnosis& diagnosis,
   return waiting != views.end() ? *waiting : views.front();
 }
 
-std::string indented(const std::string& lines) {
-  std::string text;
-  std::size_t start = 0;
-  while (start < lines.size()) {
-    const std::size_t end = lines.find('\n', start);
-    text += "  " + lines.substr(start, end - start) + "\n";
-    if (end == std::string::npos) break;
-    start = end + 1;
-  }
-  return text;
-}
-
 }  // namespace
+
+HangAction decide_hang(const CollectiveDiagnosis& diagnosis, const std::vector<RankView>& views,
+                       std::optional<std::chrono::milliseconds> stop_after) {
+  if (diagnosis.desync) {
+    return {true,
+            "ddprun stops the job now: its ranks called the collective differently, so it "
+            "can never finish"};
+  }
+  for (int rank : diagnosis.blamed) {
+    for (const RankView& view : views) {
+      if (view.rank == rank && !view.running) {
+        return {true, "ddprun stops the job now: " + rank_who(view) +
+                          ", which the others wait for, has exited (" + view.exit_text + ")"};
+      }
+    }
+  }
+  double limit_s = 0;
+  std::string limit_from = "--hang_stop_timeout";
+  if (stop_after) {
+    limit_s = static_cast<double>(stop_after->count()) / 1000.0;
+  } else {
+    for (const RankView& view : views) limit_s = std::max(limit_s, view.timeout_s.value_or(0.0));
+    limit_from = "the job's own collective timeout";
+    if (limit_s == 0) {
+      limit_s = std::chrono::duration<double>(kDefaultCollectiveTimeout).count();
+      limit_from = "ddprun's default, as no rank said its collective timeout";
+    }
+  }
+  double waited = 0;
+  for (const RankView& view : views) {
+    if (view.running && view.pending && !view.pending->finished) {
+      waited = std::max(waited, view.pending->age_s);
+    }
+  }
+  if (waited >= limit_s) {
+    return {true, "ddprun stops the job now: the ranks have waited " + duration_text(waited) +
+                      ", past " + duration_text(limit_s) + " (" + limit_from + ")"};
+  }
+  return {false,
+          "ddprun lets the job run: it stops it if a rank the others wait for exits, or "
+          "once they have waited " +
+              duration_text(limit_s) + " (" + limit_from +
+              "; --hang_stop_timeout sets another), and says this again in a minute "
+              "if the hang holds"};
+}
 
 std::string hang_report(const CollectiveDiagnosis& diagnosis, const std::string& stacks,
                         const std::string& nccl_ras) {
   std::string text = diagnosis.headline + "\n";
   for (const std::string& line : diagnosis.ranks) text += "  " + line + "\n";
-  if (!stacks.empty()) text += "where each worker was (eu-stack):\n" + indented(stacks);
+  if (!stacks.empty()) text += stacks;
   if (!nccl_ras.empty()) text += nccl_ras + "\n";
   while (!text.empty() && text.back() == '\n') text.pop_back();
   return text;
@@ -85,25 +119,88 @@ void HangMonitor::schedule() {
 
 void HangMonitor::check() {
   const int round = options_.round();
-  if (round < 0 || round == reported_round_) return;  // not running, or reported already
+  if (round < 0 || round == stopped_round_) return;  // not running, or being stopped
   std::vector<RankView> views = options_.views();
   check_straggler(views);
   if (options_.hang_timeout.count() == 0) return;
+  sample_activity(views);
   const double timeout_s = static_cast<double>(options_.hang_timeout.count()) / 1000.0;
   auto diagnosis = judge_hang(views, timeout_s);
-  if (!diagnosis) return;
-  reported_round_ = round;
-  if (reporter_.joinable()) reporter_.join();  // an earlier round's, long done
-  reporter_ = std::thread(
-      [this, round, d = std::move(*diagnosis), views = std::move(views),
-       dir = options_.attempt_dir()] { report(round, std::move(d), std::move(views), dir); });
+  if (!diagnosis) {
+    if (hang_round_ == round) {
+      hang_round_ = -1;
+      options_.notice("ddprun: the job moves again: a collective finished since the hang above");
+    }
+    return;
+  }
+  if (reporting_) return;
+  HangAction action = decide_hang(*diagnosis, views, options_.stop_after);
+  const auto now = std::chrono::steady_clock::now();
+  if (!action.stop && hang_round_ == round && now - reported_at_ < kHangRepeat) return;
+  hang_round_ = round;
+  reported_at_ = now;
+  if (action.stop) stopped_round_ = round;
+  reporting_ = true;
+  std::string evidence = activity_lines(*diagnosis, views);
+  const bool python = std::any_of(views.begin(), views.end(), [](const RankView& v) {
+    return !v.remote && v.running && v.python;
+  });
+  auto then = [this, round, d = std::move(*diagnosis), views = std::move(views),
+               dir = options_.attempt_dir(), action = std::move(action),
+               evidence = std::move(evidence)](std::vector<PythonStack> python) mutable {
+    if (reporter_.joinable()) reporter_.join();  // the last report's, done
+    reporter_ = std::thread([this, round, d = std::move(d), views = std::move(views), dir,
+                             action = std::move(action), evidence = std::move(evidence),
+                             python = std::move(python)]() mutable {
+      report(round, std::move(d), std::move(views), dir, std::move(action), std::move(evidence),
+             std::move(python));
+    });
+  };
+  if (python && options_.python_stacks) return options_.python_stacks(std::move(then));
+  then({});
+}
+
+void HangMonitor::sample_activity(const std::vector<RankView>& views) {
+  const auto now = std::chrono::steady_clock::now();
+  std::map<pid_t, std::deque<ActivitySample>> kept;
+  for (const RankView& view : views) {
+    if (view.remote || !view.running || view.pid <= 0) continue;
+    auto& samples = kept[view.pid];
+    if (auto old = activity_.find(view.pid); old != activity_.end())
+      samples = std::move(old->second);
+    if (auto activity = read_activity(view.pid)) samples.push_back({now, *activity});
+    // The oldest sample kept is the newest one at least hang_timeout old.
+    while (samples.size() > 1 && now - samples[1].time >= options_.hang_timeout) {
+      samples.pop_front();
+    }
+  }
+  activity_ = std::move(kept);
+}
+
+std::string HangMonitor::activity_lines(const CollectiveDiagnosis& diagnosis,
+                                        const std::vector<RankView>& views) const {
+  std::string lines;
+  for (int rank : diagnosis.blamed) {
+    for (const RankView& view : views) {
+      if (view.rank != rank || view.remote || !view.running) continue;
+      const auto samples = activity_.find(view.pid);
+      if (samples == activity_.end() || samples->second.size() < 2) continue;
+      const ActivitySample& first = samples->second.front();
+      const ActivitySample& last = samples->second.back();
+      const double window = std::chrono::duration<double>(last.time - first.time).count();
+      lines +=
+          "  " + rank_who(view) + " " + activity_text(first.activity, last.activity, window) + "\n";
+    }
+  }
+  return lines;
 }
 
 void HangMonitor::report(int round, CollectiveDiagnosis diagnosis, std::vector<RankView> views,
-                         const fs::path& dir) {
-  std::vector<RankStack> targets;
+                         const fs::path& dir, HangAction action, std::string evidence,
+                         std::vector<PythonStack> python_stacks) {
+  std::vector<RankStack> targets;  // native stacks of the ranks without the Python probe
   for (const RankView& view : views) {
-    if (!view.remote && view.running && view.pid > 0) {
+    if (!view.remote && view.running && view.pid > 0 && !view.python) {
       targets.push_back({view.rank, view.pid, "", ""});
     }
   }
@@ -122,10 +219,11 @@ void HangMonitor::report(int round, CollectiveDiagnosis diagnosis, std::vector<R
       }
       std::string report = status.report;
       while (!report.empty() && report.back() == '\n') report.pop_back();
-      return "NCCL's RAS service (" + address + ") says:\n" + indented(report);
+      return "NCCL's RAS service (" + address + ") says:\n" + indent_lines(report);
     });
   }
-  const std::vector<RankStack> stacks = capture_stacks(std::move(targets));
+  const std::vector<RankStack> stacks =
+      targets.empty() ? std::vector<RankStack>{} : capture_stacks(std::move(targets));
   std::string nccl_ras = ras.valid() ? ras.get() : "";
   while (!nccl_ras.empty() && nccl_ras.back() == '\n') nccl_ras.pop_back();
   for (const RankStack& stack : stacks) {
@@ -134,8 +232,28 @@ void HangMonitor::report(int round, CollectiveDiagnosis diagnosis, std::vector<R
     write_text(dir / std::to_string(view->local_rank) / "stack.txt",
                stack.error.empty() ? stack.stack : stack.error + "\n");
   }
-  const std::string text = hang_report(diagnosis, group_stacks(stacks), nccl_ras);
+  for (const PythonStack& stack : python_stacks) {
+    if (!stack.dump.empty()) {
+      write_text(dir / std::to_string(stack.local_rank) / "python_stack.txt", stack.dump);
+    }
+  }
+  std::string where;
+  if (!evidence.empty()) where += "what each rank to blame did meanwhile:\n" + evidence;
+  if (!python_stacks.empty()) {
+    where += "where each Python worker is (ddprun's Python probe):\n" +
+             indent_lines(group_python_stacks(python_stacks));
+  }
+  if (!stacks.empty())
+    where += "where each worker was (eu-stack):\n" + indent_lines(group_stacks(stacks));
+  const std::string text = hang_report(diagnosis, where, nccl_ras) + "\n" + action.text;
   write_text(dir / "hang.txt", text + "\n");
+  if (!action.stop) {
+    boost::asio::post(timer_.get_executor(), [this, text] {
+      reporting_ = false;
+      options_.notice("ddprun: warning: " + text);
+    });
+    return;
+  }
 
   const RankView& root = root_rank(diagnosis, views);
   WorkerFailure failure;
@@ -149,6 +267,7 @@ void HangMonitor::report(int round, CollectiveDiagnosis diagnosis, std::vector<R
   failure.error_file = (dir / "hang.txt").string();
   failure.error = ErrorFileContent{diagnosis.headline, text};
   options_.post(event::Hung{round, std::move(failure)});
+  boost::asio::post(timer_.get_executor(), [this] { reporting_ = false; });
 }
 
 void HangMonitor::check_straggler(const std::vector<RankView>& views) {

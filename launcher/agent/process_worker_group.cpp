@@ -1,6 +1,5 @@
 #include "process_worker_group.hpp"
 
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -11,6 +10,7 @@
 #include <fstream>
 
 #include "../diagnosis/python_stacks.hpp"
+#include "../diagnosis/stack_capture.hpp"
 #include "../diagnosis/tool_run.hpp"
 #include "ddp/launcher/output_tee.hpp"
 #include "ddp/launcher/process_setup.hpp"
@@ -78,20 +78,6 @@ std::string flight_recorder_verdict(const ToolRun& run, const std::string& comma
   return text;
 }
 
-// The last bytes of a log file (a redirected stderr); "" when it cannot be read.
-std::string file_tail(const fs::path& path, std::size_t bytes) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return "";
-  in.seekg(0, std::ios::end);
-  const auto size = static_cast<std::size_t>(std::max<std::streamoff>(in.tellg(), 0));
-  const std::size_t from = size > bytes ? size - bytes : 0;
-  in.seekg(static_cast<std::streamoff>(from));
-  std::string text(size - from, '\0');
-  in.read(text.data(), static_cast<std::streamsize>(text.size()));
-  text.resize(static_cast<std::size_t>(std::max<std::streamsize>(in.gcount(), 0)));
-  return text;
-}
-
 // Why a worker could not be started, and what to do about it.
 std::string start_failure_text(const LaunchConfig& config, const fs::path& log_root,
                                const std::exception& e) {
@@ -122,7 +108,7 @@ std::string start_failure_text(const LaunchConfig& config, const fs::path& log_r
 ProcessWorkerGroup::ProcessWorkerGroup(boost::asio::io_context& io,
                                        ProcessWorkerGroupOptions options, ConsoleWriter& console,
                                        GroupReaper& reaper)
-    : io_(io), options_(std::move(options)), console_(console), reaper_(reaper) {}
+    : io_(io), options_(std::move(options)), console_(console), reaper_(reaper), stacks_(io) {}
 
 ProcessWorkerGroup::~ProcessWorkerGroup() {
   alive_.reset();
@@ -135,8 +121,7 @@ void ProcessWorkerGroup::start(const elastic::RoundInfo& round, ExitHandler on_e
   round_ = round;
   workers_.clear();
   records_.clear();
-  dumping_.clear();
-  stderr_.clear();
+  held_signals_.clear();
   const int local_world = elastic::worker_ranks(round, 0).local_world_size;
   error_files_.assign(static_cast<std::size_t>(local_world), "");
   const fs::path dir = attempt_dir();
@@ -186,51 +171,55 @@ void ProcessWorkerGroup::start_worker(int local_rank, const fs::path& dir, ExitH
   spawn.argv = worker_argv(options_.command, options_.config, local_rank);
   spawn.env = merge_environment(
       options_.base_env, worker_variables(options_.config, master, identity, options_.base_env));
-  // The collective record page libddp writes and the hang monitor reads.
-  auto record = std::make_unique<RecordMapping>();
-  // Python workers print their stacks on a fatal signal (dump_python_stacks), unless the
-  // user chose otherwise.
-  if (options_.command.python && !options_.base_env.contains("PYTHONFAULTHANDLER")) {
-    spawn.env.push_back("PYTHONFAULTHANDLER=1");
-  }
+  // The collective record page libddp (or the Python probe) writes and the hang monitor
+  // reads, and the file the probe writes Python stacks into.
+  auto record = std::make_shared<RecordMapping>();
   if (options_.command.python) add_flight_recorder(spawn.env, dir.parent_path());
-  std::erase_if(spawn.env, [](const std::string& entry) {  // one of an outer ddprun
-    return entry.starts_with(std::string(record::kRecordFdVariable) + "=");
+  std::erase_if(spawn.env, [](const std::string& entry) {  // those of an outer ddprun
+    return entry.starts_with(std::string(record::kRecordFdVariable) + "=") ||
+           entry.starts_with(std::string(record::kStackFdVariable) + "=") ||
+           entry.starts_with(std::string(record::kStackSignalVariable) + "=");
   });
   spawn.env.push_back(record->variable());
-  spawn.inherit_fd = record->fd();
-  // A Python worker's stderr that would be the console goes through the agent (copied as it
-  // comes), so that its stack dump can be read back; a terminal stays the worker's own.
-  std::shared_ptr<StderrWatch> err;
-  if (options_.command.python && faulthandler_on()) {
-    err = std::make_shared<StderrWatch>();
-    err->local_rank = local_rank;
-    err->rank = identity.ranks.rank;
+  spawn.inherit_fds = {record->fd()};
+  if (options_.command.python && !options_.python_probe_dir.empty()) {
+    add_python_probe(spawn.env);
+    spawn.env.push_back(record->stack_variable());
+    spawn.inherit_fds.push_back(record->stack_fd());
   }
-  const bool capture = err && options_.console_err >= 0 && ::isatty(options_.console_err) == 0;
+  // The worker's streams are its own (the console, or the files and tee pipes that
+  // --redirects/--tee ask for): ddprun never puts itself between a worker and the console.
   WorkerStreams streams = open_worker_streams(options_.config, local_rank, dir,
-                                              options_.console_out, options_.console_err, capture);
+                                              options_.console_out, options_.console_err);
   spawn.stdout_fd = streams.child_out.valid() ? streams.child_out.get() : -1;
   spawn.stderr_fd = streams.child_err.valid() ? streams.child_err.get() : -1;
-  if (err) err->file = streams.err_file;
 
   auto worker = std::make_shared<Worker>(io_, local_rank);
-  worker->start(spawn, [this, on_exit, err](Worker& w) {
-    on_exit(w.local_rank(), *w.exit());
-    if (!err) return;
-    err->exited = true;
-    report_finished_dumps();
-  });
+  worker->start(spawn, [on_exit](Worker& w) { on_exit(w.local_rank(), *w.exit()); });
   workers_.push_back(worker);
   reaper_.watch(worker->pid());
   error_files_[static_cast<std::size_t>(local_rank)] = identity.error_file;
   records_.push_back(std::move(record));
-  stderr_.push_back(err);
-  tee_output(local_rank, streams, err);
+  tee_output(local_rank, streams);
 }  // the child's ends of pipes and files close here, in the agent
 
-void ProcessWorkerGroup::tee_output(int local_rank, WorkerStreams& streams,
-                                    const std::shared_ptr<StderrWatch>& err) {
+void ProcessWorkerGroup::add_python_probe(std::vector<std::string>& env) const {
+  const std::string path_key = "PYTHONPATH=";
+  auto path = std::find_if(env.begin(), env.end(),
+                           [&](const std::string& e) { return e.starts_with(path_key); });
+  const std::string probe = options_.python_probe_dir.string();
+  if (path == env.end()) {
+    env.push_back(path_key + probe);
+  } else if (path->size() == path_key.size()) {
+    *path = path_key + probe;
+  } else {
+    *path = path_key + probe + ":" + path->substr(path_key.size());
+  }
+  env.push_back(std::string(record::kStackSignalVariable) + "=" +
+                std::to_string(python_stack_signal()));
+}
+
+void ProcessWorkerGroup::tee_output(int local_rank, WorkerStreams& streams) {
   const std::string prefix = "[" + options_.config.role + std::to_string(local_rank) + "]:";
   for (WorkerStreams::Tee& tee : streams.tees) {
     ++pending_tees_;
@@ -240,36 +229,25 @@ void ProcessWorkerGroup::tee_output(int local_rank, WorkerStreams& streams,
         console_.write_line(fd, std::move(line));
       };
     }
-    TeeMode mode;
-    mode.raw = tee.raw;
-    std::shared_ptr<StderrWatch> watch;
-    if (tee.is_stderr && err) {
-      watch = err;
-      watch->tail = std::make_shared<StreamTail>();
-      watch->stream_open = true;
-      mode.tail = watch->tail;
-    }
     OutputTee::start(
         io_, std::move(tee.read_end), std::move(tee.file), std::move(sink), prefix,
-        [this, watch] { on_tee_done(watch); }, TeeLog{tee.file_path.string(), options_.log_errors},
-        std::move(mode));
+        [this] { on_tee_done(); }, TeeLog{tee.file_path.string(), options_.log_errors});
   }
 }
 
-void ProcessWorkerGroup::on_tee_done(const std::shared_ptr<StderrWatch>& err) {
-  if (err) {
-    err->stream_open = false;
-    report_finished_dumps();  // before the drained event: the report precedes the job's end
-  }
+void ProcessWorkerGroup::on_tee_done() {
   if (--pending_tees_ == 0 && options_.on_output_drained) options_.on_output_drained();
 }
 
 void ProcessWorkerGroup::signal(int signal) {
   for (auto& worker : workers_) {
     if (!worker->running()) continue;
-    // Dumping its stack (dump_python_stacks): a SIGTERM now could end the dump half-written;
-    // it ends by itself, and SIGKILL (the kill timer, the group's release) still reaches it.
-    if (signal != SIGKILL && dumping_.contains(worker->pid())) continue;
+    // Writing its stacks: a SIGTERM now could cut the dump short; it follows once the dump
+    // ended (bounded by PythonStackCapture::kTimeout). SIGKILL is never held back.
+    if (signal != SIGKILL && stacks_.dumping(worker->pid())) {
+      held_signals_[worker->pid()] = signal;
+      continue;
+    }
     worker->signal_group(signal);
   }
 }
@@ -288,77 +266,54 @@ void ProcessWorkerGroup::for_each_record(
   }
 }
 
-bool ProcessWorkerGroup::faulthandler_on() const {
-  const auto set = options_.base_env.find("PYTHONFAULTHANDLER");
-  return set == options_.base_env.end() || !set->second.empty();  // "": turned off by the user
+// Only workers whose probe asked for a stack signal are signalled; the stop's SIGTERM waits
+// for their dumps (signal()), so that their own SIGTERM handlers then run as under torchrun.
+bool ProcessWorkerGroup::capture_python_stacks(PythonStackCapture::Done done) {
+  std::vector<PythonStackCapture::Target> targets;
+  for (std::size_t i = 0; i < workers_.size() && i < records_.size(); ++i) {
+    const std::shared_ptr<Worker>& worker = workers_[i];
+    if (!worker->running() || records_[i]->stack_signal() == 0) continue;
+    targets.push_back({elastic::worker_ranks(round_, worker->local_rank()).rank,
+                       worker->local_rank(), worker->pid(), records_[i],
+                       [worker] { return worker->running(); }});
+  }
+  if (targets.empty()) return false;
+  stacks_.capture(std::move(targets),
+                  [this, done = std::move(done), alive = std::weak_ptr<bool>(alive_)](auto stacks) {
+                    if (alive.expired()) return;
+                    // The signals held back while the dumps were written (signal()) go out now.
+                    for (const auto& [pid, signal] : held_signals_) {
+                      for (auto& worker : workers_) {
+                        if (worker->pid() == pid && worker->running()) worker->signal_group(signal);
+                      }
+                    }
+                    held_signals_.clear();
+                    done(std::move(stacks));
+                  });
+  return true;
 }
 
 void ProcessWorkerGroup::dump_python_stacks() {
-  if (!options_.command.python || !faulthandler_on()) return;
-  auto dump = std::make_shared<StackDump>();
-  dump->attempt_dir = attempt_dir();
-  for (auto& worker : workers_) {
-    if (!worker->running()) continue;
-    const rlimit no_core{0, 0};  // the stack, not a core file of a large process
-    ::prlimit(worker->pid(), RLIMIT_CORE, &no_core, nullptr);
-    ::kill(worker->pid(), SIGABRT);  // the process only; it ends once the dump is written
-    dumping_.insert(worker->pid());
-    const auto lr = static_cast<std::size_t>(worker->local_rank());
-    if (lr < stderr_.size() && stderr_[lr]) dump->workers.push_back(stderr_[lr]);
-  }
-  if (!dump->workers.empty()) dumps_.push_back(std::move(dump));
-}
-
-void ProcessWorkerGroup::report_finished_dumps() {
-  std::erase_if(dumps_, [this](const std::shared_ptr<StackDump>& dump) {
-    for (const auto& worker : dump->workers) {
-      if (worker->stream_open || !worker->exited) return false;
-    }
-    report_dump(*dump);
-    return true;
+  ++pending_tees_;  // the report is output the job's end waits for
+  const bool taking = capture_python_stacks([this, dir = attempt_dir()](auto stacks) {
+    report_stacks(stacks, dir);
+    on_tee_done();
   });
+  if (!taking) --pending_tees_;
 }
 
 // "ddprun: where each Python worker was ..." with the ranks grouped by stack, and one file
 // per rank: <attempt dir>/<local rank>/python_stack.txt.
-void ProcessWorkerGroup::report_dump(const StackDump& dump) const {
-  std::vector<PythonStack> stacks;
-  for (const auto& worker : dump.workers) {
-    PythonStack stack;
-    stack.rank = worker->rank;
-    stack.local_rank = worker->local_rank;
-    if (worker->tail) {
-      stack.dump = last_faulthandler_dump(worker->tail->text());
-    } else if (!worker->file.empty()) {
-      stack.dump = last_faulthandler_dump(file_tail(worker->file, StreamTail::kDefaultCapacity));
-    } else {
-      stack.error =
-          "its stderr is a terminal, which ddprun leaves to the worker: the stack is "
-          "printed above";
-    }
-    if (stack.dump.empty() && stack.error.empty()) {
-      stack.error =
-          "no faulthandler dump on its stderr (does the program handle SIGABRT "
-          "itself?)";
-    }
-    if (!stack.dump.empty()) {
-      std::ofstream(dump.attempt_dir / std::to_string(stack.local_rank) / "python_stack.txt")
-          << stack.dump;
-    }
-    stacks.push_back(std::move(stack));
+void ProcessWorkerGroup::report_stacks(const std::vector<PythonStack>& stacks,
+                                       const fs::path& dir) {
+  for (const PythonStack& stack : stacks) {
+    if (stack.dump.empty()) continue;
+    std::ofstream(dir / std::to_string(stack.local_rank) / "python_stack.txt") << stack.dump;
   }
-  if (!options_.notice) return;
-  std::string text = "ddprun: where each Python worker was when it was stopped (faulthandler):\n";
-  const std::string grouped = group_python_stacks(stacks);
-  std::size_t start = 0;
-  while (start < grouped.size()) {
-    const std::size_t end = grouped.find('\n', start);
-    text += "  " + grouped.substr(start, end - start) + "\n";
-    start = end == std::string::npos ? grouped.size() : end + 1;
-  }
-  text +=
-      "  (each rank's stack: " + (dump.attempt_dir / "<local_rank>" / "python_stack.txt").string() +
-      ")";
+  if (!options_.notice || stacks.empty()) return;
+  std::string text = "ddprun: where each Python worker was when it was stopped:\n";
+  text += indent_lines(group_python_stacks(stacks));
+  text += "  (each rank's stack: " + (dir / "<local_rank>" / "python_stack.txt").string() + ")";
   options_.notice(text);
 }
 
@@ -392,7 +347,7 @@ void ProcessWorkerGroup::analyse_flight_recorder() {
       if (alive.expired()) return;  // the group is gone
       if (options_.notice) options_.notice(flight_recorder_verdict(run, command));
       --pending_analyses_;
-      on_tee_done(nullptr);
+      on_tee_done();
     });
   });
 }

@@ -23,6 +23,7 @@
 #include "ddp/launcher/master_endpoint.hpp"
 #include "ddp/launcher/stream_tail.hpp"
 #include "ddp/launcher/worker_command.hpp"
+#include "python_stack_capture.hpp"
 #include "worker_group.hpp"
 #include "worker_start_error.hpp"
 
@@ -40,7 +41,10 @@ struct ProcessWorkerGroupOptions {
   int console_err = -1;                     // teed stderr lines go here (and workers inherit it)
   std::function<void()> on_output_drained;  // teed output of every round reached EOF
   std::function<void(const std::string&)> notice;  // the Python stacks report (may be empty)
-  std::shared_ptr<LogFileErrors> log_errors;       // failed log writes, said once per file
+  // Where ddprun's Python probe is (its sitecustomize.py): put first on Python workers'
+  // PYTHONPATH. Empty: no probe (--skip_python_probe, DDPRUN_PYTHON_PROBE=0, or not installed).
+  std::filesystem::path python_probe_dir;
+  std::shared_ptr<LogFileErrors> log_errors;  // failed log writes, said once per file
 };
 
 class ProcessWorkerGroup : public WorkerGroup {
@@ -59,6 +63,9 @@ class ProcessWorkerGroup : public WorkerGroup {
   bool output_pending() const override { return pending_tees_ > 0; }
   std::vector<RankView> rank_views() const override;
   void dump_python_stacks() override;
+  // Takes the live stacks of the workers that run the Python probe (PythonStackCapture) and
+  // calls done with them on the loop; false (done never called) when no worker runs it.
+  bool capture_python_stacks(PythonStackCapture::Done done);
   void analyse_flight_recorder() override;
   bool request_abort() override;
   std::chrono::milliseconds analysis_time_left() const override;
@@ -76,27 +83,13 @@ class ProcessWorkerGroup : public WorkerGroup {
   // The error start throws when local_rank could not be started (pid: its process, when
   // only its exec failed), naming the cause and what to do.
   WorkerStartError start_error(int local_rank, pid_t pid, const std::exception& e) const;
-  // One Python worker's stderr, kept for its faulthandler dump (dump_python_stacks).
-  struct StderrWatch {
-    int rank = -1;
-    int local_rank = -1;
-    std::shared_ptr<StreamTail> tail;  // the tail of the pipe the agent reads (null: none)
-    std::filesystem::path file;        // or the file it writes (empty: none)
-    bool stream_open = false;          // the pipe has not reached end-of-file
-    bool exited = false;
-  };
-  // The workers sent SIGABRT at one stop: reported once each has exited and its stderr ended.
-  struct StackDump {
-    std::filesystem::path attempt_dir;
-    std::vector<std::shared_ptr<StderrWatch>> workers;
-  };
-
-  void tee_output(int local_rank, WorkerStreams& streams, const std::shared_ptr<StderrWatch>& err);
-  void on_tee_done(const std::shared_ptr<StderrWatch>& err);
-  // Reports (and forgets) each dump whose workers have all exited and closed their stderr.
-  void report_finished_dumps();
-  void report_dump(const StackDump& dump) const;
-  bool faulthandler_on() const;
+  void tee_output(int local_rank, WorkerStreams& streams);
+  void on_tee_done();
+  // The probe's variables for a Python worker: PYTHONPATH with the probe first, the signal
+  // (the caller adds the stack file).
+  void add_python_probe(std::vector<std::string>& env) const;
+  // The stacks taken at a stop: one line per group of ranks, and a file per rank.
+  void report_stacks(const std::vector<PythonStack>& stacks, const std::filesystem::path& dir);
 
   boost::asio::io_context& io_;
   ProcessWorkerGroupOptions options_;
@@ -105,11 +98,12 @@ class ProcessWorkerGroup : public WorkerGroup {
   elastic::RoundInfo round_;
   std::vector<std::shared_ptr<Worker>> workers_;         // by local rank, this round
   std::vector<std::string> error_files_;                 // by local rank, this round
-  std::vector<std::unique_ptr<RecordMapping>> records_;  // by local rank, this round
-  std::set<pid_t> dumping_;  // sent SIGABRT to print their Python stacks; spared SIGTERM
-  std::vector<std::shared_ptr<StderrWatch>> stderr_;  // by local rank, this round (Python only)
-  std::vector<std::shared_ptr<StackDump>> dumps_;     // sent, not reported yet
-  int pending_tees_ = 0;  // and Flight Recorder analyses not printed yet
+  std::vector<std::shared_ptr<RecordMapping>> records_;  // by local rank, this round
+  PythonStackCapture stacks_;
+  // Signals held back from workers writing their stacks (a SIGTERM could cut a dump short),
+  // sent once their dumps end.
+  std::map<pid_t, int> held_signals_;
+  int pending_tees_ = 0;  // and Flight Recorder analyses and stack reports not printed yet
   int pending_analyses_ = 0;
   std::chrono::steady_clock::time_point analysis_deadline_;     // of the last one started
   std::vector<std::thread> analysers_;                          // joined by the destructor

@@ -49,11 +49,12 @@ class WorkerGroup {
   // True while teed output of any round has not reached end-of-file.
   virtual bool output_pending() const = 0;
 
-  // Before the group is stopped for a failure or a hang: Python workers still running print
-  // every thread's Python stack on their stderr (faulthandler, through SIGABRT) and end; the
-  // stop's signal spares them (it could cut the dump short), SIGKILL does not. Once they have
-  // ended, the group reports their stacks grouped (ProcessWorkerGroupOptions::notice) and
-  // writes one file per rank.
+  // Before the group is stopped for a failure or a hang: Python workers still running whose
+  // ddprun probe asked for it are sent its stack signal and write every thread's Python stack
+  // into their stack file (never their stderr); the stop's signal waits for their dumps (a
+  // bounded wait), then reaches them as any worker, so that their SIGTERM handlers run. The
+  // group reports the stacks grouped (ProcessWorkerGroupOptions::notice) and writes one file
+  // per rank.
   virtual void dump_python_stacks() {}
 
   // After a failure stop, once the whole group has exited: lists the PyTorch Flight Recorder

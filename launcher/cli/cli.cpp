@@ -212,6 +212,10 @@ void parse_lifecycle(const RawOptions& raw, LaunchConfig& config) {
   config.shutdown_timeout = std::chrono::milliseconds(ms);
   ms = static_cast<long long>(seconds_option(raw, "hang_timeout") * 1000.0);
   config.hang_timeout = std::chrono::milliseconds(ms);
+  if (!raw.values.at("hang_stop_timeout").empty()) {
+    ms = static_cast<long long>(seconds_option(raw, "hang_stop_timeout") * 1000.0);
+    config.hang_stop_timeout = std::chrono::milliseconds(ms);
+  }
   config.straggler_window = int_option(raw, "straggler_window", 0, 64);
   config.straggler_threshold_s = seconds_option(raw, "straggler_threshold");
 }
@@ -252,6 +256,7 @@ void parse_entrypoint(const RawOptions& raw, LaunchConfig& config) {
   bool no_python = raw.flags.at("no_python");
   config.run_path = raw.flags.at("run_path");
   config.legacy_local_rank = raw.flags.at("legacy_local_rank");
+  config.python_probe = !raw.flags.at("skip_python_probe");
   if (module && no_python) {
     throw UsageError("--module and --no_python cannot be used together");
   }

@@ -61,9 +61,15 @@ constexpr std::array kOptions = {
     OptionSpec{"shutdown_timeout", "", true, false, "SECONDS", "30", kLife,
                "Grace period between SIGTERM (or the forwarded signal) and SIGKILL."},
     OptionSpec{"hang_timeout", "", true, false, "SECONDS", "300", kLife,
-               "A job whose libddp ranks finish no collective for this long while one waits in "
-               "one is hung: ddprun names the collective and the ranks to blame, shows each "
-               "worker's stack, and stops the group as a failure. 0: off."},
+               "A job whose ranks (libddp, or PyTorch through ddprun's Python probe) finish no "
+               "collective for this long while one waits in one is hung: ddprun warns, naming "
+               "the collective and the ranks to blame with each worker's stack, and stops the "
+               "job once the hang is certain or --hang_stop_timeout passed. 0: off."},
+    OptionSpec{"hang_stop_timeout", "", true, false, "SECONDS", "", kLife,
+               "How long ranks may wait in a hung collective before ddprun stops the job, "
+               "when the hang is not certain (no rank to blame exited, no desync). Default: "
+               "the job's own collective timeout (the process group's, libddp's), else 600.",
+               true},
     OptionSpec{"straggler_window", "", true, false, "STEPS", "20", kLife,
                "A libddp rank whose gradients are ready later than the median rank's in most "
                "of the last STEPS Reducer steps is named as a straggler (at most once a "
@@ -98,6 +104,9 @@ constexpr std::array kOptions = {
                "Run the entrypoint directly, even if it ends in .py."},
     OptionSpec{"run_path", "", true, true, "", "", kEntry,
                "Run the entrypoint as a Python script (like a .py file)."},
+    OptionSpec{"skip_python_probe", "", true, true, "", "", kEntry,
+               "Do not load ddprun's Python probe into Python workers (as DDPRUN_PYTHON_PROBE=0 "
+               "does): no collective records, hang verdicts or live stacks for PyTorch jobs."},
     OptionSpec{"legacy_local_rank", "", true, true, "", "", kEntry,
                "Pass --local_rank=<n> to each worker, before the script's own arguments, as "
                "torch.distributed.launch did."},

@@ -16,6 +16,7 @@ std::string call_text(const CollectiveInfo& c) {
 
 // "all_reduce of 1024 float32 (4.0 KiB)"
 std::string signature_text(const CollectiveInfo& c) {
+  if (c.op == "barrier") return c.op;
   return c.op + " of " + std::to_string(c.count) + " " + c.dtype + " (" + byte_text(c.bytes) + ")";
 }
 
@@ -26,7 +27,9 @@ std::string plural_ranks(const std::vector<int>& ranks) {
 std::string rank_line(const RankView& r, std::uint64_t k) {
   std::string line = rank_who(r) + ": ";
   if (!r.attached) {
-    line += "no collective record (not a libddp program, or its communicator is not made yet)";
+    line +=
+        "no collective record (no libddp communicator or Python probe in it, or none made "
+        "yet)";
   } else if (r.queued >= k && r.finished < k) {
     line += "waiting in collective " + std::to_string(k);
     if (r.pending) {

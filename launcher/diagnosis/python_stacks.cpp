@@ -1,5 +1,6 @@
 #include "python_stacks.hpp"
 
+#include <algorithm>
 #include <map>
 #include <regex>
 #include <sstream>
@@ -32,12 +33,16 @@ std::string without_thread_id(const std::string& line) {
 std::string last_faulthandler_dump(std::string_view text) {
   const std::size_t start = text.rfind(kFatal);
   if (start == std::string_view::npos) return "";
-  std::istringstream lines{std::string(text.substr(start))};
+  const std::size_t end = std::min(text.find('\n', start), text.size());
+  return std::string(text.substr(start, end - start)) + "\n" +
+         faulthandler_threads(text.substr(end));
+}
+
+std::string faulthandler_threads(std::string_view text) {
+  std::istringstream lines{std::string(text)};
   std::string line, dump;
-  std::getline(lines, line);
-  dump = line + "\n";
   while (std::getline(lines, line)) {
-    if (line.starts_with("Extension modules:")) break;  // the end of the dump in 3.10+
+    if (line.starts_with("Extension modules:")) break;  // the end of a fatal dump in 3.10+
     if (is_thread_header(line) || is_frame(line)) dump += line + "\n";
   }
   return dump;

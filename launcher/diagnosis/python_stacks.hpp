@@ -1,8 +1,7 @@
 #pragma once
-// Where each Python worker was: the stacks that faulthandler (PYTHONFAULTHANDLER, which ddprun
-// sets) prints on stderr when ddprun sends SIGABRT to a worker it stops after a failure or a
-// hang. The agent keeps the tail of each Python worker's stderr (or reads its redirected log
-// file); these functions find the dump in it and group ranks by identical stacks. Pure text
+// Where each Python worker was: the stacks that faulthandler writes, either into the stack file
+// of ddprun's Python probe (PythonStackCapture) or, for a fatal error, on the worker's stderr.
+// These functions find the dump in such text and group ranks by identical stacks. Pure text
 // work, no processes. Internal to the launcher.
 
 #include <string>
@@ -14,7 +13,7 @@ namespace ddp::launcher {
 struct PythonStack {
   int rank = -1;
   int local_rank = -1;
-  std::string dump;   // the faulthandler dump, from "Fatal Python error" to its last frame
+  std::string dump;   // the faulthandler dump: its thread blocks
   std::string error;  // why there is none
 };
 
@@ -22,6 +21,10 @@ struct PythonStack {
 // blocks after it ("Thread 0x... (most recent call first):", "  File ..., line N in f"),
 // without other lines that came between them; "" when text has none.
 std::string last_faulthandler_dump(std::string_view text);
+
+// The thread blocks of a dump that faulthandler.register() wrote (no "Fatal Python error"
+// line): the thread headers and their frames, other lines dropped; "" when there are none.
+std::string faulthandler_threads(std::string_view text);
 
 // The innermost frame of the dump's last thread (the main thread: faulthandler lists it
 // last), as "f (file.py:12)"; "" when the dump has no frame.

@@ -87,6 +87,10 @@ void read_record(const record::RecordPage& page, std::uint64_t now_ns, RankView&
     view.since_finished_s = age_s(now_ns, last_finished_ns);
   }
   view.failed = page.failed.load(kRelaxed) != 0;
+  view.python = page.writer.load(kRelaxed) == record::pack_name("torch");
+  if (const std::uint64_t timeout = page.timeout_ms.load(kRelaxed); timeout > 0) {
+    view.timeout_s = static_cast<double>(timeout) / 1000.0;
+  }
   if (view.queued > view.finished) view.pending = read_collective(page, view.finished + 1, now_ns);
   view.last = read_collective(page, view.finished, now_ns);
   view.steps = page.steps.load(kRelaxed);

@@ -48,7 +48,8 @@ struct RankView {
   bool remote = false;                     // another node's rank (its agent shared the view)
   bool running = true;                     // the process still runs
   std::string exit_text;                   // "exit code 0", when it exited
-  bool attached = false;                   // a libddp communicator records into the page
+  bool attached = false;                   // libddp or the Python probe records into the page
+  bool python = false;                     // the Python probe writes the page (PyTorch)
   std::string backend;                     // "gloo", "nccl"
   std::uint64_t queued = 0;                // the highest collective number it issued
   std::uint64_t finished = 0;              // the highest it finished
@@ -56,6 +57,7 @@ struct RankView {
   std::optional<CollectiveInfo> pending;   // the collective after `finished`, if issued
   std::optional<CollectiveInfo> last;      // collective `finished`, if still in the ring
   bool failed = false;                     // a collective of it failed
+  std::optional<double> timeout_s;         // its own collective timeout, when it said
   std::uint64_t steps = 0;                 // Reducer steps begun
   double compute_s_total = 0;
   double wait_s_total = 0;

@@ -37,21 +37,16 @@ CollectiveInfo collective_of(const json& j) {
 std::string encode_views(const std::vector<RankView>& views) {
   json out = json::array();
   for (const RankView& v : views) {
-    json j = {{"rank", v.rank},
-              {"local_rank", v.local_rank},
-              {"host", v.host},
-              {"pid", v.pid},
-              {"running", v.running},
-              {"exit", v.exit_text},
-              {"attached", v.attached},
-              {"backend", v.backend},
-              {"queued", v.queued},
-              {"finished", v.finished},
-              {"failed", v.failed},
-              {"steps", v.steps},
-              {"compute_s", v.compute_s_total},
+    json j = {{"rank", v.rank},          {"local_rank", v.local_rank},
+              {"host", v.host},          {"pid", v.pid},
+              {"running", v.running},    {"exit", v.exit_text},
+              {"attached", v.attached},  {"python", v.python},
+              {"backend", v.backend},    {"queued", v.queued},
+              {"finished", v.finished},  {"failed", v.failed},
+              {"steps", v.steps},        {"compute_s", v.compute_s_total},
               {"wait_s", v.wait_s_total}};
     if (v.since_finished_s) j["since_finished_s"] = *v.since_finished_s;
+    if (v.timeout_s) j["timeout_s"] = *v.timeout_s;
     if (v.pending) j["pending"] = collective_json(*v.pending);
     if (v.last) j["last"] = collective_json(*v.last);
     json steps = json::array();
@@ -74,6 +69,7 @@ std::vector<RankView> decode_views(const std::string& text) {
       v.running = j.at("running").get<bool>();
       v.exit_text = j.at("exit").get<std::string>();
       v.attached = j.at("attached").get<bool>();
+      v.python = j.value("python", false);
       v.backend = j.at("backend").get<std::string>();
       v.queued = j.at("queued").get<std::uint64_t>();
       v.finished = j.at("finished").get<std::uint64_t>();
@@ -82,6 +78,7 @@ std::vector<RankView> decode_views(const std::string& text) {
       v.compute_s_total = j.at("compute_s").get<double>();
       v.wait_s_total = j.at("wait_s").get<double>();
       if (j.contains("since_finished_s")) v.since_finished_s = j["since_finished_s"].get<double>();
+      if (j.contains("timeout_s")) v.timeout_s = j["timeout_s"].get<double>();
       if (j.contains("pending")) v.pending = collective_of(j["pending"]);
       if (j.contains("last")) v.last = collective_of(j["last"]);
       for (const json& s : j.at("recent_steps")) {

@@ -75,12 +75,18 @@ std::string format_stack_groups(const std::vector<std::pair<int, std::string>>& 
   std::string text;
   for (const auto& [shape, ranks] : groups) {
     text += heading(ranks, shape) + "\n";
-    std::istringstream lines(shape);
-    std::string line;
-    while (std::getline(lines, line)) text += "  " + line + "\n";
+    text += indent_lines(shape);
   }
   for (const auto& line : missing) text += line + "\n";
   return text;
+}
+
+std::string indent_lines(const std::string& text) {
+  std::string indented;
+  std::istringstream lines(text);
+  std::string line;
+  while (std::getline(lines, line)) indented += "  " + line + "\n";
+  return indented;
 }
 
 std::string group_stacks(const std::vector<RankStack>& stacks) {

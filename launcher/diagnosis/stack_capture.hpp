@@ -46,4 +46,7 @@ std::string format_stack_groups(const std::vector<std::pair<int, std::string>>& 
                                 const std::vector<std::string>& missing,
                                 const StackHeading& heading);
 
+// Each line of text with two spaces before it (a report's section), each ended by a newline.
+std::string indent_lines(const std::string& text);
+
 }  // namespace ddp::launcher

@@ -119,7 +119,7 @@ std::optional<ErrorFileContent> read_error_file(const std::string& path) {
 }
 
 std::string WorkerFailure::describe_exit() const {
-  if (hung) return "hung: stopped by ddprun after --hang_timeout";
+  if (hung) return "hung: stopped by ddprun (the verdict and why it stopped are above)";
   if (signal != 0) return "signal " + signal_name(signal) + " (" + std::to_string(signal) + ")";
   return "exit code " + std::to_string(exit_code);
 }

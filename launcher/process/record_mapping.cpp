@@ -1,9 +1,12 @@
 #include "record_mapping.hpp"
 
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <csignal>
 #include <system_error>
 
 namespace ddp::launcher {
@@ -22,6 +25,10 @@ RecordMapping::RecordMapping() {
     throw std::system_error(errno, std::generic_category(), "mmap (collective record)");
   }
   page_ = static_cast<record::RecordPage*>(address);
+  stack_fd_ = UniqueFd(::memfd_create("ddprun-python-stacks", MFD_CLOEXEC));
+  if (!stack_fd_.valid()) {
+    throw std::system_error(errno, std::generic_category(), "memfd_create (Python stacks)");
+  }
 }
 
 RecordMapping::~RecordMapping() {
@@ -30,6 +37,30 @@ RecordMapping::~RecordMapping() {
 
 std::string RecordMapping::variable() const {
   return std::string(record::kRecordFdVariable) + "=" + std::to_string(fd_.get());
+}
+
+std::string RecordMapping::stack_variable() const {
+  return std::string(record::kStackFdVariable) + "=" + std::to_string(stack_fd_.get());
+}
+
+std::uint64_t RecordMapping::stack_size() const {
+  struct stat info {};
+  return ::fstat(stack_fd_.get(), &info) == 0 ? static_cast<std::uint64_t>(info.st_size) : 0;
+}
+
+std::string RecordMapping::stacks_since(std::uint64_t offset) const {
+  constexpr std::uint64_t kMax = 1 << 20;
+  const std::uint64_t size = stack_size();
+  if (size <= offset) return {};
+  std::string text(std::min(size - offset, kMax), '\0');
+  const ssize_t n = ::pread(stack_fd_.get(), text.data(), text.size(), static_cast<off_t>(offset));
+  text.resize(n > 0 ? static_cast<std::size_t>(n) : 0);
+  return text;
+}
+
+int RecordMapping::stack_signal() const {
+  const std::uint64_t signal = page_->stack_signal.load(std::memory_order_acquire);
+  return signal > 0 && signal < static_cast<std::uint64_t>(NSIG) ? static_cast<int>(signal) : 0;
 }
 
 bool RecordMapping::attached() const {

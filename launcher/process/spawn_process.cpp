@@ -70,7 +70,9 @@ DDP_CHILD_OF_VFORK [[noreturn]] void exec_child(const SpawnOptions& options, cha
   if (options.stdout_fd >= 0 && ::dup2(options.stdout_fd, STDOUT_FILENO) < 0) fail();
   if (options.stderr_fd >= 0 && ::dup2(options.stderr_fd, STDERR_FILENO) < 0) fail();
   cloexec_from_3();
-  if (options.inherit_fd >= 0 && ::fcntl(options.inherit_fd, F_SETFD, 0) != 0) fail();
+  for (const int fd : options.inherit_fds) {
+    if (::fcntl(fd, F_SETFD, 0) != 0) fail();
+  }
   // Signals are blocked (see BlockAllSignals). Caught ones go back to their default before
   // they are unblocked, so that none pending runs the agent's handler here; exec would reset
   // them anyway. Ignored ones stay ignored, except the ones the agent ignores itself

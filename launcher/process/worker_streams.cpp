@@ -22,7 +22,7 @@ UniqueFd make_pipe(UniqueFd& read_end) {
 }
 
 // Sets up one stream; returns the fd the child should get (invalid: inherit).
-UniqueFd route(bool teed, bool to_file, bool on_console, bool capture, bool is_stderr,
+UniqueFd route(bool teed, bool to_file, bool on_console, bool is_stderr,
                const std::filesystem::path& file, int console_fd, WorkerStreams& streams) {
   const int file_flags = O_WRONLY | O_CREAT | O_TRUNC;
   WorkerStreams::Tee tee;
@@ -36,14 +36,7 @@ UniqueFd route(bool teed, bool to_file, bool on_console, bool capture, bool is_s
     return write_end;
   }
   if (to_file) {
-    if (is_stderr) streams.err_file = file;
     return open_or_throw(file, file_flags);
-  }
-  if (capture) {
-    UniqueFd write_end = make_pipe(tee.read_end);
-    tee.raw = true;
-    streams.tees.push_back(std::move(tee));
-    return write_end;
   }
   if (!on_console) return open_or_throw("/dev/null", O_WRONLY);
   return UniqueFd();
@@ -53,16 +46,16 @@ UniqueFd route(bool teed, bool to_file, bool on_console, bool capture, bool is_s
 
 WorkerStreams open_worker_streams(const LaunchConfig& config, int local_rank,
                                   const std::filesystem::path& dir, int console_out,
-                                  int console_err, bool capture_err) {
+                                  int console_err) {
   const Std redirect = config.redirects.for_rank(local_rank);
   const Std tee = config.tee.for_rank(local_rank);
   const bool on_console =
       !config.local_ranks_filter || config.local_ranks_filter->contains(local_rank);
   WorkerStreams streams;
-  streams.child_out = route(selects_stdout(tee), selects_stdout(redirect), on_console, false, false,
+  streams.child_out = route(selects_stdout(tee), selects_stdout(redirect), on_console, false,
                             dir / "stdout.log", console_out, streams);
-  streams.child_err = route(selects_stderr(tee), selects_stderr(redirect), on_console, capture_err,
-                            true, dir / "stderr.log", console_err, streams);
+  streams.child_err = route(selects_stderr(tee), selects_stderr(redirect), on_console, true,
+                            dir / "stderr.log", console_err, streams);
   return streams;
 }
 

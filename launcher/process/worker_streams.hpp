@@ -20,19 +20,15 @@ struct WorkerStreams {
     UniqueFd file;                    // and copies it here
     std::filesystem::path file_path;  // (that file's path, for messages)
     int console_fd = -1;              // and, prefixed line by line, here (-1: filtered out)
-    bool raw = false;                 // a capture: bytes go to console_fd unprefixed, as sent
     bool is_stderr = false;
   };
   std::vector<Tee> tees;
-  std::filesystem::path err_file;  // the file the child writes its stderr to, if any
 };
 
 // Opens the files and pipes for local_rank; files are <dir>/stdout.log and <dir>/stderr.log.
-// capture_err: a stderr that would be the console (or /dev/null) becomes a pipe the agent
-// copies there as it comes (a raw tee), so that it can read the worker's last words.
 // Throws std::system_error naming the file that cannot be opened.
 WorkerStreams open_worker_streams(const LaunchConfig& config, int local_rank,
                                   const std::filesystem::path& dir, int console_out,
-                                  int console_err, bool capture_err = false);
+                                  int console_err);
 
 }  // namespace ddp::launcher

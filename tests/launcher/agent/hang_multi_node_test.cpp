@@ -30,9 +30,9 @@ std::vector<std::string> hang_node(int port, const std::string& run_id,
     if (option == "--nproc_per_node=1") option = "--nproc_per_node=2";
     argv.push_back(option);
   }
-  argv.insert(argv.end(), {"--hang_timeout=2", "--shutdown_timeout=5", "--log_dir=" + logs.string(),
-                           bin_path("ddp-hang-worker").string(), "--steps", "5", "--rank", "2",
-                           "--sleep-before", "3"});
+  argv.insert(argv.end(), {"--hang_timeout=2", "--hang_stop_timeout=4", "--shutdown_timeout=5",
+                           "--log_dir=" + logs.string(), bin_path("ddp-hang-worker").string(),
+                           "--steps", "5", "--rank", "2", "--sleep-before", "3"});
   return argv;
 }
 

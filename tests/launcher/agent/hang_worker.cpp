@@ -1,9 +1,11 @@
 // A libddp worker that hangs on purpose, for the hang diagnosis tests (hang_test.cpp):
 //   ddp-hang-worker [--steps N] [--count C] [--rank R] [--skip K] [--sleep-before K]
-//                   [--half-count K] [--step-ms MS] [--slow-ms MS] [--reducer 1]
+//                   [--sleep-ms MS] [--half-count K] [--step-ms MS] [--slow-ms MS]
+//                   [--reducer 1]
 // Every rank runs N all-reduces of C floats (a step each). Rank R (default 0), and only it:
 // --skip K stops before the K-th and exits 0 (a rank with less work); --sleep-before K
-// sleeps for an hour before the K-th (a stuck data loader); --half-count K calls the K-th with
+// sleeps for an hour (or --sleep-ms) before the K-th (a stuck data loader, or a long
+// checkpoint); --half-count K calls the K-th with
 // C/2 elements (a desync); --slow-ms sleeps that long before each of its steps (a straggler).
 // --step-ms sleeps that long before every step on every rank. --reducer 1: each step is a
 // ddp::Reducer step over two parameters of C/2 floats (step records) instead of an all-reduce.
@@ -28,6 +30,7 @@ struct Options {
   int rank = 0;
   int skip = 0;
   int sleep_before = 0;
+  int sleep_ms = 3600 * 1000;
   int half_count = 0;
   int step_ms = 0;
   int slow_ms = 0;
@@ -49,6 +52,8 @@ Options parse(int argc, char** argv) {
       o.skip = static_cast<int>(value);
     else if (flag == "--sleep-before")
       o.sleep_before = static_cast<int>(value);
+    else if (flag == "--sleep-ms")
+      o.sleep_ms = static_cast<int>(value);
     else if (flag == "--half-count")
       o.half_count = static_cast<int>(value);
     else if (flag == "--step-ms")
@@ -90,7 +95,9 @@ int main(int argc, char** argv) {
         continue;
       }
       if (me && step == o.skip) break;
-      if (me && step == o.sleep_before) std::this_thread::sleep_for(std::chrono::hours(1));
+      if (me && step == o.sleep_before) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(o.sleep_ms));
+      }
       const std::size_t n = me && step == o.half_count ? o.count / 2 : o.count;
       ctx.allreduce(std::span<float>(data.data(), n));
     }

@@ -10,8 +10,11 @@
 // - libddp (the first communicator a process makes) maps that descriptor, claims the page by
 //   a compare-exchange of `pid` from 0 to its own pid (a second communicator of the process,
 //   or a child that inherited the descriptor, then leaves the page alone), fills the rest of
-//   the header, and publishes it by storing kRecordMagic last. A worker that never does
-//   (PyTorch, a program without libddp) leaves magic at 0: the agent knows nothing of it.
+//   the header, and publishes it by storing kRecordMagic last. ddprun's Python probe
+//   (launcher/python/_ddprun_probe.py) does the same in a PyTorch worker, claiming the page
+//   by pid when the first process group is made. A worker that does neither (a program
+//   without libddp, a Python worker with the probe off) leaves magic at 0: the agent knows
+//   nothing of its collectives.
 // - Writes on the hot path are relaxed atomic stores of 64-bit words: no syscall, no lock,
 //   no allocation. Each slot is a small seqlock (`version` is odd while the slot is written), so
 //   the reader drops a slot it caught half-written and keeps the rest.
@@ -30,6 +33,10 @@
 namespace ddp::record {
 
 inline constexpr const char* kRecordFdVariable = "DDPRUN_RECORD_FD";
+// The file the Python probe's faulthandler writes stacks into, and the signal ddprun asks it to
+// register for that (RecordPage::stack_signal says it did).
+inline constexpr const char* kStackFdVariable = "DDPRUN_STACK_FD";
+inline constexpr const char* kStackSignalVariable = "DDPRUN_STACK_SIGNAL";
 
 inline constexpr std::uint64_t kRecordMagic = 0x31304345'52504444ull;  // "DDPREC01"
 inline constexpr std::uint64_t kRecordVersion = 1;
@@ -44,6 +51,15 @@ enum class Op : std::uint64_t {
   kAllGather = 3,
   kReduceScatter = 4,
   kBarrier = 5,
+  // Recorded by the Python probe from PyTorch's own collectives:
+  kReduce = 6,
+  kGather = 7,
+  kScatter = 8,
+  kAllToAll = 9,
+  kSend = 10,
+  kRecv = 11,
+  kOther = 12,
+  kGradients = 13,  // DDP's gradient reduction of one step as a whole (PyTorch without hooks)
 };
 
 inline const char* op_name(std::uint64_t op) {
@@ -58,6 +74,22 @@ inline const char* op_name(std::uint64_t op) {
       return "reduce_scatter";
     case Op::kBarrier:
       return "barrier";
+    case Op::kReduce:
+      return "reduce";
+    case Op::kGather:
+      return "gather";
+    case Op::kScatter:
+      return "scatter";
+    case Op::kAllToAll:
+      return "all_to_all";
+    case Op::kSend:
+      return "send";
+    case Op::kRecv:
+      return "recv";
+    case Op::kOther:
+      return "collective";
+    case Op::kGradients:
+      return "DDP gradient all-reduce";
     case Op::kNone:
       break;
   }
@@ -139,7 +171,16 @@ struct RecordPage {
   // aborts its NCCL communicators, so that ranks stuck in a collective fail with a reason
   // and exit on their own (an older libddp ignores it).
   std::atomic<std::uint64_t> stop_requested;
-  std::atomic<std::uint64_t> reserved[17];
+  // Written by ddprun's Python probe (launcher/python), 0 where no probe runs:
+  std::atomic<std::uint64_t> writer;        // pack_name("torch") when the probe writes the page
+  std::atomic<std::uint64_t> stack_signal;  // the signal on which the worker dumps every
+                                            // thread's Python stack into DDPRUN_STACK_FD
+                                            // (faulthandler); ddprun sends no other
+  // Written by whoever claims the page: the job's own collective timeout (the process group's,
+  // libddp's InitOptions::timeout), after which ddprun stops a hang it is not sure of; 0:
+  // unknown.
+  std::atomic<std::uint64_t> timeout_ms;
+  std::atomic<std::uint64_t> reserved[14];
   CollectiveSlot collectives[kCollectiveSlots];
   StepSlot step_slots[kStepSlots];
 };

@@ -62,6 +62,9 @@ struct LaunchConfig {
   std::chrono::milliseconds shutdown_timeout{std::chrono::seconds(30)};  // --shutdown_timeout
   // --hang_timeout: no collective finished for this long while one waits: a hang. 0: off.
   std::chrono::milliseconds hang_timeout{std::chrono::seconds(300)};
+  // --hang_stop_timeout: an uncertain hang is stopped after this; unset: the job's own
+  // collective timeout.
+  std::optional<std::chrono::milliseconds> hang_stop_timeout;
   int straggler_window = 20;             // --straggler_window: Reducer steps judged; 0: off
   double straggler_threshold_s = 0.005;  // --straggler_threshold
 
@@ -76,6 +79,7 @@ struct LaunchConfig {
   EntrypointKind entrypoint_kind = EntrypointKind::kAuto;  // -m / --no_python
   bool run_path = false;                     // --run_path (runs like a .py entrypoint)
   bool legacy_local_rank = false;            // --legacy-local-rank: append --local_rank=<n>
+  bool python_probe = true;                  // false: --skip_python_probe
   std::string entrypoint;                    // script, module or executable
   std::vector<std::string> entrypoint_args;  // everything after the entrypoint, untouched
 

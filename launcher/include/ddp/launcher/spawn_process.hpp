@@ -20,8 +20,8 @@ struct SpawnOptions {
   std::vector<std::string> env;   // "KEY=VALUE", the whole environment
   int stdout_fd = -1;             // becomes the child's fd 1; -1 inherits the agent's
   int stderr_fd = -1;             // becomes the child's fd 2; -1 inherits the agent's
-  int inherit_fd = -1;            // stays open in the child under its own number (the
-                                  // collective record page); -1: none
+  std::vector<int> inherit_fds;   // stay open in the child under their own numbers (the
+                                  // collective record page, the Python stack file)
 };
 
 // The program could not be started (clone failed, or execve failed in the child).

@@ -1,0 +1,95 @@
+#include "python_stack_capture.hpp"
+
+#include <csignal>
+
+namespace ddp::launcher {
+
+int python_stack_signal() { return SIGRTMIN + 6; }
+
+PythonStackCapture::PythonStackCapture(boost::asio::io_context& io) : timer_(io) {}
+
+int PythonStackCapture::capture(std::vector<Target> targets, Done done) {
+  if (active_) {
+    done({});
+    return 0;
+  }
+  dumps_.clear();
+  int signalled = 0;
+  const auto now = std::chrono::steady_clock::now();
+  for (Target& target : targets) {
+    Dump dump;
+    dump.target = std::move(target);
+    dump.changed = now;
+    const int signal = dump.target.record ? dump.target.record->stack_signal() : 0;
+    if (signal != 0 && dump.target.running()) {
+      dump.offset = dump.target.record->stack_size();
+      dump.last_size = dump.offset;
+      dump.signalled = ::kill(dump.target.pid, signal) == 0;  // the process only
+      signalled += dump.signalled ? 1 : 0;
+    }
+    dump.ended = !dump.signalled;
+    dumps_.push_back(std::move(dump));
+  }
+  done_ = std::move(done);
+  active_ = true;
+  deadline_ = now + kTimeout;
+  poll();
+  return signalled;
+}
+
+bool PythonStackCapture::dumping(pid_t pid) const {
+  if (!active_) return false;
+  for (const Dump& dump : dumps_) {
+    if (dump.target.pid == pid) return !dump.ended;
+  }
+  return false;
+}
+
+void PythonStackCapture::poll() {
+  const auto now = std::chrono::steady_clock::now();
+  bool all_ended = true;
+  for (Dump& dump : dumps_) {
+    if (dump.ended) continue;
+    const std::uint64_t size = dump.target.record->stack_size();
+    if (size != dump.last_size) {
+      dump.last_size = size;
+      dump.changed = now;
+    }
+    const bool quiet = size > dump.offset && now - dump.changed >= kQuiet;
+    dump.ended = quiet || !dump.target.running() || now >= deadline_;
+    all_ended = all_ended && dump.ended;
+  }
+  if (all_ended) return finish();
+  timer_.expires_after(kPoll);
+  timer_.async_wait([this](const boost::system::error_code& ec) {
+    if (!ec) poll();
+  });
+}
+
+void PythonStackCapture::finish() {
+  std::vector<PythonStack> stacks;
+  for (const Dump& dump : dumps_) {
+    PythonStack stack;
+    stack.rank = dump.target.rank;
+    stack.local_rank = dump.target.local_rank;
+    if (!dump.target.record || dump.target.record->stack_signal() == 0) {
+      stack.error =
+          "ddprun's Python probe is not loaded in it (DDPRUN_PYTHON_PROBE=0, "
+          "--skip_python_probe, python -I, or it failed to load: its stderr says why)";
+    } else if (!dump.signalled) {
+      stack.error = "it had exited";
+    } else {
+      stack.dump = faulthandler_threads(dump.target.record->stacks_since(dump.offset));
+      if (stack.dump.empty()) {
+        stack.error = "it wrote no stack within " + std::to_string(kTimeout.count()) + " ms";
+      }
+    }
+    stacks.push_back(std::move(stack));
+  }
+  active_ = false;
+  Done done = std::move(done_);
+  done_ = nullptr;
+  if (done) done(std::move(stacks));
+}
+
+}  // namespace ddp::launcher

@@ -1,0 +1,564 @@
+"""Checks ddprun's Python probe (launcher/python: sitecustomize.py, _ddprun_probe.py) without
+ddprun: this script plays the agent, making each worker's record page and stack memfd, and reads
+them back once the workers exited. Run it with each PyTorch:
+    /usr/bin/python3 tests/launcher/agent/python/probe_check.py
+    scripts/python-pytorch214 tests/launcher/agent/python/probe_check.py
+Prints one line per check; exits 1 if any failed. `probe_check.py --worker MODE ...` is the
+worker side, started by the checks."""
+
+import json
+import os
+import re
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+
+CHECKOUT = os.path.realpath(os.path.join(os.path.dirname(__file__), "..", "..", "..", ".."))
+PROBE_FOLDER = os.path.join(CHECKOUT, "launcher", "python")
+HEADER = os.path.join(CHECKOUT, "common", "include", "ddp", "common", "collective_record.hpp")
+STACK_SIGNAL = signal.SIGRTMIN + 5
+TIMEOUT_S = 120  # per worker: a hang fails the check instead of the run
+PROBE_VARIABLES = ("DDPRUN_PYTHON_PROBE", "DDPRUN_RECORD_FD", "DDPRUN_STACK_FD",
+                   "DDPRUN_STACK_SIGNAL")
+
+OPS = {1: "all_reduce", 2: "broadcast", 3: "all_gather", 4: "reduce_scatter", 5: "barrier",
+       6: "reduce", 7: "gather", 8: "scatter", 9: "all_to_all", 10: "send", 11: "recv",
+       12: "other", 13: "gradients"}
+
+
+# --- The page, as the agent reads it -------------------------------------------------------------
+
+
+def layout_from_header():
+    """Word counts of the page's structs, read from collective_record.hpp (its sizeof)."""
+    text = open(HEADER).read()
+    constants = {name: int(value) for name, value in
+                 re.findall(r"constexpr std::uint32_t (\w+) = (\d+);", text)}
+
+    def words(struct_name):
+        body = re.search(r"struct %s \{(.*?)\n\};" % struct_name, text, re.S).group(1)
+        total = 0
+        for line in body.splitlines():
+            line = line.split("//")[0].strip()
+            atomic = re.match(r"std::atomic<std::uint64_t> \w+(?:\[(\d+)\])?;", line)
+            nested = re.match(r"(\w+) \w+\[(\w+)\];", line)
+            if atomic:
+                total += int(atomic.group(1) or 1)
+            elif nested:
+                total += words(nested.group(1)) * constants[nested.group(2)]
+        return total
+
+    return {"page_words": words("RecordPage"), "collective_words": words("CollectiveSlot"),
+            "step_words": words("StepSlot"), "collective_slots": constants["kCollectiveSlots"],
+            "step_slots": constants["kStepSlots"]}
+
+
+LAYOUT = layout_from_header()
+PAGE_BYTES = LAYOUT["page_words"] * 8
+COLLECTIVES_WORDS = LAYOUT["collective_slots"] * LAYOUT["collective_words"]
+STEPS_WORDS = LAYOUT["step_slots"] * LAYOUT["step_words"]
+HEADER_WORDS = LAYOUT["page_words"] - COLLECTIVES_WORDS - STEPS_WORDS
+HEADER_NAMES = ["magic", "version", "pid", "rank", "world_size", "backend", "queued", "started",
+                "finished", "last_finished_ns", "failed", "steps", "compute_ns_total",
+                "wait_ns_total", "stop_requested", "writer", "stack_signal", "timeout_ms"]
+COLLECTIVE_NAMES = ["version", "seq", "op", "dtype", "count", "bytes", "bucket", "queued_ns",
+                    "started_ns", "finished_ns", "failed"]
+STEP_NAMES = ["version", "step", "begin_ns", "ready_ns", "finalized_ns"]
+
+
+def unpack_name(word):
+    return word.to_bytes(8, "little").split(b"\0")[0].decode()
+
+
+class Page:
+    """One worker's record page: a zeroed memfd of sizeof(RecordPage) bytes."""
+
+    def __init__(self, size=PAGE_BYTES):
+        self.fd = os.memfd_create("ddprun-record")
+        os.ftruncate(self.fd, size)
+
+    def words(self):
+        return struct.unpack("<%dQ" % LAYOUT["page_words"], os.pread(self.fd, PAGE_BYTES, 0))
+
+    def header(self):
+        return dict(zip(HEADER_NAMES, self.words()))
+
+    def collectives(self):
+        """The used collective slots, by seq."""
+        return self._slots(HEADER_WORDS, "collective", COLLECTIVE_NAMES, "seq")
+
+    def steps(self):
+        """The used step slots, by step."""
+        return self._slots(HEADER_WORDS + COLLECTIVES_WORDS, "step", STEP_NAMES, "step")
+
+    def _slots(self, base, kind, names, key):
+        w, size = self.words(), LAYOUT[kind + "_words"]
+        slots = [dict(zip(names, w[base + i * size:][:size]))
+                 for i in range(LAYOUT[kind + "_slots"])]
+        return sorted((s for s in slots if s[key]), key=lambda s: s[key])
+
+
+def stack_memfd():
+    return os.memfd_create("ddprun-stacks")
+
+
+def read_all(fd):
+    return os.pread(fd, os.fstat(fd).st_size, 0).decode(errors="replace")
+
+
+# --- Running workers ------------------------------------------------------------------------------
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def worker_env(page, stacks, python_path=PROBE_FOLDER, **extra):
+    """Our environment with the probe's variables as ddprun would set them."""
+    env = {k: v for k, v in os.environ.items() if k not in PROBE_VARIABLES}
+    env.update(PYTHONPATH=python_path, PYTHONUNBUFFERED="1", **extra)
+    if page is not None:
+        env["DDPRUN_RECORD_FD"] = str(page.fd)
+    if stacks is not None:
+        env.update(DDPRUN_STACK_FD=str(stacks), DDPRUN_STACK_SIGNAL=str(int(STACK_SIGNAL)))
+    return env
+
+
+def start(args, page, stacks, python_flags=(), **env):
+    """A python with `args`, inheriting the page's and the stacks' descriptors."""
+    fds = [fd for fd in (page.fd if page else None, stacks) if fd is not None]
+    return subprocess.Popen([sys.executable, *python_flags, *args],
+                            env=worker_env(page, stacks, **env), pass_fds=fds,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(process):
+    try:
+        out, err = process.communicate(timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        out, err = process.communicate()
+        err += "\n(killed after %d s)" % TIMEOUT_S
+    return process.returncode, out, err
+
+
+def worker(mode, *args, page=None, stacks=None, **env):
+    return finish(start([__file__, "--worker", mode, *args], page, stacks, **env))
+
+
+def report_of(out):
+    """The worker's `report {json}` line, or {}."""
+    for line in out.splitlines():
+        if line.startswith("report "):
+            return json.loads(line[len("report "):])
+    return {}
+
+
+def probe_lines(err):
+    return [line for line in err.splitlines() if line.startswith("ddprun:")]
+
+
+# --- The checks -----------------------------------------------------------------------------------
+
+
+class Checks:
+    def __init__(self):
+        self.failed = 0
+
+    def expect(self, condition, what, detail=""):
+        if condition:
+            print("ok   %s" % what)
+        else:
+            print("FAIL %s: %s" % (what, detail))
+        self.failed += not condition
+        return condition
+
+
+def hooks_version():
+    """Whether this PyTorch has the process groups' pre/post hooks (2.x) or not (1.13)."""
+    code = "import torch.distributed as d; print(hasattr(d.ProcessGroup, 'register_pre_hook'))"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            env=worker_env(None, None, python_path=""))
+    return result.stdout.strip() == "True"
+
+
+def expected_ops(hooks):
+    """The collectives the job worker issues, in order, as this PyTorch shows them."""
+    user = ["all_reduce", "all_reduce", "broadcast", "barrier", "all_reduce", "all_reduce",
+            "all_gather", "all_gather"]  # ... the last two: all_gather_object
+    if not hooks:  # DDP's own collectives are C++ calls: one gradient reduction per step
+        return user + ["gradients"] * 3
+    # DDP's construction: verify the parameters' shapes, broadcast the module's state; step 1:
+    # one bucket; step 2 (buckets rebuilt): broadcast of the new bucket order and sizes.
+    ddp = ["all_gather", "broadcast", "broadcast", "all_reduce",
+           "broadcast", "broadcast", "all_reduce", "all_reduce"]
+    return user + ddp
+
+
+def check_job(checks, hooks):
+    """Two ranks: collectives, a new group, DDP for 3 steps plus a no_grad forward."""
+    port = str(free_port())
+    pages = [Page(), Page()]
+    processes = [start([__file__, "--worker", "job", str(rank), port], pages[rank], stack_memfd())
+                 for rank in range(2)]
+    results = [finish(p) for p in processes]
+    for rank, ((rc, out, err), page, process) in enumerate(zip(results, pages, processes)):
+        name = "job rank %d" % rank
+        if checks.expect(rc == 0, name + " exits 0", "rc %s\n%s%s" % (rc, out, err)):
+            check_job_rank(checks, hooks, name, rank, process.pid, page, out, err)
+
+
+def check_job_rank(checks, hooks, name, rank, pid, page, out, err):
+    checks.expect(not probe_lines(err), name + " says nothing", err)
+    report = report_of(out)
+    checks.expect(report["launcher_on_path"] == [], name + ": sys.path holds no launcher/python",
+                  report["launcher_on_path"])
+    checks.expect(report["pythonpath"] is None, name + ": PYTHONPATH is unset",
+                  report["pythonpath"])
+
+    h = page.header()
+    checks.expect(h["magic"] == 0x3130434552504444 and h["version"] == 1,
+                  name + ": published", h)
+    checks.expect(h["pid"] == pid, name + ": pid", (h["pid"], pid))
+    checks.expect((h["rank"], h["world_size"]) == (rank, 2), name + ": rank and world size",
+                  (h["rank"], h["world_size"]))
+    checks.expect(unpack_name(h["backend"]) == "gloo" and unpack_name(h["writer"]) == "torch",
+                  name + ": backend gloo, writer torch", (h["backend"], h["writer"]))
+    checks.expect(h["stack_signal"] == STACK_SIGNAL, name + ": stack_signal", h["stack_signal"])
+    checks.expect(h["timeout_ms"] == 90000, name + ": timeout_ms (the new group's 90 s)",
+                  h["timeout_ms"])
+
+    ops = expected_ops(hooks)
+    checks.expect(h["queued"] == h["started"] == h["finished"] == len(ops),
+                  name + ": queued == started == finished == %d" % len(ops),
+                  {k: h[k] for k in ("queued", "started", "finished")})
+    checks.expect(h["failed"] == 0 and h["last_finished_ns"] > 0, name + ": none failed", h)
+    slots = page.collectives()
+    seen = [OPS.get(s["op"], s["op"]) for s in slots]
+    checks.expect(seen == ops, name + ": the ops in the slots",
+                  "%s\n      expected %s" % (seen, ops))
+    checks.expect(all(0 < s["queued_ns"] == s["started_ns"] <= s["finished_ns"]
+                      and not s["failed"] and s["version"] == 4 and s["bucket"] == 2**64 - 1
+                      for s in slots),
+                  name + ": slots written twice (queued, finished), times in order", slots[:2])
+    first, barrier = slots[0], slots[3]
+    checks.expect((unpack_name(first["dtype"]), first["count"], first["bytes"])
+                  == ("float32", 3, 12), name + ": first slot: float32, 3 elements, 12 bytes",
+                  first)
+    checks.expect((barrier["dtype"], barrier["count"]) == (0, 0),
+                  name + ": barrier has no tensor", barrier)
+    if not hooks:
+        gradients = slots[-1]
+        parameters = 4 * 8 + 8 + 8 * 1 + 1
+        checks.expect((unpack_name(gradients["dtype"]), gradients["count"])
+                      == ("float32", parameters), name + ": gradient reduction: every parameter",
+                      gradients)
+
+    steps = page.steps()
+    checks.expect(h["steps"] == 3 and [s["step"] for s in steps] == [1, 2, 3],
+                  name + ": 3 steps (the no_grad forward is none)", (h["steps"], steps))
+    checks.expect(all(0 < s["begin_ns"] <= s["ready_ns"] <= s["finalized_ns"] for s in steps),
+                  name + ": step times in order", steps)
+    compute = sum(s["ready_ns"] - s["begin_ns"] for s in steps)
+    wait = sum(s["finalized_ns"] - s["ready_ns"] for s in steps)
+    checks.expect((h["compute_ns_total"], h["wait_ns_total"]) == (compute, wait),
+                  name + ": compute and wait totals", h)
+
+
+def check_world_of_one(checks, hooks):
+    """A 1-rank world: the probe off leaves the page zero; on, a collective refused at issue is
+    closed as failed, and a forked child writes nothing."""
+    page = Page()
+    rc, out, err = worker("world1", str(free_port()), page=page, stacks=stack_memfd(),
+                          DDPRUN_PYTHON_PROBE="0")
+    checks.expect(rc == 0 and not probe_lines(err), "DDPRUN_PYTHON_PROBE=0: runs", err)
+    checks.expect(not any(page.words()), "DDPRUN_PYTHON_PROBE=0: the page stays zero")
+
+    page = Page()
+    rc, out, err = worker("world1", str(free_port()), page=page, stacks=stack_memfd())
+    checks.expect(rc == 0 and not probe_lines(err), "world of one: runs", (rc, err))
+    h = page.header()
+    checks.expect(h["magic"] != 0 and h["world_size"] == 1 and h["queued"] == h["finished"] >= 1,
+                  "world of one: published, every collective finished", h)
+    slots = page.collectives()
+    refused = slots[1] if len(slots) > 1 else {}
+    # 2.14: the backend refused it before its post hook; the next collective closes it. 1.13: the
+    # function raised, which the probe cannot tell from a broken communicator.
+    checks.expect(OPS.get(refused.get("op")) == "broadcast" and refused.get("failed") == 1
+                  and refused.get("finished_ns", 0) > 0 and h["failed"] == (0 if hooks else 1),
+                  "a broadcast from an invalid root: closed, failed", (h, slots[:3]))
+    checks.expect(h["steps"] == 0 and not page.steps(),
+                  "forked child: its DDP forward is not recorded", h["steps"])
+
+
+def check_failures(checks):
+    """A collective whose peer died is recorded as failed; an internal error of the probe stops
+    it in one line, unpublishes the page, and leaves the program alone."""
+    port = str(free_port())
+    pages = [Page(), Page()]
+    processes = [start([__file__, "--worker", "peer_dies", str(rank), port], pages[rank],
+                       stack_memfd()) for rank in range(2)]
+    (rc, out, err), _ = [finish(p) for p in processes]
+    h = pages[0].header()
+    slots = pages[0].collectives()
+    checks.expect(rc == 0 and "raised" in out, "peer died: the all_reduce raised", (rc, out, err))
+    checks.expect(h["failed"] == 1 and h["queued"] == h["finished"] == 2
+                  and slots[-1]["failed"] == 1 and OPS[slots[-1]["op"]] == "all_reduce",
+                  "peer died: recorded as failed", (h, slots))
+
+    page = Page()
+    rc, out, err = worker("probe_breaks", str(free_port()), page=page, stacks=stack_memfd())
+    lines = probe_lines(err)
+    checks.expect(rc == 0 and report_of(out).get("sums") == [1.0, 1.0, 1.0],
+                  "internal error: the program's results unchanged", (rc, out, err))
+    checks.expect(len(lines) == 1 and "injected" in lines[0]
+                  and lines[0].startswith("ddprun: the Python probe stopped recording: "),
+                  "internal error: one line", err)
+    checks.expect(page.header()["magic"] == 0, "internal error: the page is unpublished",
+                  page.header())
+
+
+def check_stack_signal(checks):
+    """A worker that never imports torch: the signal dumps its stacks and it goes on; the page
+    holds nothing but stack_signal."""
+    page, stacks = Page(), stack_memfd()
+    process = start([__file__, "--worker", "sleep"], page, stacks)
+    ready = process.stdout.readline()
+    if not checks.expect(ready.strip() == "ready", "sleeping worker starts", ready):
+        return
+    os.kill(process.pid, STACK_SIGNAL)
+    rc, out, err = finish(process)
+    dump = read_all(stacks)
+    checks.expect(rc == 0 and "alive" in out, "stack signal: the worker goes on", (rc, out, err))
+    checks.expect(re.search(r"^Current thread 0x[0-9a-f]+", dump, re.M)
+                  and re.search(r"^Thread 0x[0-9a-f]+", dump, re.M)
+                  and "in worker_sleep" in dump and "in sleeping_thread" in dump,
+                  "stack signal: every thread's stack in DDPRUN_STACK_FD", dump)
+    checks.expect(report_of(out).get("torch_imported") is False,
+                  "no torch: the probe imports none")
+    words = list(page.words())
+    checks.expect(words[16] == STACK_SIGNAL and not any(words[:16] + words[17:]),
+                  "no torch: the page holds only stack_signal", page.header())
+
+
+def check_user_sitecustomize(checks):
+    """A user's sitecustomize on PYTHONPATH after ours runs, and is the module left; an error
+    in it is reported as site.py reports it."""
+    with tempfile.TemporaryDirectory() as folder:
+        user_file = os.path.join(folder, "sitecustomize.py")
+        with open(user_file, "w") as f:
+            f.write("print('user sitecustomize ran')\n")
+        rc, out, err = worker("plain", page=Page(), stacks=stack_memfd(),
+                              python_path=PROBE_FOLDER + os.pathsep + folder)
+        report = report_of(out)
+        checks.expect(rc == 0 and "user sitecustomize ran" in out, "user sitecustomize runs",
+                      (out, err))
+        checks.expect(report.get("sitecustomize") == user_file,
+                      "sys.modules['sitecustomize'] is the user's", report)
+        checks.expect(report.get("pythonpath") == folder and report.get("launcher_on_path") == [],
+                      "PYTHONPATH and sys.path without launcher/python", report)
+
+        with open(user_file, "w") as f:
+            f.write("raise ValueError('user bug')\n")
+        rc, out, err = worker("plain", page=Page(), stacks=stack_memfd(),
+                              python_path=PROBE_FOLDER + os.pathsep + folder)
+        checks.expect(rc == 0 and report_of(out) and "Error in sitecustomize; set PYTHONVERBOSE "
+                      "for traceback:\nValueError: user bug\n" in err,
+                      "a failing user sitecustomize is reported as site.py does", err)
+
+
+def check_start_up(checks):
+    """sitecustomize without a user's one, python -I, broken or missing pages."""
+    # Every interpreter here has Debian's sitecustomize: the probe chains to it.
+    rc, out, err = worker("plain", page=Page(), stacks=stack_memfd(),
+                          python_path=PROBE_FOLDER + os.pathsep)
+    code = ("import sys; m = sys.modules.get('sitecustomize'); "
+            "print(m.__file__ if m else None)")
+    plain = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           env=worker_env(None, None, python_path=""))
+    checks.expect(str(report_of(out).get("sitecustomize")) == plain.stdout.strip(),
+                  "without a user's: sitecustomize as under a plain python", (out, plain.stdout))
+
+    # No sitecustomize at all: site.py's own execsitecustomize, with a sys.path holding only
+    # launcher/python (and the modules the probe needs imported before).
+    code = ("import atexit, faulthandler, functools, importlib.util, mmap, site, struct, sys\n"
+            "import threading, weakref\n"
+            "sys.path[:] = [%r]\n"
+            "site.execsitecustomize()\n"
+            "print('sitecustomize' in sys.modules, sys.path)" % PROBE_FOLDER)
+    rc, out, err = finish(start(["-c", code], Page(), stack_memfd(), python_flags=["-S"]))
+    checks.expect(rc == 0 and out.strip() == "False []" and not err,
+                  "without any sitecustomize: none in sys.modules, silent", (out, err))
+
+    page = Page()
+    process = start(["-c", "print('isolated')"], page, stack_memfd(), python_flags=["-I"])
+    rc, out, err = finish(process)
+    checks.expect(rc == 0 and out.strip() == "isolated" and not err and not any(page.words()),
+                  "python -I just runs", (rc, out, err))
+
+    rc, out, err = worker("plain", page=Page(size=4096), stacks=stack_memfd())
+    lines = probe_lines(err)
+    checks.expect(rc == 0 and report_of(out) and len(lines) == 1
+                  and lines[0].startswith("ddprun: the Python probe is off in this worker: "),
+                  "a page of the wrong size: one line, and the program runs", err)
+
+    rc, out, err = worker("plain", page=None, stacks=None, DDPRUN_RECORD_FD="97")
+    checks.expect(rc == 0 and not err, "DDPRUN_RECORD_FD not inherited: silent", err)
+
+
+def main():
+    checks = Checks()
+    hooks = hooks_version()
+    print("PyTorch with process group hooks: %s; page of %d bytes" % (hooks, PAGE_BYTES))
+    checks.expect(PAGE_BYTES == 256 + 256 * 128 + 64 * 64 and HEADER_WORDS == 32, "page layout",
+                  LAYOUT)
+    check_user_sitecustomize(checks)
+    check_start_up(checks)
+    check_stack_signal(checks)
+    check_world_of_one(checks, hooks)
+    check_failures(checks)
+    check_job(checks, hooks)
+    print("%d failed" % checks.failed if checks.failed else "all passed")
+    return 1 if checks.failed else 0
+
+
+# --- Worker side ----------------------------------------------------------------------------------
+
+
+def report(**fields):
+    """One `report {json}` line: what the worker saw of its start-up, and `fields`."""
+    fields.update(
+        launcher_on_path=[p for p in sys.path if os.path.realpath(p or ".") == PROBE_FOLDER],
+        pythonpath=os.environ.get("PYTHONPATH"),
+        sitecustomize=getattr(sys.modules.get("sitecustomize"), "__file__", None),
+        torch_imported="torch" in sys.modules)
+    sys.stdout.write("report %s\n" % json.dumps(fields))
+
+
+def small_model(torch):
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 1))
+
+
+def init(dist, port, rank, world_size, timeout_s=60):
+    from datetime import timedelta
+
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%s" % port, rank=int(rank),
+                            world_size=world_size, timeout=timedelta(seconds=timeout_s))
+
+
+def worker_job(rank, port):
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    init(dist, port, rank, 2)
+    t = torch.ones(3)
+    dist.all_reduce(t)
+    dist.all_reduce(t)
+    dist.broadcast(t, 0)
+    dist.barrier()
+    dist.all_reduce(t, async_op=True).wait()
+    group = dist.new_group([0, 1], timeout=timedelta(seconds=90))
+    dist.all_reduce(t, group=group)
+    gathered = [None, None]
+    dist.all_gather_object(gathered, rank)
+    model = torch.nn.parallel.DistributedDataParallel(small_model(torch))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(3):
+        model(torch.randn(2, 4)).sum().backward()
+        optimizer.step()
+    with torch.no_grad():
+        model(torch.randn(2, 4))
+    report(gathered=gathered)
+    dist.destroy_process_group()
+
+
+def worker_world1(port):
+    import torch
+    import torch.distributed as dist
+
+    init(dist, port, 0, 1)
+    dist.all_reduce(torch.ones(1))
+    try:
+        dist.broadcast(torch.ones(1), src=5)  # no such rank: raises at issue
+    except (RuntimeError, ValueError):
+        pass
+    model = torch.nn.parallel.DistributedDataParallel(small_model(torch))  # 2.14: collectives
+    dist.barrier()
+    child = os.fork()
+    if child == 0:  # a forward would begin a step: the forked child must not record it
+        model(torch.randn(2, 4))
+        os._exit(0)
+    os.waitpid(child, 0)
+    report()  # no destroy_process_group: the probe must not make the exit crash
+
+
+def worker_peer_dies(rank, port):
+    import torch
+    import torch.distributed as dist
+
+    init(dist, port, rank, 2, timeout_s=20)
+    dist.barrier()
+    if rank == "1":
+        os._exit(0)
+    time.sleep(0.5)  # rank 1 is gone
+    try:
+        dist.all_reduce(torch.ones(2))
+        print("no error")
+    except RuntimeError:
+        print("raised")
+    sys.stdout.flush()
+    os._exit(0)  # the group is broken: skip its teardown
+
+
+def worker_probe_breaks(port):
+    import torch
+    import torch.distributed as dist
+
+    class Broken:
+        def pack_into(self, *args):
+            raise RuntimeError("injected")
+
+    init(dist, port, 0, 1)
+    sums = []
+    for i in range(3):
+        if i == 1:  # the probe's slot writer breaks: its next record fails
+            sys.modules["_ddprun_probe"]._SLOT_FIELDS = Broken()
+        t = torch.ones(1)
+        dist.all_reduce(t)
+        sums.append(t.item())
+    report(sums=sums)
+    dist.destroy_process_group()
+
+
+def sleeping_thread():
+    time.sleep(2)
+
+
+def worker_sleep():
+    import threading
+
+    threading.Thread(target=sleeping_thread, daemon=True).start()
+    print("ready", flush=True)
+    time.sleep(2)  # the stack signal arrives here; PEP 475 resumes the sleep
+    print("alive")
+    report()
+
+
+WORKERS = {"job": worker_job, "world1": worker_world1, "sleep": worker_sleep,
+           "peer_dies": worker_peer_dies, "probe_breaks": worker_probe_breaks,
+           "plain": report}
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--worker"]:
+        WORKERS[sys.argv[2]](*sys.argv[3:])
+        sys.exit(0)
+    sys.exit(main())
