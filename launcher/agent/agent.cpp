@@ -131,6 +131,8 @@ class Agent::Impl {
       }
     }
     log_root_ = make_run_log_dir(base, config_.rdzv_id);  // TORCHELASTIC_ERROR_FILE is absolute
+    console_.set_log_files((log_root_ / "attempt_<n>" / "<local_rank>").string() +
+                           "/stdout.log and stderr.log");
   }
 
   void remove_temp_dir() {

@@ -16,6 +16,7 @@ class AgentStore : public MasterHost {
   MasterEndpoint endpoint() const override {
     return MasterEndpoint{addr_, server_.port(), /*agent_store=*/true};
   }
+  void new_round() override { server_.clear_keys(); }
 
  private:
   store::Server server_;

@@ -206,6 +206,7 @@ void RendezvousHost::next_round(int worker_store_port,
       on_round(std::move(round));
     };
   }
+  if (master_) master_->new_round();  // one node: its workers of the last round have exited
   rendezvous_->next_round(worker_store_port, std::move(on_round), std::move(on_error),
                           std::move(on_wait));
 }

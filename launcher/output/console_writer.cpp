@@ -10,15 +10,21 @@ namespace ddp::launcher {
 
 namespace {
 
-std::string dropped_notice(std::size_t lines) {
+std::string dropped_notice(std::size_t lines, const std::string& log_files) {
   return "ddprun: dropped " + std::to_string(lines) +
-         " console lines while the console was not reading (the log files have them all)\n";
+         " teed console lines while the console was not reading; every one is in " + log_files +
+         "\n";
 }
 
 }  // namespace
 
 ConsoleWriter::ConsoleWriter(int notice_fd, std::size_t max_queued_bytes)
     : notice_fd_(notice_fd), max_queued_bytes_(max_queued_bytes), thread_([this] { run(); }) {}
+
+void ConsoleWriter::set_log_files(std::string where) {
+  std::lock_guard lock(mutex_);
+  log_files_ = std::move(where);
+}
 
 ConsoleWriter::~ConsoleWriter() {
   flush();
@@ -74,7 +80,7 @@ void ConsoleWriter::run() {
       queue_.pop_front();
       if (entry.droppable) queued_droppable_bytes_ -= entry.text.size();
     } else if (dropped_unreported_ > 0) {  // drained after drops: say so, once
-      entry = {notice_fd_, dropped_notice(dropped_unreported_), false};
+      entry = {notice_fd_, dropped_notice(dropped_unreported_, log_files_), false};
       dropped_unreported_ = 0;
     } else {
       return;  // stop_, with nothing left

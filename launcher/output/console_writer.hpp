@@ -7,8 +7,9 @@
 // Order: everything written goes out in the order write_line/write_notice were called, across
 // fds too (one FIFO, one thread), so that `2>&1` shows what it showed with plain writes.
 // Bound: queued teed lines hold at most max_queued_bytes; a teed line that would exceed it is
-// dropped and counted (the log files have every teed line). Notices are never dropped. When
-// the queue has drained after drops, the writer adds one line to notice_fd saying how many.
+// dropped and counted (only teed lines are queued here, and --tee writes every one to a log
+// file). Notices are never dropped. When the queue has drained after drops, the writer adds
+// one line to notice_fd saying how many, and where the log files are (set_log_files).
 // Errors: an fd whose write fails (EPIPE: SIGPIPE must be ignored; EBADF, EIO...) is given
 // up: what is queued for it and later text for it are discarded.
 //
@@ -50,6 +51,10 @@ class ConsoleWriter {
   // Teed lines dropped so far.
   std::size_t dropped_lines() const;
 
+  // Where the teed lines' log files are, for the line about dropped ones ("<dir>/attempt_<n>/
+  // <local_rank>/stdout.log and stderr.log").
+  void set_log_files(std::string where);
+
  private:
   struct Entry {
     int fd = -1;
@@ -71,6 +76,7 @@ class ConsoleWriter {
   std::size_t queued_droppable_bytes_ = 0;
   std::size_t dropped_total_ = 0;
   std::size_t dropped_unreported_ = 0;
+  std::string log_files_ = "the workers' log files";
   bool writing_ = false;  // the writer thread holds an entry outside the queue
   bool stop_ = false;
   std::set<int> broken_fds_;  // touched by the writer thread only

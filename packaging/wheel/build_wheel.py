@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
 """Builds the ddprun wheel from built programs: build_wheel.py --bin-dir build-package/bin
 --dist-dir dist --version 0.1.0 [--strip]. Run by scripts/package and by tests/package.
+ddprun's Python probe is taken from beside the programs (<bin-dir>/../share/ddprun/python, where
+the build puts it) and installed where ddprun looks for it: <prefix>/share/ddprun/python.
 
 The platform tag is read from the programs themselves, so that it is never a claim they do not
 meet: manylinux_2_NN_x86_64 (PEP 600) when every shared library they load is one the manylinux
@@ -58,6 +60,11 @@ def main():
     if missing:
         sys.exit(f"build_wheel: not built: {', '.join(missing)} (build the targets "
                  f"{' '.join(PROGRAMS)} first)")
+    probe_dir = os.path.join(args.bin_dir, "..", "share", "ddprun", "python")
+    probe = sorted(f for f in os.listdir(probe_dir) if f.endswith(".py")) \
+        if os.path.isdir(probe_dir) else []
+    if "sitecustomize.py" not in probe:
+        sys.exit(f"build_wheel: ddprun's Python probe is not in {probe_dir} (build ddprun first)")
     tag = platform_tag(programs)
     dist_dir = os.path.abspath(args.dist_dir)
     os.makedirs(dist_dir, exist_ok=True)
@@ -70,6 +77,9 @@ def main():
             shutil.copy(path, staged)
             if args.strip:
                 subprocess.run(["strip", "--strip-unneeded", staged], check=True)
+        os.mkdir(os.path.join(stage, "probe"))
+        for name in probe:
+            shutil.copy(os.path.join(probe_dir, name), os.path.join(stage, "probe", name))
         env = dict(os.environ, DDP_WHEEL_VERSION=args.version, DDP_WHEEL_PLATFORM=tag,
                    PYTHONWARNINGS="ignore")  # setuptools deprecates setup.py itself
         subprocess.run([sys.executable, "setup.py", "-q", "bdist_wheel", "--dist-dir", dist_dir],

@@ -1,5 +1,6 @@
 """The ddprun wheel: ddprun and ddpstore installed as scripts (into the virtualenv's bin/, as the
-cmake and ninja wheels do), no Python code. Built by build_wheel.py, which stages the programs
+cmake and ninja wheels do), and ddprun's Python probe as data files beside them
+(<prefix>/share/ddprun/python, which ddprun finds from its own place); no importable package. Built by build_wheel.py, which stages the programs
 next to this file and passes the version and platform tag in the environment:
   DDP_WHEEL_VERSION   the project's version (CMake's PROJECT_VERSION)
   DDP_WHEEL_PLATFORM  linux_x86_64, or manylinux_2_NN_x86_64 when the programs qualify
@@ -47,6 +48,8 @@ setup(
     python_requires=">=3",
     packages=[],
     scripts=["programs/ddprun", "programs/ddpstore"],
+    data_files=[("share/ddprun/python",
+                 sorted(os.path.join("probe", name) for name in os.listdir("probe")))],
     cmdclass={"bdist_wheel": PlatformWheel, "build_scripts": CopyPrograms},
     classifiers=[
         "Operating System :: POSIX :: Linux",

@@ -177,6 +177,11 @@ void Server::close() { impl_->close(); }
 
 void Server::set_admission(Admission admission) { impl_->set_admission(std::move(admission)); }
 
+void Server::clear_keys() {
+  impl_->table.clear_values();
+  impl_->keys.store(0, std::memory_order_relaxed);
+}
+
 ServerStats Server::stats() const {
   ServerStats s;
   s.connections = impl_->open_connections.load();

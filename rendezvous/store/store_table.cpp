@@ -81,6 +81,12 @@ std::string StoreTable::compare_set(std::string_view key, std::string&& expected
   return reply;
 }
 
+void StoreTable::clear_values() {
+  data_.clear();
+  queues_.clear();
+  stored_bytes_ = 0;
+}
+
 bool StoreTable::erase(std::string_view key) {
   auto it = data_.find(key);
   if (it == data_.end()) return false;

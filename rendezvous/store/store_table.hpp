@@ -82,6 +82,8 @@ class StoreTable {
   // PyTorch's COMPARE_SET; returns the value to answer with.
   std::string compare_set(std::string_view key, std::string&& expected, std::string&& desired);
   bool erase(std::string_view key);
+  // Drops every value and queue (waiters and watchers stay registered): a store made new.
+  void clear_values();
   void append(std::string_view key, std::string_view bytes);
 
   void queue_push(std::string_view key, std::string&& value);

@@ -96,6 +96,9 @@ dpkg-deb -x "$dev_deb" "$root"
 ddprun=$root/usr/bin/ddprun
 "$ddprun" --version >/dev/null || fail "the installed ddprun does not run"
 "$root/usr/bin/ddpstore" --help >/dev/null || fail "the installed ddpstore does not run"
+probe=$root/usr/share/ddprun/python/sitecustomize.py
+[[ -f $probe ]] || fail "the ddprun package has no Python probe at /usr/share/ddprun/python"
+[[ $(stat -c %a "$probe") == 644 ]] || fail "the Python probe is mode $(stat -c %a "$probe"), not 644"
 
 # A find_package(ddp) project against the installed files, and its program on 2 ranks.
 project=$scratch/user
@@ -133,4 +136,5 @@ out=$(PYTHON_EXEC=$python timeout "$job_timeout_s" "$ddprun" --standalone --npro
   "$source_dir/tests/launcher/agent/python/torch_allreduce.py" 2>&1) ||
   { echo "$out"; fail "the PyTorch job failed under the installed ddprun"; }
 [[ $(grep -c 'world=2 sum=3$' <<<"$out") -eq 2 ]] || { echo "$out"; fail "expected sum=3 on 2 ranks"; }
+grep -q "Python probe is off" <<<"$out" && { echo "$out"; fail "the installed ddprun did not load its probe"; }
 echo "ok: a 2-rank PyTorch job ran under the installed ddprun: sum=3"

@@ -69,6 +69,8 @@ venv_ddprun=$scratch/venv/bin/ddprun
 [[ $(head -c 4 "$venv_ddprun" | od -An -c | tr -d ' ') == 177ELF ]] ||
   fail "the venv's ddprun is not the native program"
 cmp -s "$venv_ddprun" "$build/bin/ddprun" || fail "the venv's ddprun differs from the built one"
+[[ -f $scratch/venv/share/ddprun/python/sitecustomize.py ]] ||
+  fail "the wheel put no Python probe into the venv's share/ddprun/python"
 
 # The user's view: the venv activated, `ddprun` found on PATH; workers run the venv's python3.
 activate() { PATH=$scratch/venv/bin:$PATH VIRTUAL_ENV=$scratch/venv "$@"; }
@@ -83,4 +85,5 @@ out=$(activate timeout "$job_timeout_s" ddprun --standalone --nproc_per_node=2 \
   "$source_dir/tests/launcher/agent/python/torch_allreduce.py" 2>&1) ||
   { echo "$out"; fail "the PyTorch job failed under the venv's ddprun"; }
 [[ $(grep -c 'world=2 sum=3$' <<<"$out") -eq 2 ]] || { echo "$out"; fail "expected sum=3 on 2 ranks"; }
+grep -q "Python probe is off" <<<"$out" && { echo "$out"; fail "the venv's ddprun did not load its probe"; }
 echo "ok: a 2-rank PyTorch job ran under the venv's ddprun: sum=3"

@@ -90,6 +90,19 @@ TEST_CASE("the sample program works under PyTorch's torchrun (its own agent stor
   if (!ddp::test::torch_available()) {
     return ddp::test::skip(ddp::test::torch_python() + " cannot import torch");
   }
+  // torchrun starts the program where its python runs: a PyTorch in another root (the 2.14
+  // test root, Debian sid) may lack the libraries this build links (NCCL, Debian 12's Gloo).
+  // (127: the loader could not start it; without ddprun's variables it stops itself.)
+  const auto runs =
+      run(ddp::test::torch_python() + " -c \"import subprocess, sys; r = subprocess.run(['" +
+          bin("ddp-example-sum") + "'], capture_output=True, text=True); " +
+          "print(r.stderr.strip() if r.returncode == 127 else ''); " +
+          "sys.exit(r.returncode == 127)\" 2>&1");
+  if (runs.status != 0) {
+    return ddp::test::skip(
+        "the system of " + ddp::test::torch_python() +
+        " cannot run this build's programs, so neither can its torchrun: " + runs.output);
+  }
   std::string torchrun;
   for (const std::string& arg : ddp::test::torchrun_argv()) torchrun += arg + " ";
   // Static rendezvous: the agent hosts its store (TORCHELASTIC_USE_AGENT_STORE=True), in the

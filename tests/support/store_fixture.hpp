@@ -44,6 +44,15 @@ class TestServer {
   }
   std::uint16_t port() const { return server_->port(); }
   store::ServerStats stats() const { return server_->stats(); }
+  // Server::clear_keys on the server's thread; returns once it ran.
+  void clear_keys() {
+    std::promise<void> done;
+    boost::asio::post(io_, [&] {
+      server_->clear_keys();
+      done.set_value();
+    });
+    done.get_future().wait();
+  }
   // Server::set_admission on the server's thread; returns once it ran.
   void set_admission(store::Admission admission) {
     std::promise<void> done;

@@ -20,16 +20,22 @@ TEST_CASE("a --master_port in use stops ddprun before any worker starts, naming 
   CHECK(r.out.find("worker started") == std::string::npos);
 }
 
-TEST_CASE("PyTorch: a restarted gloo group meets again through the agent's store", "[torch]") {
+TEST_CASE("PyTorch: a restarted gloo group meets again through the agent's store, every time",
+          "[torch]") {
   if (!torch_available()) {
     return ddp::test::skip(torch_python() + " cannot import torch with Gloo");
   }
-  ProcessResult r = run_process(
-      {bin_path("ddprun").string(), "--standalone", "--nproc_per_node=2", "--max_restarts=1",
-       source_path("tests/launcher/agent/python/torch_restart.py").string()},
-      {{"PYTHON_EXEC", torch_python()}}, {}, std::chrono::seconds(120));
-  INFO(r.out << r.err);
-  CHECK(r.status == 0);
-  CHECK_THAT(r.out, Catch::Contains("attempt=1 rank=0 sum=3"));
-  CHECK_THAT(r.out, Catch::Contains("attempt=1 rank=1 sum=3"));
+  // PyTorch 2.x puts no attempt into its keys: attempt 1 meets only if the agent's store
+  // forgot attempt 0's (torchrun 2.14 passed 5 of 13 such runs here). Several runs, as it
+  // failed by chance.
+  for (int run = 0; run < 5; ++run) {
+    ProcessResult r = run_process(
+        {bin_path("ddprun").string(), "--standalone", "--nproc_per_node=2", "--max_restarts=1",
+         source_path("tests/launcher/agent/python/torch_restart.py").string()},
+        {{"PYTHON_EXEC", torch_python()}}, {}, std::chrono::seconds(120));
+    INFO("run " << run << ":\n" << r.out << r.err);
+    REQUIRE(r.status == 0);
+    CHECK_THAT(r.out, Catch::Contains("attempt=1 rank=0 sum=3"));
+    CHECK_THAT(r.out, Catch::Contains("attempt=1 rank=1 sum=3"));
+  }
 }

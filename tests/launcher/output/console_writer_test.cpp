@@ -112,8 +112,8 @@ TEST_CASE("an unread console: writes return, lines past the bound are dropped an
   const auto lines = lines_of(text);
   REQUIRE(lines.size() >= 2);
   CHECK(lines.back() == "ddprun: dropped " + std::to_string(dropped) +
-                            " console lines while the console was not reading (the log files "
-                            "have them all)");
+                            " teed console lines while the console was not reading; every one "
+                            "is in the workers' log files");
   int last = -1;
   bool notice_seen = false;
   std::size_t kept = 0;

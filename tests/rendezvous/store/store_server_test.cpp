@@ -84,6 +84,24 @@ TEST_CASE("client and server: the common commands in both dialects") {
   }
 }
 
+TEST_CASE("clear_keys: every value and queue is gone, a connection and its wait stay") {
+  TestServer server;
+  Client client(server.client_options(Dialect::V2));
+  client.set("/worker/0//cpu//0/1", "attempt 0's address");
+  client.add("counter", 5);
+  client.queue_push("q", "x");
+  Client waiter(server.client_options(Dialect::V2));
+  server.clear_keys();
+  CHECK(client.num_keys() == 0);
+  CHECK_FALSE(client.check({"/worker/0//cpu//0/1"}));
+  CHECK(client.add("counter", 1) == 1);  // a fresh counter
+  CHECK(client.queue_len("q") == 0);
+  // A client connected before goes on, and a key set afresh is what it reads.
+  client.set("/worker/0//cpu//0/1", "attempt 1's address");
+  waiter.wait({"/worker/0//cpu//0/1"}, 5s);
+  CHECK(waiter.get("/worker/0//cpu//0/1") == "attempt 1's address");
+}
+
 TEST_CASE("clock key: an ADD to it reads the server's clock and stores nothing") {
   ServerOptions options;
   options.clock_key = kClockKey;

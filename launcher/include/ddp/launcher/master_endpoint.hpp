@@ -24,6 +24,10 @@ class MasterHost {
  public:
   virtual ~MasterHost() = default;
   virtual MasterEndpoint endpoint() const = 0;
+  // A new round is about to start its workers, every worker of the last one has exited: a
+  // store there forgets the last round's keys (PyTorch 2.x no longer prefixes them with the
+  // attempt, so a restarted Gloo group would read the last attempt's addresses).
+  virtual void new_round() {}
 };
 
 // Makes the job's MasterHost. Called once per agent, on the agent's thread, before the first

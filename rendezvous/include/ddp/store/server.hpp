@@ -94,6 +94,12 @@ class Server {
 
   ServerStats stats() const;
 
+  // Drops every key (values and queues), as if the store were new; connections, pending waits
+  // and watches stay. For a store whose clients of a round are all gone before the next round
+  // starts (the agent's store on one node: each attempt must not read the last one's keys).
+  // Call from the io_context's thread.
+  void clear_keys();
+
   // From now on, admit by admission: connections held so far are judged by it (a pending one
   // keeps holding the peers it does not list); open connections are left alone. Call from
   // the io_context's thread.
