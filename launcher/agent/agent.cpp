@@ -75,7 +75,6 @@ class Agent::Impl {
         config_(std::move(config)),
         command_(std::move(command)),
         options_(std::move(options)),
-        console_(options_.console_err),
         signals_(io),
         timers_(io),
         host_(this_host()) {}
@@ -131,8 +130,6 @@ class Agent::Impl {
       }
     }
     log_root_ = make_run_log_dir(base, config_.rdzv_id);  // TORCHELASTIC_ERROR_FILE is absolute
-    console_.set_log_files((log_root_ / "attempt_<n>" / "<local_rank>").string() +
-                           "/stdout.log and stderr.log");
   }
 
   void remove_temp_dir() {

@@ -24,7 +24,9 @@ namespace {
 
 // PyTorch's Flight Recorder (its NCCL process groups): the last collectives of each rank in a
 // ring, dumped to <attempt dir>/nccl_trace_rank_<rank> when a collective times out. Both the
-// 2.x names and the newer TORCH_FR_ ones; nothing when the user set any of them.
+// 2.x names and the newer TORCH_FR_ ones; nothing when the user set any of them. A PyTorch that
+// reads the TORCH_FR_ names warns on every rank about the old ones: DDPRUN_FR_OLD_NAMES lists
+// them, and the Python probe drops them there before the first process group is made.
 constexpr const char* kFlightRecorderPrefix = "nccl_trace_rank_";
 
 void add_flight_recorder(std::vector<std::string>& env, const fs::path& attempt_dir) {
@@ -42,6 +44,7 @@ void add_flight_recorder(std::vector<std::string>& env, const fs::path& attempt_
   env.push_back("TORCH_NCCL_DUMP_ON_TIMEOUT=1");
   env.push_back("TORCH_NCCL_DEBUG_INFO_TEMP_FILE=" + prefix);
   env.push_back("TORCH_FR_DUMP_TEMP_FILE=" + prefix);
+  env.push_back("DDPRUN_FR_OLD_NAMES=TORCH_NCCL_TRACE_BUFFER_SIZE,TORCH_NCCL_DEBUG_INFO_TEMP_FILE");
 }
 
 // How long PyTorch's Flight Recorder analyser may take over the dumps of one round.
@@ -229,9 +232,11 @@ void ProcessWorkerGroup::tee_output(int local_rank, WorkerStreams& streams) {
         console_.write_line(fd, std::move(line));
       };
     }
+    // A console that reads slowly slows the worker, as a direct pipe would: nothing is dropped.
     OutputTee::start(
         io_, std::move(tee.read_end), std::move(tee.file), std::move(sink), prefix,
-        [this] { on_tee_done(); }, TeeLog{tee.file_path.string(), options_.log_errors});
+        [this] { on_tee_done(); }, TeeLog{tee.file_path.string(), options_.log_errors},
+        [this](std::function<void()> resume) { return console_.when_room(std::move(resume)); });
   }
 }
 

@@ -21,7 +21,6 @@
 #include "ddp/launcher/launch_config.hpp"
 #include "ddp/launcher/log_file_errors.hpp"
 #include "ddp/launcher/master_endpoint.hpp"
-#include "ddp/launcher/stream_tail.hpp"
 #include "ddp/launcher/worker_command.hpp"
 #include "python_stack_capture.hpp"
 #include "worker_group.hpp"

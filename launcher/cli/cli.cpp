@@ -329,6 +329,17 @@ static std::string apply_slurm_defaults(const CliContext& context, RawOptions& r
   }
 }
 
+// torchrun 2.x: without --shutdown_timeout (or PET_SHUTDOWN_TIMEOUT), the grace period before
+// SIGKILL is TORCH_ELASTIC_SHUTDOWN_TIMEOUT's, else 30 s.
+static void apply_shutdown_timeout_variable(const CliContext& context, RawOptions& raw) {
+  constexpr const char* kVariable = "TORCH_ELASTIC_SHUTDOWN_TIMEOUT";
+  if (!context.getenv || raw.origin.contains("shutdown_timeout")) return;
+  if (std::optional<std::string> value = context.getenv(kVariable)) {
+    raw.values["shutdown_timeout"] = *value;
+    raw.origin["shutdown_timeout"] = kVariable;  // errors then name it
+  }
+}
+
 CliResult parse_command_line(const std::vector<std::string>& args, const CliContext& context) {
   RawOptions raw = detail::parse_raw_options(args);
   CliResult result;
@@ -337,6 +348,7 @@ CliResult parse_command_line(const std::vector<std::string>& args, const CliCont
   if (std::string line = apply_slurm_defaults(context, raw); !line.empty()) {
     result.notices.push_back(line);
   }
+  apply_shutdown_timeout_variable(context, raw);
   LaunchConfig& config = result.config;
   parse_nnodes(raw, config);
   parse_rendezvous(raw, config);

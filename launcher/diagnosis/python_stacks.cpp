@@ -11,8 +11,6 @@
 namespace ddp::launcher {
 namespace {
 
-constexpr std::string_view kFatal = "Fatal Python error: ";
-
 bool is_thread_header(const std::string& line) {
   return (line.starts_with("Thread 0x") || line.starts_with("Current thread 0x")) &&
          line.ends_with("(most recent call first):");
@@ -30,19 +28,10 @@ std::string without_thread_id(const std::string& line) {
 
 }  // namespace
 
-std::string last_faulthandler_dump(std::string_view text) {
-  const std::size_t start = text.rfind(kFatal);
-  if (start == std::string_view::npos) return "";
-  const std::size_t end = std::min(text.find('\n', start), text.size());
-  return std::string(text.substr(start, end - start)) + "\n" +
-         faulthandler_threads(text.substr(end));
-}
-
 std::string faulthandler_threads(std::string_view text) {
   std::istringstream lines{std::string(text)};
   std::string line, dump;
   while (std::getline(lines, line)) {
-    if (line.starts_with("Extension modules:")) break;  // the end of a fatal dump in 3.10+
     if (is_thread_header(line) || is_frame(line)) dump += line + "\n";
   }
   return dump;

@@ -17,13 +17,9 @@ struct PythonStack {
   std::string error;  // why there is none
 };
 
-// The last faulthandler dump in text: the "Fatal Python error: ..." line and the thread
-// blocks after it ("Thread 0x... (most recent call first):", "  File ..., line N in f"),
-// without other lines that came between them; "" when text has none.
-std::string last_faulthandler_dump(std::string_view text);
-
-// The thread blocks of a dump that faulthandler.register() wrote (no "Fatal Python error"
-// line): the thread headers and their frames, other lines dropped; "" when there are none.
+// The thread blocks of a dump that faulthandler.register() wrote: the thread headers
+// ("Thread 0x... (most recent call first):") and their frames ("  File ..., line N in f"),
+// other lines dropped; "" when there are none.
 std::string faulthandler_threads(std::string_view text);
 
 // The innermost frame of the dump's last thread (the main thread: faulthandler lists it

@@ -6,60 +6,64 @@
 //
 // Order: everything written goes out in the order write_line/write_notice were called, across
 // fds too (one FIFO, one thread), so that `2>&1` shows what it showed with plain writes.
-// Bound: queued teed lines hold at most max_queued_bytes; a teed line that would exceed it is
-// dropped and counted (only teed lines are queued here, and --tee writes every one to a log
-// file). Notices are never dropped. When the queue has drained after drops, the writer adds
-// one line to notice_fd saying how many, and where the log files are (set_log_files).
+// Back-pressure, never loss: teed lines are always queued; once they hold max_queued_bytes or
+// more, has_room() is false, and a tee stops reading its worker's pipe until the writer calls
+// the resume it gave to when_room() (the queue fell to half the bound): the worker then waits
+// for the console as it would writing to it directly. Notices are never held back.
 // Errors: an fd whose write fails (EPIPE: SIGPIPE must be ignored; EBADF, EIO...) is given
 // up: what is queued for it and later text for it are discarded.
 //
-// Threading: write_line, write_notice, dropped_lines and flush may be called from any thread
-// (the agent calls them from its loop thread); write_line and write_notice never block on the
-// console. Lifetime: the fds must stay open until flush returns or the writer is destroyed;
-// the destructor flushes, then ends the thread.
+// Threading: write_line, write_notice, has_room, when_room and flush may be called from any
+// thread (the agent calls them from its loop thread); write_line and write_notice never block
+// on the console. when_room's resume runs on the writer thread (post it to your loop).
+// Lifetime: the fds must stay open until flush returns or the writer is destroyed; the
+// destructor flushes, then ends the thread.
 
 #include <condition_variable>
 #include <cstddef>
 #include <deque>
+#include <functional>
 #include <mutex>
 #include <set>
 #include <string>
 #include <thread>
+#include <vector>
 
 namespace ddp::launcher {
 
 class ConsoleWriter {
  public:
-  // The most bytes of teed lines waiting for a console that does not read.
+  // How many bytes of teed lines may wait for a console that does not read before the tees
+  // stop reading their workers.
   static constexpr std::size_t kMaxQueuedBytes = 16 * 1024 * 1024;
 
-  explicit ConsoleWriter(int notice_fd, std::size_t max_queued_bytes = kMaxQueuedBytes);
+  explicit ConsoleWriter(std::size_t max_queued_bytes = kMaxQueuedBytes);
   ~ConsoleWriter();
   ConsoleWriter(const ConsoleWriter&) = delete;
   ConsoleWriter& operator=(const ConsoleWriter&) = delete;
 
-  // Queues whole lines of worker output for fd; dropped (and counted) past the bound.
+  // Queues whole lines of worker output for fd (never dropped; see has_room()).
   void write_line(int fd, std::string text);
-  // Queues text for fd that is never dropped (notices, the failure report).
+  // Queues text for fd (notices, the failure report).
   void write_notice(int fd, std::string text);
+
+  // False while queued teed lines hold max_queued_bytes or more.
+  bool has_room() const;
+  // When there is no room: keeps resume, to be called once the queued teed lines fell to half
+  // the bound (on the writer thread), and returns true; when there is room, returns false and
+  // drops resume.
+  bool when_room(std::function<void()> resume);
 
   // Blocks until everything queued so far has been written (or discarded because its fd
   // failed). Deliberately no timeout: at the end of a job, waiting for the user's console is
   // what a plain write(2) to it would do (torchrun too); a broken fd ends the wait.
   void flush();
 
-  // Teed lines dropped so far.
-  std::size_t dropped_lines() const;
-
-  // Where the teed lines' log files are, for the line about dropped ones ("<dir>/attempt_<n>/
-  // <local_rank>/stdout.log and stderr.log").
-  void set_log_files(std::string where);
-
  private:
   struct Entry {
     int fd = -1;
     std::string text;
-    bool droppable = false;
+    bool teed = false;  // counts against the bound
   };
 
   void enqueue(Entry entry);
@@ -67,16 +71,13 @@ class ConsoleWriter {
   bool is_drained() const;             // with mutex_ held
   void write_out(const Entry& entry);  // on the writer thread, without the lock
 
-  const int notice_fd_;
   const std::size_t max_queued_bytes_;
   mutable std::mutex mutex_;
   std::condition_variable work_;     // the writer thread waits for entries or stop
   std::condition_variable drained_;  // flush waits for the queue to empty
   std::deque<Entry> queue_;
-  std::size_t queued_droppable_bytes_ = 0;
-  std::size_t dropped_total_ = 0;
-  std::size_t dropped_unreported_ = 0;
-  std::string log_files_ = "the workers' log files";
+  std::size_t queued_teed_bytes_ = 0;
+  std::vector<std::function<void()>> waiting_for_room_;
   bool writing_ = false;  // the writer thread holds an entry outside the queue
   bool stop_ = false;
   std::set<int> broken_fds_;  // touched by the writer thread only

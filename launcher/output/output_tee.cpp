@@ -1,6 +1,7 @@
 #include "ddp/launcher/output_tee.hpp"
 
 #include <algorithm>
+#include <boost/asio/post.hpp>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -13,20 +14,20 @@ constexpr std::size_t kReadChunk = 64 * 1024;
 
 void OutputTee::start(boost::asio::io_context& io, UniqueFd source, UniqueFd file,
                       ConsoleSink console, std::string prefix, std::function<void()> on_done,
-                      TeeLog log, TeeMode mode) {
+                      TeeLog log, ConsoleGate gate) {
   auto tee = std::make_shared<OutputTee>(io, std::move(source), std::move(file), std::move(console),
                                          std::move(prefix), std::move(on_done), std::move(log),
-                                         std::move(mode));
+                                         std::move(gate));
   tee->read_more();
 }
 
 OutputTee::OutputTee(boost::asio::io_context& io, UniqueFd source, UniqueFd file,
                      ConsoleSink console, std::string prefix, std::function<void()> on_done,
-                     TeeLog log, TeeMode mode)
+                     TeeLog log, ConsoleGate gate)
     : source_(io, source.release()),
       file_(std::move(file)),
       log_(std::move(log)),
-      mode_(std::move(mode)),
+      gate_(std::move(gate)),
       console_(std::move(console)),
       prefix_(std::move(prefix)),
       on_done_(std::move(on_done)),
@@ -39,9 +40,17 @@ void OutputTee::read_more() {
                             if (ec) {
                               self->finish();
                             } else {
-                              self->read_more();
+                              self->read_on();
                             }
                           });
+}
+
+void OutputTee::read_on() {
+  if (!console_ || !gate_) return read_more();
+  auto resume = [self = shared_from_this()] {
+    boost::asio::post(self->source_.get_executor(), [self] { self->read_more(); });
+  };
+  if (!gate_(std::move(resume))) read_more();
 }
 
 // A failed write loses these bytes from the file, not the file: later output is written
@@ -55,9 +64,7 @@ void OutputTee::write_file(const char* data, std::size_t size) {
 
 void OutputTee::consume(const char* data, std::size_t size) {
   write_file(data, size);
-  if (mode_.tail) mode_.tail->append(data, size);
   if (!console_) return;
-  if (mode_.raw) return console_(std::string(data, size));
   const char* end = data + size;
   while (data < end) {
     const std::size_t room = kMaxLine - partial_line_.size();  // 0 when partial_line_ is full

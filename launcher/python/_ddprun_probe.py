@@ -780,6 +780,7 @@ class _Probe:
 
     def on_distributed(self, dist):
         try:
+            _drop_old_flight_recorder_names(sys.modules["torch"].__version__)
             if not dist.is_available():
                 return
             c10d = sys.modules["torch.distributed.distributed_c10d"]
@@ -810,6 +811,22 @@ class _Probe:
                              not self.hooks)
         except Exception as error:
             self.recorder.stop(error)
+
+
+def _drop_old_flight_recorder_names(version):
+    """ddprun sets PyTorch's Flight Recorder variables under both names (DDPRUN_FR_OLD_NAMES
+    lists the old ones it set): a PyTorch that reads the TORCH_FR_ names (2.10 and later) warns
+    on every rank that the old ones are deprecated, as torchrun's jobs never do. Drop them
+    there, before the first process group reads them."""
+    names = os.environ.pop("DDPRUN_FR_OLD_NAMES", "")
+    numbers = version.split("+")[0].split(".")
+    try:
+        reads_new_names = (int(numbers[0]), int(numbers[1])) >= (2, 10)
+    except (IndexError, ValueError):
+        return
+    if reads_new_names:
+        for name in filter(None, names.split(",")):
+            os.environ.pop(name, None)
 
 
 def _register_stack_signal(words):

@@ -482,3 +482,27 @@ TEST_CASE("local_ranks_filter names local ranks that exist") {
   CHECK(parse({"--nproc_per_node=2", "--local_ranks_filter=1", "x"}).local_ranks_filter ==
         std::set<int>{1});
 }
+
+TEST_CASE(
+    "TORCH_ELASTIC_SHUTDOWN_TIMEOUT is the grace period when --shutdown_timeout is not "
+    "given, as in torchrun 2.x") {
+  CliContext context = Fake{}.context();
+  context.getenv = [](const std::string& name) -> std::optional<std::string> {
+    if (name == "TORCH_ELASTIC_SHUTDOWN_TIMEOUT") return "5";
+    return std::nullopt;
+  };
+  ScopedPetEnvironment none({});
+  CHECK(parse_command_line({"x"}, context).config.shutdown_timeout == std::chrono::seconds(5));
+  CHECK(parse_command_line({"--shutdown_timeout=7", "x"}, context).config.shutdown_timeout ==
+        std::chrono::seconds(7));
+  context.getenv = [](const std::string& name) -> std::optional<std::string> {
+    if (name == "TORCH_ELASTIC_SHUTDOWN_TIMEOUT") return "soon";
+    return std::nullopt;
+  };
+  try {
+    parse_command_line({"x"}, context);
+    FAIL("no error for TORCH_ELASTIC_SHUTDOWN_TIMEOUT=soon");
+  } catch (const UsageError& e) {
+    CHECK_THAT(e.what(), Catch::Contains("TORCH_ELASTIC_SHUTDOWN_TIMEOUT=soon"));
+  }
+}

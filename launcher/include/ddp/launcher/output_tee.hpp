@@ -13,7 +13,6 @@
 #include <vector>
 
 #include "ddp/launcher/log_file_errors.hpp"
-#include "ddp/launcher/stream_tail.hpp"
 #include "ddp/launcher/unique_fd.hpp"
 #include "ddp/launcher/write_all.hpp"
 
@@ -29,14 +28,10 @@ struct TeeLog {
   std::shared_ptr<LogFileErrors> errors;  // null: failures are not reported
 };
 
-// How a tee hands on what it reads, beyond the file.
-struct TeeMode {
-  // Bytes go to the console as they arrive, unprefixed and not cut into lines (a stream
-  // that would otherwise be the worker's own console, read by the agent only to keep its
-  // tail); the prefix is not used.
-  bool raw = false;
-  std::shared_ptr<StreamTail> tail;  // also receives every byte (null: none)
-};
+// Back-pressure from the console: called after each read that produced console lines; returns
+// true when the console has no room, and then calls resume (from any thread) once it has: the
+// tee reads its source no further until then (ConsoleWriter::when_room). Empty: never waits.
+using ConsoleGate = std::function<bool(std::function<void()> resume)>;
 
 class OutputTee : public std::enable_shared_from_this<OutputTee> {
  public:
@@ -52,13 +47,15 @@ class OutputTee : public std::enable_shared_from_this<OutputTee> {
   // everything has been written. The tee keeps itself alive until then.
   static void start(boost::asio::io_context& io, UniqueFd source, UniqueFd file,
                     ConsoleSink console, std::string prefix, std::function<void()> on_done,
-                    TeeLog log = {}, TeeMode mode = {});
+                    TeeLog log = {}, ConsoleGate gate = {});
 
   OutputTee(boost::asio::io_context& io, UniqueFd source, UniqueFd file, ConsoleSink console,
-            std::string prefix, std::function<void()> on_done, TeeLog log, TeeMode mode);
+            std::string prefix, std::function<void()> on_done, TeeLog log, ConsoleGate gate);
 
  private:
   void read_more();
+  // After a read: reads on at once, or once the console has room (gate_).
+  void read_on();
   void consume(const char* data, std::size_t size);
   void write_file(const char* data, std::size_t size);
   void finish();
@@ -66,7 +63,7 @@ class OutputTee : public std::enable_shared_from_this<OutputTee> {
   boost::asio::posix::stream_descriptor source_;
   UniqueFd file_;
   TeeLog log_;
-  TeeMode mode_;
+  ConsoleGate gate_;
   ConsoleSink console_;
   std::string prefix_;
   std::function<void()> on_done_;
