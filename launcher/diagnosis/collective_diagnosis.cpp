@@ -178,8 +178,23 @@ CollectiveDiagnosis diagnose(std::vector<RankView> ranks) {
   std::vector<int> waiting, absent;
   std::vector<std::pair<CollectiveInfo, std::vector<int>>> calls;  // in order of first rank
   double waited = 0;
+  auto add_call = [&calls](const CollectiveInfo& call, int rank) {
+    auto same = std::find_if(calls.begin(), calls.end(),
+                             [&](const auto& c) { return c.first.same_call(call); });
+    if (same == calls.end()) {
+      calls.push_back({call, {rank}});
+    } else {
+      same->second.push_back(rank);
+    }
+  };
   for (const RankView& r : ranks) {
-    if (!r.attached || r.finished >= k) continue;
+    if (!r.attached) continue;
+    if (r.finished >= k) {
+      // It got through collective k already (perhaps failing, as a rank whose backend saw
+      // the mismatch first): how it called it still counts for a desync.
+      if (r.last && r.last->seq == k) add_call(*r.last, r.rank);
+      continue;
+    }
     if (r.queued < k) {
       absent.push_back(r.rank);
       continue;
@@ -187,13 +202,7 @@ CollectiveDiagnosis diagnose(std::vector<RankView> ranks) {
     waiting.push_back(r.rank);
     if (!r.pending) continue;
     waited = std::max(waited, r.pending->age_s);
-    auto same = std::find_if(calls.begin(), calls.end(),
-                             [&](const auto& call) { return call.first.same_call(*r.pending); });
-    if (same == calls.end()) {
-      calls.push_back({*r.pending, {r.rank}});
-    } else {
-      same->second.push_back(r.rank);
-    }
+    add_call(*r.pending, r.rank);
   }
   const std::string at = "collective " + std::to_string(k);
   if (waiting.empty()) return diagnose_failed(ranks, std::move(d));

@@ -356,10 +356,26 @@ _HOOK_OPS = {  # HookOpName member name -> Op
 _COUNT_OUTPUTS = (REDUCE_SCATTER, SCATTER, RECV)  # ops whose inputs are not what one rank sends
 
 
-def _hook_group(recorder, state, group, hook_op_name):
-    """Registers ours as `group`'s pre and post hooks."""
+def _finish_when_done(recorder, seq, work):
+    """Collective seq is finished when work's future completes (its callback runs on the
+    backend's thread); at once when there is no work, or it has no future (Gloo's
+    reduce_scatter: "not implemented")."""
     import functools
 
+    future = None
+    if work is not None:
+        try:
+            future = work.get_future()
+        except (AttributeError, RuntimeError):
+            pass
+    if future is None:
+        recorder.finish(seq)
+    else:
+        future.add_done_callback(functools.partial(recorder.future_done, seq))
+
+
+def _hook_group(recorder, state, group, hook_op_name):
+    """Registers ours as `group`'s pre and post hooks."""
     members = hook_op_name.__members__.values()
     ops = {member: _HOOK_OPS.get(member.name, OTHER) for member in members}
     token = object()  # this group, as a pair's key: the group itself would be a reference cycle
@@ -388,17 +404,7 @@ def _hook_group(recorder, state, group, hook_op_name):
                 return
             state.open_seq = 0
             state.open_group = None
-            work = args.work
-            future = None
-            if work is not None:
-                try:
-                    future = work.get_future()
-                except RuntimeError:  # not implemented by this Work (Gloo's reduce_scatter)
-                    pass
-            if future is None:
-                recorder.finish(seq)
-            else:
-                future.add_done_callback(functools.partial(recorder.future_done, seq))
+            _finish_when_done(recorder, seq, args.work)
         except Exception as error:
             recorder.stop(error)
 
@@ -497,16 +503,7 @@ def _wrap_collective(recorder, state, function, op, tensor_name, non_member):
         finally:
             state.inside = False
         try:
-            future = None
-            if is_async and result is not None and seq:
-                try:
-                    future = result.get_future()
-                except (AttributeError, RuntimeError):
-                    pass
-            if future is None:
-                recorder.finish(seq)
-            else:
-                future.add_done_callback(functools.partial(recorder.future_done, seq))
+            _finish_when_done(recorder, seq, result if is_async and seq else None)
         except Exception as error:
             recorder.stop(error)
         return result
@@ -639,6 +636,7 @@ class _StepWatch:
         self._ready_ns = 0
         self._gradients = gradients  # (dtype, count, bytes) to record as Op 13, or None
         self._seq = 0  # the Op 13 collective, while it is open
+        self.ended_ns = 0  # when backward ended: the next step begins there (0: not yet)
 
     def backward_began(self, grad):
         try:
@@ -663,6 +661,7 @@ class _StepWatch:
     def _backward_ended(self):
         try:
             now = time.monotonic_ns()
+            self.ended_ns = now
             rec = self._recorder
             rec.step_time(self._step, S_FINALIZED_NS, self._ready_ns, now, WAIT_NS_TOTAL)
             seq, self._seq = self._seq, 0
@@ -703,10 +702,14 @@ def _watch_steps(recorder, state, torch, ddp_class, with_gradients):
             return forward(self, *inputs, **kwargs)
         if not getattr(self, "require_backward_grad_sync", True):  # inside no_sync()
             return forward(self, *inputs, **kwargs)
+        # As libddp's steps: a step begins where the last one's backward ended, so that its data
+        # loading counts as its compute (a rank slow to load is a straggler); the first at its
+        # forward.
         begin_ns = time.monotonic_ns()
         step = 0
         try:
             if state.last_step is not None:
+                begin_ns = state.last_step.ended_ns or begin_ns
                 state.last_step.abandon()
                 state.last_step = None
             step = recorder.begin_step(begin_ns)

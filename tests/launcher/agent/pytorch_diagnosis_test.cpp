@@ -45,6 +45,19 @@ std::vector<std::string> ddprun(const std::filesystem::path& logs,
   return argv;
 }
 
+// Runs many_lines.py (n lines) under ddprun with options, its output (2>&1) read by a shell
+// loop a byte at a time, far slower than the worker writes, into out.
+ShellResult run_through_slow_pipe(const std::string& options, int n,
+                                  const std::filesystem::path& log_dir,
+                                  const std::filesystem::path& out) {
+  return run_shell("PYTHON_EXEC='" + torch_python() + "' " + bin_path("ddprun").string() +
+                       " --nproc_per_node=1 " + options + " --log_dir=" + log_dir.string() + " " +
+                       script("many_lines.py") + " " + std::to_string(n) +
+                       " 2>&1 | (while IFS= read -r l; do printf '%s\\n' \"$l\"; done) > " +
+                       out.string(),
+                   280);
+}
+
 const std::map<std::string, std::string>& python_env() {
   static const std::map<std::string, std::string> env = {{"PYTHON_EXEC", torch_python()}};
   return env;
@@ -153,13 +166,7 @@ TEST_CASE(
     return skip(torch_python() + " cannot import torch.distributed with Gloo");
   TempDir dir;
   const auto out = dir.path() / "out.txt";
-  // A shell loop reads the pipe a byte at a time: far slower than the worker writes.
-  const ShellResult run =
-      run_shell("PYTHON_EXEC='" + torch_python() + "' " + bin_path("ddprun").string() +
-                    " --nproc_per_node=1 --log_dir=" + dir.path().string() + " " +
-                    script("many_lines.py") + " 400000 2>&1 | (while IFS= read -r l; do " +
-                    "printf '%s\\n' \"$l\"; done) > " + out.string(),
-                280);
+  const ShellResult run = run_through_slow_pipe("", 400000, dir.path(), out);
   INFO(run.output);
   REQUIRE(run.status == 0);
   std::ifstream in(out);
@@ -187,12 +194,7 @@ TEST_CASE(
     return skip(torch_python() + " cannot import torch.distributed with Gloo");
   TempDir dir;
   const auto out = dir.path() / "out.txt";
-  const ShellResult run =
-      run_shell("PYTHON_EXEC='" + torch_python() + "' " + bin_path("ddprun").string() +
-                    " --nproc_per_node=1 --tee=3 --log_dir=" + dir.path().string() + " " +
-                    script("many_lines.py") + " 200000 2>&1 | (while IFS= read -r l; do " +
-                    "printf '%s\\n' \"$l\"; done) > " + out.string(),
-                280);
+  const ShellResult run = run_through_slow_pipe("--tee=3", 200000, dir.path(), out);
   INFO(run.output);
   REQUIRE(run.status == 0);
   std::ifstream in(out);

@@ -112,6 +112,24 @@ TEST_CASE("a collective that failed on every rank with different counts is a des
   CHECK_FALSE(judge_hang(views, 0.5));  // a failure, not a hang
 }
 
+TEST_CASE("a rank whose backend failed the collective first and others still in it: a desync") {
+  // Rank 1 called collective 3 with 3 elements, its Gloo saw the mismatch and failed it at
+  // once; rank 0, which passed 4, still waits in it.
+  RankView early = rank(1, 3, 0.1);
+  early.last = all_reduce(3, 3, 0.1);
+  early.last->finished = true;
+  early.last->failed = true;
+  early.failed = true;
+  early.running = false;
+  early.exit_text = "exit code 1";
+  const std::vector<RankView> views = {rank(0, 2, 0.1, 0.1, 4), early};
+  const CollectiveDiagnosis d = diagnose(views);
+  CHECK(d.collective == 3u);
+  CHECK(d.desync);
+  CHECK_THAT(d.headline, Catch::Contains("rank 0 called all_reduce of 4 float32") &&
+                             Catch::Contains("rank 1 called all_reduce of 3 float32"));
+}
+
 TEST_CASE("a rank that exited before the collective is named with its exit") {
   RankView gone = rank(1, 2, 80);
   gone.running = false;
