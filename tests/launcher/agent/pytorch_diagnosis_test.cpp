@@ -45,17 +45,23 @@ std::vector<std::string> ddprun(const std::filesystem::path& logs,
   return argv;
 }
 
-// Runs many_lines.py (n lines) under ddprun with options, its output (2>&1) read by a shell
-// loop a byte at a time, far slower than the worker writes, into out.
-ShellResult run_through_slow_pipe(const std::string& options, int n,
-                                  const std::filesystem::path& log_dir,
-                                  const std::filesystem::path& out) {
-  return run_shell("PYTHON_EXEC='" + torch_python() + "' " + bin_path("ddprun").string() +
-                       " --nproc_per_node=1 " + options + " --log_dir=" + log_dir.string() + " " +
-                       script("many_lines.py") + " " + std::to_string(n) +
-                       " 2>&1 | (while IFS= read -r l; do printf '%s\\n' \"$l\"; done) > " +
-                       out.string(),
-                   280);
+// The lines of many_lines.py (n lines) run under ddprun with options, its output (2>&1)
+// read by a shell loop a byte at a time, far slower than the worker writes.
+std::vector<std::string> lines_through_slow_pipe(const std::string& options, int n) {
+  TempDir dir;
+  const auto out = dir.path() / "out.txt";
+  const ShellResult run = run_shell(
+      "PYTHON_EXEC='" + torch_python() + "' " + bin_path("ddprun").string() +
+          " --nproc_per_node=1 " + options + " --log_dir=" + dir.path().string() + " " +
+          script("many_lines.py") + " " + std::to_string(n) +
+          " 2>&1 | (while IFS= read -r l; do printf '%s\\n' \"$l\"; done) > " + out.string(),
+      280);
+  INFO(run.output);
+  REQUIRE(run.status == 0);
+  std::ifstream in(out);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(std::move(line));
+  return lines;
 }
 
 const std::map<std::string, std::string>& python_env() {
@@ -164,16 +170,9 @@ TEST_CASE(
     "[torch]") {
   if (!torch_available())
     return skip(torch_python() + " cannot import torch.distributed with Gloo");
-  TempDir dir;
-  const auto out = dir.path() / "out.txt";
-  const ShellResult run = run_through_slow_pipe("", 400000, dir.path(), out);
-  INFO(run.output);
-  REQUIRE(run.status == 0);
-  std::ifstream in(out);
-  std::string line;
   int next = 0;
   std::vector<std::string> other;
-  while (std::getline(in, line)) {
+  for (const std::string& line : lines_through_slow_pipe("", 400000)) {
     if (line == "line " + std::to_string(next)) {
       ++next;
     } else if (!line.starts_with("line ")) {
@@ -192,15 +191,8 @@ TEST_CASE(
     "[torch]") {
   if (!torch_available())
     return skip(torch_python() + " cannot import torch.distributed with Gloo");
-  TempDir dir;
-  const auto out = dir.path() / "out.txt";
-  const ShellResult run = run_through_slow_pipe("--tee=3", 200000, dir.path(), out);
-  INFO(run.output);
-  REQUIRE(run.status == 0);
-  std::ifstream in(out);
-  std::string line;
   int next_even = 0, next_odd = 1;
-  while (std::getline(in, line)) {
+  for (const std::string& line : lines_through_slow_pipe("--tee=3", 200000)) {
     CHECK_THAT(line, !Catch::Contains("dropped"));
     if (!line.starts_with("[default0]:line ")) continue;
     const int number = std::stoi(line.substr(16));
