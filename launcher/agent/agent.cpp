@@ -1,5 +1,6 @@
 #include "ddp/launcher/agent.hpp"
 
+#include <sched.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,13 +19,16 @@
 #include "../diagnosis/trace_events.hpp"
 #include "../output/console_writer.hpp"
 #include "../process/group_reaper.hpp"
+#include "../process/numa_binding.hpp"
 #include "../process/python_probe.hpp"
 #include "agent_machine.hpp"
 #include "asio_timers.hpp"
 #include "collective_exchange.hpp"
 #include "ddp/common/host_name.hpp"
+#include "ddp/launcher/device_count.hpp"
 #include "ddp/launcher/log_dir.hpp"
 #include "ddp/launcher/log_file_errors.hpp"
+#include "ddp/launcher/torchelastic_events.hpp"
 #include "ddp/launcher/worker_env.hpp"
 #include "hang_monitor.hpp"
 #include "process_worker_group.hpp"
@@ -89,6 +93,7 @@ class Agent::Impl {
   }
 
   int run() {
+    if (!check_binding()) return 1;
     reaper_.emplace();  // before any handler or socket of ours exists to be inherited
     for (int signal : config_.signals_to_handle) signals_.add(signal);
     if (!handles(SIGUSR1)) signals_.add(SIGUSR1);  // prints the collectives; not forwarded
@@ -115,6 +120,35 @@ class Agent::Impl {
   }
 
  private:
+  // --virtual_local_rank and --numa_binding need a GPU for each worker: said before anything
+  // starts, with the CPUs each local rank gets. False: the job cannot run as asked.
+  bool check_binding() {
+    if (std::string error = virtual_local_rank_error(config_, options_.base_env); !error.empty()) {
+      notice("ddprun: " + error);
+      return false;
+    }
+    if (config_.numa_binding.empty()) return true;
+    std::vector<int> allowed;
+    cpu_set_t set;
+    if (::sched_getaffinity(0, sizeof set, &set) == 0) {
+      for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+        if (CPU_ISSET(cpu, &set)) allowed.push_back(cpu);
+      }
+    }
+    try {
+      for (const NumaChoice& choice : numa_binding_plan(
+               config_.numa_binding, config_.nproc_per_node, gpu_pci_bus_ids(), allowed)) {
+        notice("ddprun: --numa_binding=" + config_.numa_binding + ": " + choice.description);
+        cpus_of_local_rank_.push_back(choice.cpus);
+      }
+    } catch (const std::exception& e) {
+      notice("ddprun: --numa_binding=" + config_.numa_binding + ": " + e.what() +
+             "; run without --numa_binding");
+      return false;
+    }
+    return true;
+  }
+
   // Where logs and error files go. torchrun uses a temp dir when --log_dir is unset; we
   // remove ours at exit unless it holds logs the user asked for.
   void prepare_log_root() {
@@ -152,6 +186,7 @@ class Agent::Impl {
     group.on_output_drained = [this] { post(event::OutputDrained{}); };
     group.notice = [this](const std::string& text) { notice(text); };
     group.log_errors = log_errors_;
+    group.cpus_of_local_rank = cpus_of_local_rank_;
     if (command_.python) {
       PythonProbeDir probe = find_python_probe(config_.python_probe, options_.base_env);
       if (!probe.notice.empty()) notice(probe.notice);
@@ -175,9 +210,11 @@ class Agent::Impl {
     }
     context.on_done = [this](AgentOutcome outcome) { stop(std::move(outcome)); };
     context.collectives = [this] { return hang_monitor_->summary_now(); };
-    if (trace_) {
+    if (config_.event_log_handler == "console") events_job_ = event_job();
+    if (trace_ || events_job_) {
       context.milestone = [this](const std::string& what, const std::string& detail) {
-        trace_milestone(what, detail);
+        if (trace_) trace_milestone(what, detail);
+        if (events_job_) event_milestone(what);
       };
     }
 
@@ -238,6 +275,7 @@ class Agent::Impl {
   // else runs on it, such as a store server); run() then flushes the console.
   void stop(AgentOutcome outcome) {
     if (trace_ && !trace_written_) return write_trace(std::move(outcome));  // then back here
+    if (events_job_) final_events(outcome);
     exit_code_ = outcome.exit_code;
     if (auto steps = hang_monitor_->step_summary_now(); !steps.empty()) notice("ddprun: " + steps);
     if (auto incomplete = log_errors_->take_incomplete_files_notice(); !incomplete.empty()) {
@@ -300,6 +338,87 @@ class Agent::Impl {
             [&](int rank, const record::RecordPage& page) { trace_->collect(round, rank, page); });
       }
       trace_->agent_instant(what, now, detail);
+    }
+  }
+
+  // --event_log_handler=console: torchrun's events, one JSON line each on stderr.
+  EventJob event_job() const {
+    EventJob job;
+    job.run_id = config_.rdzv_id;
+    job.role = config_.role;
+    job.hostname = host_;
+    job.rdzv_backend = config_.rdzv_backend;
+    job.entry_point = fs::path(command_.program).filename().string();
+    job.max_restarts = config_.max_restarts;
+    return job;
+  }
+
+  EventAgent event_agent(bool group_known) const {
+    EventAgent agent;
+    if (!workers_ || workers_->round().members.empty()) return agent;
+    const elastic::RoundInfo& round = workers_->round();
+    agent.restarts = round.restart_count;
+    if (group_known) {
+      agent.group_rank = round.group_rank;
+      agent.group_world_size = static_cast<int>(round.members.size());
+    }
+    return agent;
+  }
+
+  EventWorker event_worker(int local_rank, pid_t pid) const {
+    EventWorker worker;
+    worker.ranks = elastic::worker_ranks(workers_->round(), local_rank);
+    worker.local_rank = local_rank;
+    worker.pid = pid;
+    return worker;
+  }
+
+  void event_milestone(const std::string& what) {
+    const auto now = std::chrono::steady_clock::now();
+    if (what == "rendezvous") {
+      event_rendezvous_began_ = now;
+    } else if (what == "round ready") {
+      const std::chrono::duration<double, std::milli> waited =
+          now - event_rendezvous_began_.value_or(now);
+      notice(agent_event(*events_job_, event_agent(false), "RENDEZVOUS", waited.count()));
+      notice(agent_event(*events_job_, event_agent(false), "ASSIGN_WORKER_RANKS", 0.0));
+    } else if (what == "workers started") {
+      EventAgent agent = event_agent(true);
+      for (const StillRunning& w : workers_->still_running()) {
+        notice(worker_event(*events_job_, agent, "START", event_worker(w.local_rank, w.pid)));
+      }
+    }
+  }
+
+  // The end: every worker's state (after a signal torchrun records only the agent's), then the
+  // agent's.
+  void final_events(const AgentOutcome& outcome) {
+    const bool signalled = outcome.exit_code >= 128 && outcome.report.empty();
+    EventAgent agent = event_agent(true);
+    if (workers_ && !workers_->round().members.empty() && !signalled) {
+      const int local_world = elastic::worker_ranks(workers_->round(), 0).local_world_size;
+      for (int local_rank = 0; local_rank < local_world; ++local_rank) {
+        auto failure =
+            std::find_if(outcome.failures.begin(), outcome.failures.end(),
+                         [&](const WorkerFailure& f) { return f.local_rank == local_rank; });
+        EventWorker worker = event_worker(local_rank, workers_->pid_of(local_rank));
+        std::string state = outcome.exit_code == 0 ? "SUCCEEDED" : "TERMINATED";
+        if (failure != outcome.failures.end()) {
+          state = "FAILED";
+          worker.exit_code = failure->signal != 0 ? -failure->signal : failure->exit_code;
+          worker.failure_pid = failure->pid;
+          worker.raw_error = failure->error ? failure->error->message : "{}";
+        }
+        notice(worker_event(*events_job_, agent, state, worker));
+      }
+    }
+    if (outcome.exit_code == 0) {
+      notice(agent_event(*events_job_, agent, "SUCCEEDED"));
+    } else {
+      notice(agent_event(*events_job_, agent, "FAILED", std::nullopt,
+                         outcome.report.empty()
+                             ? "ddprun: exit status " + std::to_string(outcome.exit_code)
+                             : outcome.report));
     }
   }
 
@@ -462,6 +581,9 @@ class Agent::Impl {
   std::thread trace_thread_;  // sharing the trace with the other nodes (trace_share.hpp)
   boost::asio::steady_timer trace_timer_{io_};
   std::optional<std::uint64_t> rendezvous_began_ns_;  // of the rendezvous under way (trace)
+  std::optional<EventJob> events_job_;                // --event_log_handler=console
+  std::vector<std::vector<int>> cpus_of_local_rank_;  // --numa_binding
+  std::optional<std::chrono::steady_clock::time_point> event_rendezvous_began_;
 };
 
 Agent::Agent(LaunchConfig config, WorkerCommand command, AgentOptions options)

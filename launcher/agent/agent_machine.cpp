@@ -83,6 +83,7 @@ void AgentMachine::on(const event::RoundReady& e) {
   } catch (const WorkerStartError& error) {
     return on_start_failure(error);
   }
+  mark("workers started", "");
   state_ = State::kRunning;
 }
 
@@ -148,21 +149,20 @@ void AgentMachine::on(const event::WorkerExited& e) {
   if (exits_seen_ == group_size_) on_group_exited();
 }
 
-// A worker that exits while the group is being stopped was stopped by us, unless it had
-// written its error file: then it failed on its own before the stop reached it (the same
-// exception on every rank), and the report lists it with the other failures, as torchrun does
-// for the failures it sees in the same poll.
+// A worker that exits with a failure while the group is being stopped is listed with the other
+// failures, as torchrun 2.x lists the workers it stopped: killed by the stop's SIGTERM
+// ("exitcode: -15 ... (SIGTERM)"), failed from its own SIGTERM handler, or failed on its own
+// before the stop reached it (its error file written). One that exits 0 is not a failure.
 void AgentMachine::note_late_failure(int local_rank) {
   if (root_cause_ && root_cause_->local_rank == local_rank) return;
   for (const WorkerFailure& other : other_failures_) {
     if (other.local_rank == local_rank) return;  // reaped with the root cause already
   }
-  WorkerFailure failure = ctx_.workers->failure_of(local_rank);
-  if (failure.error) other_failures_.push_back(std::move(failure));
+  other_failures_.push_back(ctx_.workers->failure_of(local_rank));
 }
 
-// The root cause. Workers that have already failed too are "other failures"; the rest are
-// stopped and not reported (their exit is our doing). Every node learns it through the round.
+// The root cause. Workers that have already failed too are "other failures", and so are the
+// ones the stop ends with a failure (note_late_failure). Every node learns it through the round.
 void AgentMachine::on_local_failure(int local_rank) {
   WorkerFailure root = ctx_.workers->failure_of(local_rank);
   if (ctx_.collectives) root.collectives = ctx_.collectives();
@@ -336,6 +336,8 @@ void AgentMachine::give_up(const StopReason& reason) {
     outcome.keep_logs = root_cause_->error.has_value();
     if (root_cause_->error && !root_cause_->hung) outcome.root_error_file = root_cause_->error_file;
     for (const auto& other : other_failures_) outcome.keep_logs |= other.error.has_value();
+    outcome.failures.push_back(*root_cause_);
+    outcome.failures.insert(outcome.failures.end(), other_failures_.begin(), other_failures_.end());
   } else {
     std::vector<WorkerFailure> local;  // ours failed too, but another node's came first
     if (root_cause_) local.push_back(*root_cause_);
@@ -344,6 +346,7 @@ void AgentMachine::give_up(const StopReason& reason) {
     outcome.report = format_failure_report(config_.job_name, root, local);
     outcome.exit_code = root.status() != 0 ? root.status() : 1;
     for (const auto& failure : local) outcome.keep_logs |= failure.error.has_value();
+    outcome.failures = std::move(local);
   }
   finish(std::move(outcome));
 }

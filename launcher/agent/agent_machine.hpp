@@ -63,6 +63,7 @@ struct AgentOutcome {
   std::string report;           // the failure report, printed after all output; empty on success
   bool keep_logs = false;       // the report points at error files: keep them
   std::string root_error_file;  // the root cause's error file, when it is on this node
+  std::vector<WorkerFailure> failures;  // this node's failed workers (root cause first if ours)
 };
 
 struct AgentMachineContext {

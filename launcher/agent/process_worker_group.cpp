@@ -1,5 +1,6 @@
 #include "process_worker_group.hpp"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,9 +13,11 @@
 #include "../diagnosis/python_stacks.hpp"
 #include "../diagnosis/stack_capture.hpp"
 #include "../diagnosis/tool_run.hpp"
+#include "ddp/common/host_name.hpp"
 #include "ddp/launcher/output_tee.hpp"
 #include "ddp/launcher/process_setup.hpp"
 #include "ddp/launcher/worker_env.hpp"
+#include "ddp/launcher/write_all.hpp"
 #include "worker_start_error.hpp"
 
 namespace ddp::launcher {
@@ -128,6 +131,7 @@ void ProcessWorkerGroup::start(const elastic::RoundInfo& round, ExitHandler on_e
   const int local_world = elastic::worker_ranks(round, 0).local_world_size;
   error_files_.assign(static_cast<std::size_t>(local_world), "");
   const fs::path dir = attempt_dir();
+  open_filtered_logs(dir);
   for (int local_rank = 0; local_rank < local_world; ++local_rank) {
     try {
       start_worker(local_rank, dir / std::to_string(local_rank), on_exit);
@@ -194,6 +198,9 @@ void ProcessWorkerGroup::start_worker(int local_rank, const fs::path& dir, ExitH
   // --redirects/--tee ask for): ddprun never puts itself between a worker and the console.
   WorkerStreams streams = open_worker_streams(options_.config, local_rank, dir,
                                               options_.console_out, options_.console_err);
+  if (static_cast<std::size_t>(local_rank) < options_.cpus_of_local_rank.size()) {
+    spawn.cpus = options_.cpus_of_local_rank[static_cast<std::size_t>(local_rank)];
+  }
   spawn.stdout_fd = streams.child_out.valid() ? streams.child_out.get() : -1;
   spawn.stderr_fd = streams.child_err.valid() ? streams.child_err.get() : -1;
 
@@ -222,8 +229,36 @@ void ProcessWorkerGroup::add_python_probe(std::vector<std::string>& env) const {
                 std::to_string(python_stack_signal()));
 }
 
+std::string ProcessWorkerGroup::line_prefix(int local_rank) const {
+  const LaunchConfig& config = options_.config;
+  if (config.log_line_prefix_template.empty()) {
+    return "[" + config.role + std::to_string(local_rank) + "]:";
+  }
+  return render_prefix_template(
+      config.log_line_prefix_template,
+      {{"role_name", config.role},
+       {"rank", std::to_string(elastic::worker_ranks(round_, local_rank).rank)},
+       {"local_rank", std::to_string(local_rank)},
+       {"hostname", ddp::host_name()}});
+}
+
+void ProcessWorkerGroup::open_filtered_logs(const fs::path& dir) {
+  auto open = [&](const std::vector<std::string>& filters, const char* name) {
+    if (filters.empty()) return std::shared_ptr<UniqueFd>();
+    fs::create_directories(dir);
+    const fs::path path = dir / name;
+    int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0) {
+      throw std::system_error(errno, std::generic_category(), "open " + path.string());
+    }
+    return std::make_shared<UniqueFd>(fd);
+  };
+  filtered_out_ = open(options_.config.duplicate_stdout_filters, "filtered_stdout.log");
+  filtered_err_ = open(options_.config.duplicate_stderr_filters, "filtered_stderr.log");
+}
+
 void ProcessWorkerGroup::tee_output(int local_rank, WorkerStreams& streams) {
-  const std::string prefix = "[" + options_.config.role + std::to_string(local_rank) + "]:";
+  const std::string prefix = line_prefix(local_rank);
   for (WorkerStreams::Tee& tee : streams.tees) {
     ++pending_tees_;
     ConsoleSink sink;
@@ -231,6 +266,32 @@ void ProcessWorkerGroup::tee_output(int local_rank, WorkerStreams& streams) {
       sink = [this, fd = tee.console_fd](std::string line) {
         console_.write_line(fd, std::move(line));
       };
+      // --duplicate_*_filters: the console lines (prefixed) that contain one of the texts
+      // also go to the round's filtered file, as torchrun's second tail does.
+      const auto& filters = tee.is_stderr ? options_.config.duplicate_stderr_filters
+                                          : options_.config.duplicate_stdout_filters;
+      std::shared_ptr<UniqueFd> file = tee.is_stderr ? filtered_err_ : filtered_out_;
+      if (file && !filters.empty()) {
+        const std::string path =
+            (attempt_dir() / (tee.is_stderr ? "filtered_stderr.log" : "filtered_stdout.log"))
+                .string();
+        sink = [this, console = std::move(sink), file, &filters, path,
+                skip = prefix.size()](std::string line) {
+          const std::string_view text = std::string_view(line).substr(skip);
+          const bool matches = std::any_of(
+              filters.begin(), filters.end(),
+              [&](const std::string& f) { return text.find(f) != std::string_view::npos; });
+          if (matches) {
+            int error = 0;
+            const std::size_t wrote =
+                write_all_counted(file->get(), line.data(), line.size(), &error);
+            if (wrote < line.size() && options_.log_errors) {
+              options_.log_errors->write_failed(path, error, line.size() - wrote);
+            }
+          }
+          console(std::move(line));
+        };
+      }
     }
     // A console that reads slowly slows the worker, as a direct pipe would: nothing is dropped.
     OutputTee::start(
@@ -400,6 +461,13 @@ std::vector<RankView> ProcessWorkerGroup::rank_views() const {
     views.push_back(std::move(view));
   }
   return views;
+}
+
+pid_t ProcessWorkerGroup::pid_of(int local_rank) const {
+  for (const auto& worker : workers_) {
+    if (worker->local_rank() == local_rank) return worker->pid();
+  }
+  return 0;
 }
 
 std::vector<StillRunning> ProcessWorkerGroup::still_running() const {

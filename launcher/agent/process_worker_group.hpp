@@ -44,6 +44,8 @@ struct ProcessWorkerGroupOptions {
   // PYTHONPATH. Empty: no probe (--skip_python_probe, DDPRUN_PYTHON_PROBE=0, or not installed).
   std::filesystem::path python_probe_dir;
   std::shared_ptr<LogFileErrors> log_errors;  // failed log writes, said once per file
+  // --numa_binding: the CPUs of each local rank (numa_binding.hpp); empty: no binding.
+  std::vector<std::vector<int>> cpus_of_local_rank;
 };
 
 class ProcessWorkerGroup : public WorkerGroup {
@@ -72,6 +74,8 @@ class ProcessWorkerGroup : public WorkerGroup {
   // Calls fn with each worker's rank and record page (for the timeline).
   void for_each_record(
       const std::function<void(int rank, const record::RecordPage& page)>& fn) const;
+  // The pid of the worker of local_rank in the round last started (0: none).
+  pid_t pid_of(int local_rank) const;
   // The round the workers were last started for.
   const elastic::RoundInfo& round() const { return round_; }
   // The round's attempt directory: <log_root>/attempt_<restart count>/.
@@ -83,6 +87,12 @@ class ProcessWorkerGroup : public WorkerGroup {
   // only its exec failed), naming the cause and what to do.
   WorkerStartError start_error(int local_rank, pid_t pid, const std::exception& e) const;
   void tee_output(int local_rank, WorkerStreams& streams);
+  // The prefix of local_rank's teed console lines: torchrun's "[<role><local_rank>]:", or
+  // --log_line_prefix_template rendered.
+  std::string line_prefix(int local_rank) const;
+  // --duplicate_*_filters: attempt_<n>/filtered_stdout.log and filtered_stderr.log, made
+  // afresh for each round.
+  void open_filtered_logs(const std::filesystem::path& dir);
   void on_tee_done();
   // The probe's variables for a Python worker: PYTHONPATH with the probe first, the signal
   // (the caller adds the stack file).
@@ -99,6 +109,8 @@ class ProcessWorkerGroup : public WorkerGroup {
   std::vector<std::string> error_files_;                 // by local rank, this round
   std::vector<std::shared_ptr<RecordMapping>> records_;  // by local rank, this round
   PythonStackCapture stacks_;
+  std::shared_ptr<UniqueFd> filtered_out_;  // --duplicate_stdout_filters' file, this round
+  std::shared_ptr<UniqueFd> filtered_err_;  // --duplicate_stderr_filters' file, this round
   // Signals held back from workers writing their stacks (a SIGTERM could cut a dump short),
   // sent once their dumps end.
   std::map<pid_t, int> held_signals_;

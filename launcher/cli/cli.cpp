@@ -220,6 +220,26 @@ void parse_lifecycle(const RawOptions& raw, LaunchConfig& config) {
   config.straggler_threshold_s = seconds_option(raw, "straggler_threshold");
 }
 
+// torchrun's comma_separated_list: "a,b" is two texts, ",," a comma inside one. Empty: none.
+std::vector<std::string> filter_list(const std::string& value) {
+  std::vector<std::string> texts;
+  if (value.empty()) return texts;
+  std::string text;
+  for (std::size_t i = 0; i < value.size(); ++i) {
+    if (value[i] != ',') {
+      text += value[i];
+    } else if (i + 1 < value.size() && value[i + 1] == ',') {
+      text += ',';
+      ++i;
+    } else {
+      texts.push_back(std::move(text));
+      text.clear();
+    }
+  }
+  texts.push_back(std::move(text));
+  return texts;
+}
+
 void parse_logs(const RawOptions& raw, LaunchConfig& config) {
   if (!raw.values.at("log_dir").empty()) config.log_dir = raw.values.at("log_dir");
   if (!raw.values.at("trace_file").empty()) config.trace_file = raw.values.at("trace_file");
@@ -243,10 +263,34 @@ void parse_logs(const RawOptions& raw, LaunchConfig& config) {
     }
     config.local_ranks_filter = ranks;
   }
-  if (!raw.values.at("logs_specs").empty()) {
+  const std::string& specs = raw.values.at("logs_specs");
+  if (!specs.empty() && specs != "default") {  // torchrun's own entry point: the layout above
     throw NotImplementedError(where(raw, "logs_specs") +
-                              ": Python LogsSpecs plug-ins are not supported; use --log_dir, "
+                              ": ddprun cannot load Python LogsSpecs plug-ins; only 'default' "
+                              "(torchrun's own layout) is built in. Use --log_dir, "
                               "--redirects, --tee and --local_ranks_filter");
+  }
+  config.log_line_prefix_template = raw.values.at("log_line_prefix_template");
+  config.duplicate_stdout_filters = filter_list(raw.values.at("duplicate_stdout_filters"));
+  config.duplicate_stderr_filters = filter_list(raw.values.at("duplicate_stderr_filters"));
+  config.event_log_handler = raw.values.at("event_log_handler");
+  if (config.event_log_handler != "null" && config.event_log_handler != "console" &&
+      config.event_log_handler != "dynamic_rendezvous") {
+    throw UsageError(where(raw, "event_log_handler") +
+                     ": not one of torchrun's event handlers (null, console, "
+                     "dynamic_rendezvous); handlers registered from Python cannot be loaded "
+                     "by ddprun");
+  }
+}
+
+void parse_binding(const RawOptions& raw, LaunchConfig& config) {
+  config.virtual_local_rank = raw.flags.at("virtual_local_rank");
+  config.numa_binding = raw.values.at("numa_binding");
+  const std::string& mode = config.numa_binding;
+  if (!mode.empty() && mode != "node" && mode != "socket" && mode != "exclusive" &&
+      mode != "core-complex") {
+    throw UsageError(where(raw, "numa_binding") +
+                     ": expected node, socket, exclusive or core-complex");
   }
 }
 
@@ -340,15 +384,37 @@ static void apply_shutdown_timeout_variable(const CliContext& context, RawOption
   }
 }
 
+// torchrun: an empty --log_line_prefix_template (and PET_LOG_LINE_PREFIX_TEMPLATE) falls back
+// to TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE.
+static void apply_prefix_template_variable(const CliContext& context, RawOptions& raw) {
+  constexpr const char* kVariable = "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE";
+  if (!context.getenv || !raw.values.at("log_line_prefix_template").empty()) return;
+  if (std::optional<std::string> value = context.getenv(kVariable)) {
+    raw.values["log_line_prefix_template"] = *value;
+    raw.origin["log_line_prefix_template"] = kVariable;
+  }
+}
+
 CliResult parse_command_line(const std::vector<std::string>& args, const CliContext& context) {
   RawOptions raw = detail::parse_raw_options(args);
   CliResult result;
   if (raw.help) return {CliResult::Action::kHelp, {}, help_text(), {}};
   if (raw.version) return {CliResult::Action::kVersion, {}, version_text(), {}};
+  // Printed like the help, and only from the command line (torchrun takes no
+  // PET_PRINT_COMPLETION).
+  if (raw.origin.contains("print_completion") &&
+      raw.origin.at("print_completion") == "--print_completion") {
+    const std::string& shell = raw.values.at("print_completion");
+    if (shell != "bash" && shell != "zsh" && shell != "tcsh") {
+      throw UsageError(where(raw, "print_completion") + ": expected bash, zsh or tcsh");
+    }
+    return {CliResult::Action::kHelp, {}, completion_script(shell), {}};
+  }
   if (std::string line = apply_slurm_defaults(context, raw); !line.empty()) {
     result.notices.push_back(line);
   }
   apply_shutdown_timeout_variable(context, raw);
+  apply_prefix_template_variable(context, raw);
   LaunchConfig& config = result.config;
   parse_nnodes(raw, config);
   parse_rendezvous(raw, config);
@@ -356,6 +422,7 @@ CliResult parse_command_line(const std::vector<std::string>& args, const CliCont
   parse_nproc(raw, context, config);
   parse_lifecycle(raw, config);
   parse_logs(raw, config);
+  parse_binding(raw, config);
   parse_entrypoint(raw, config);
   return result;
 }

@@ -100,6 +100,42 @@ std::string help_text() {
   return out.str();
 }
 
+std::string completion_script(const std::string& shell) {
+  std::string words = "--help --version";
+  for (const detail::OptionSpec& spec : detail::option_table()) {
+    words += " " + detail::long_name(spec);
+    if (spec.dashed_spelling) words += " " + detail::dashed_name(spec);
+    if (!spec.short_name.empty()) words += " " + std::string(spec.short_name);
+  }
+  if (shell == "tcsh") {  // tcsh's words come without the leading "--"
+    std::string bare;
+    std::istringstream in(words);
+    for (std::string word; in >> word;) {
+      if (word.starts_with("--")) bare += (bare.empty() ? "" : " ") + word.substr(2);
+    }
+    return "# tcsh completion for ddprun: eval `ddprun --print_completion tcsh`\n"
+           "complete ddprun 'c/--/(" +
+           bare + ")/' 'p/*/f/'\n";
+  }
+  std::string script = "# " + shell +
+                       " completion for ddprun: eval \"$(ddprun --print_completion " + shell +
+                       ")\"\n";
+  if (shell == "zsh") script += "autoload -U +X bashcompinit && bashcompinit\n";
+  script +=
+      "_ddprun() {\n"
+      "  local cur=${COMP_WORDS[COMP_CWORD]}\n"
+      "  if [[ $cur == -* ]]; then\n"
+      "    COMPREPLY=($(compgen -W \"" +
+      words +
+      "\" -- \"$cur\"))\n"
+      "  else\n"
+      "    COMPREPLY=()\n"
+      "  fi\n"
+      "}\n"
+      "complete -o default -F _ddprun ddprun\n";
+  return script;
+}
+
 std::string version_text() { return "ddprun " DDP_VERSION " (torchrun-compatible launcher)\n"; }
 
 }  // namespace ddp::launcher

@@ -23,6 +23,15 @@ constexpr std::array kOptions = {
                "per GPU if there are any, else per core (auto)."},
     OptionSpec{"node_rank", "", true, false, "N", "0", kNodes,
                "Rank of this node (static rendezvous). Below --nnodes."},
+    OptionSpec{"virtual_local_rank", "", true, true, "", "", kNodes,
+               "Give every worker LOCAL_RANK=0 and only its own GPU as device 0: "
+               "CUDA_VISIBLE_DEVICES is the local rank's entry of ddprun's "
+               "CUDA_VISIBLE_DEVICES (else the local rank)."},
+    OptionSpec{"numa_binding", "", true, false, "node|socket|exclusive|core-complex", "", kNodes,
+               "Bind each worker to CPUs near the GPU of its local rank (from sysfs): the GPU's "
+               "NUMA node, its socket's NUMA nodes, an exclusive share of the node's cores, or "
+               "one L3 core complex. ddprun says what it chose.",
+               true},
     OptionSpec{"standalone", "", false, true, "", "", kRdzv,
                "Single-node job with its own rendezvous: picks a free port and a fresh run id; "
                "--rdzv_backend, --rdzv_endpoint and --rdzv_id are ignored."},
@@ -91,8 +100,24 @@ constexpr std::array kOptions = {
                "Like --redirects, but also show the lines on the console with a prefix."},
     OptionSpec{"local_ranks_filter", "", true, false, "R,...", "", kLogs,
                "Show only these local ranks on the console (log files keep everything).", true},
+    OptionSpec{"log_line_prefix_template", "", true, false, "TEMPLATE", "", kLogs,
+               "Prefix of teed console lines, with ${role_name}, ${local_rank}, ${rank} and "
+               "${hostname} replaced. Default: $TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, else "
+               "[${role_name}${local_rank}]:.",
+               true},
+    OptionSpec{"duplicate_stdout_filters", "", true, false, "TEXT,...", "", kLogs,
+               "Also copy the teed stdout lines (with their prefix) that contain any of these "
+               "texts to attempt_<n>/filtered_stdout.log (',,' is a comma in a text).",
+               true},
+    OptionSpec{"duplicate_stderr_filters", "", true, false, "TEXT,...", "", kLogs,
+               "The same for teed stderr lines, into attempt_<n>/filtered_stderr.log.", true},
+    OptionSpec{"event_log_handler", "", true, false, "null|console|dynamic_rendezvous", "null",
+               kLogs,
+               "console: torchelastic's events (rendezvous, each worker's start and end, the "
+               "agent's end) as JSON lines on stderr; null and dynamic_rendezvous: none."},
     OptionSpec{"logs_specs", "", true, false, "NAME", "", kLogs,
-               "torchrun's Python LogsSpecs plug-in: not supported.", true},
+               "torchrun's LogsSpecs plug-in: only default (the log layout above) is built in.",
+               true},
     OptionSpec{"trace_file", "", true, false, "PATH", "", kLogs,
                "Write the job's timeline here at the end, as Chrome Trace Event JSON "
                "(Perfetto, chrome://tracing): the agent's events, each libddp rank's "
@@ -110,6 +135,9 @@ constexpr std::array kOptions = {
     OptionSpec{"legacy_local_rank", "", true, true, "", "", kEntry,
                "Pass --local_rank=<n> to each worker, before the script's own arguments, as "
                "torch.distributed.launch did."},
+    OptionSpec{"print_completion", "", true, false, "bash|zsh|tcsh", "", kEntry,
+               "Print a shell completion script for ddprun and exit (bash: eval "
+               "\"$(ddprun --print_completion bash)\")."},
 };
 
 }  // namespace

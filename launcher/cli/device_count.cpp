@@ -49,6 +49,24 @@ int count_with_nvml() {
 
 }  // namespace
 
+std::vector<std::string> gpu_pci_bus_ids() {
+  SharedLibrary cuda("libcuda.so.1");
+  auto init = cuda.symbol<int(unsigned)>("cuInit");
+  auto count = cuda.symbol<int(int*)>("cuDeviceGetCount");
+  auto get = cuda.symbol<int(int*, int)>("cuDeviceGet");  // CUdevice is an int
+  auto bus_id = cuda.symbol<int(char*, int, int)>("cuDeviceGetPCIBusId");
+  std::vector<std::string> ids;
+  int n = 0;
+  if (!init || !count || !get || !bus_id || init(0) != 0 || count(&n) != 0) return ids;
+  for (int i = 0; i < n; ++i) {
+    int device = 0;
+    char id[64] = {};
+    if (get(&device, i) != 0 || bus_id(id, sizeof id, device) != 0) return {};
+    ids.emplace_back(id);
+  }
+  return ids;
+}
+
 int gpu_device_count() {
   int n = count_with_driver();
   if (n < 0) n = count_with_nvml();

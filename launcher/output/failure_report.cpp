@@ -65,8 +65,8 @@ std::string describe(std::size_t index, const WorkerFailure& f) {
       << "  time      : " << iso_time(f.time) << "\n"
       << "  host      : " << f.host << "\n"
       << "  rank      : " << f.rank << " (local_rank: " << f.local_rank << ")\n"
-      << "  exitcode  : " << (f.signal != 0 ? -f.signal : f.exit_code) << " (pid: " << f.pid
-      << ")\n"
+      << "  exitcode  : " << (f.signal != 0 ? -f.signal : f.exit_code) << " (pid: " << f.pid << ")"
+      << (f.signal != 0 ? "  (" + signal_name(f.signal) + ")" : std::string()) << "\n"
       << "  error_file: " << (f.error ? f.error_file : "<N/A>") << "\n"
       << "  traceback : " << traceback_of(f) << "\n"
       << "  exit      : " << f.describe_exit() << "\n";

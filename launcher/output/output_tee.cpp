@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <boost/asio/post.hpp>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
@@ -93,6 +94,45 @@ void OutputTee::finish() {
   source_.close();
   file_.reset();
   if (on_done_) std::exchange(on_done_, nullptr)();
+}
+
+namespace {
+
+bool starts_name(char c) { return c == '_' || std::isalpha(static_cast<unsigned char>(c)) != 0; }
+bool continues_name(char c) { return starts_name(c) || (c >= '0' && c <= '9'); }
+
+}  // namespace
+
+std::string render_prefix_template(const std::string& text,
+                                   const std::map<std::string, std::string>& values) {
+  std::string out;
+  std::size_t i = 0;
+  while (i < text.size()) {
+    if (text[i] != '$' || i + 1 == text.size()) {
+      out += text[i++];
+      continue;
+    }
+    if (text[i + 1] == '$') {  // "$$"
+      out += '$';
+      i += 2;
+      continue;
+    }
+    const bool braced = text[i + 1] == '{';
+    const std::size_t begin = i + (braced ? 2 : 1);
+    std::size_t end = begin;
+    if (end < text.size() && starts_name(text[end])) {
+      while (end < text.size() && continues_name(text[end])) ++end;
+    }
+    const bool closed = !braced || (end < text.size() && text[end] == '}');
+    auto value = values.find(text.substr(begin, end - begin));
+    if (end == begin || !closed || value == values.end()) {  // left as written
+      out += text[i++];
+      continue;
+    }
+    out += value->second;
+    i = end + (braced ? 1 : 0);
+  }
+  return out;
 }
 
 }  // namespace ddp::launcher

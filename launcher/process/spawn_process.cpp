@@ -55,7 +55,8 @@ DDP_CHILD_OF_VFORK void cloexec_from_3() {
 // allocates or writes the agent's data. Reports errno on error_fd (close-on-exec, so the parent
 // reads EOF on success) and exits.
 DDP_CHILD_OF_VFORK [[noreturn]] void exec_child(const SpawnOptions& options, char* const* argv,
-                                                char* const* envp, pid_t agent, int error_fd) {
+                                                char* const* envp, const cpu_set_t* cpus,
+                                                pid_t agent, int error_fd) {
   auto fail = [error_fd]() {
     int error = errno;
     [[maybe_unused]] ssize_t n = ::write(error_fd, &error, sizeof error);
@@ -69,6 +70,7 @@ DDP_CHILD_OF_VFORK [[noreturn]] void exec_child(const SpawnOptions& options, cha
   if (::getppid() != agent) ::_exit(128 + SIGKILL);  // the agent died before prctl took hold
   if (options.stdout_fd >= 0 && ::dup2(options.stdout_fd, STDOUT_FILENO) < 0) fail();
   if (options.stderr_fd >= 0 && ::dup2(options.stderr_fd, STDERR_FILENO) < 0) fail();
+  if (cpus && ::sched_setaffinity(0, sizeof(cpu_set_t), cpus) != 0) fail();
   cloexec_from_3();
   for (const int fd : options.inherit_fds) {
     if (::fcntl(fd, F_SETFD, 0) != 0) fail();
@@ -98,13 +100,14 @@ struct ChildArguments {
   const SpawnOptions* options;
   char* const* argv;
   char* const* envp;
+  const cpu_set_t* cpus;  // null: the agent's affinity
   pid_t agent;
   int error_fd;
 };
 
 DDP_CHILD_OF_VFORK int child_main(void* arguments) {
   const auto* a = static_cast<const ChildArguments*>(arguments);
-  exec_child(*a->options, a->argv, a->envp, a->agent, a->error_fd);
+  exec_child(*a->options, a->argv, a->envp, a->cpus, a->agent, a->error_fd);
 }
 
 }  // namespace
@@ -117,7 +120,14 @@ SpawnedProcess spawn_process(const SpawnOptions& options) {
     const int error = errno;
     throw SpawnError("cannot start " + options.program + ": pipe: " + std::strerror(error), error);
   }
-  ChildArguments arguments{&options, argv.data(), envp.data(), ::getpid(), error_pipe[1]};
+  cpu_set_t cpus;  // built here: the child may not allocate
+  CPU_ZERO(&cpus);
+  for (const int cpu : options.cpus) {
+    if (cpu >= 0 && cpu < CPU_SETSIZE) CPU_SET(cpu, &cpus);
+  }
+  ChildArguments arguments{&options,    argv.data(),
+                           envp.data(), options.cpus.empty() ? nullptr : &cpus,
+                           ::getpid(),  error_pipe[1]};
   // As posix_spawn does: the child shares the agent's memory until it execs (CLONE_VM) and
   // the agent waits for that (CLONE_VFORK), so nothing of the agent is copied or made
   // copy-on-write. A fork of the agent cost more than the worker's whole exec (page tables

@@ -35,10 +35,57 @@ std::map<std::string, std::string> worker_variables(
   if (auto old = base_env.find("NCCL_ASYNC_ERROR_HANDLING"); old != base_env.end()) {
     variables["NCCL_ASYNC_ERROR_HANDLING"] = old->second;
   }
+  if (config.virtual_local_rank) {  // each worker sees its own GPU as device 0
+    variables["LOCAL_RANK"] = "0";
+    variables["CUDA_VISIBLE_DEVICES"] = virtual_local_rank_device(base_env, worker.local_rank);
+  }
   if (master.agent_store && !base_env.contains("DDP_STORE_DIALECT")) {
     variables["DDP_STORE_DIALECT"] = "v2";
   }
   return variables;
+}
+
+namespace {
+
+std::vector<std::string> visible_devices(const std::map<std::string, std::string>& base_env) {
+  std::vector<std::string> devices;
+  auto visible = base_env.find("CUDA_VISIBLE_DEVICES");
+  if (visible == base_env.end()) return devices;
+  std::size_t start = 0;
+  const std::string& list = visible->second;
+  for (;;) {
+    std::size_t end = list.find(',', start);
+    std::string item = list.substr(start, end == std::string::npos ? end : end - start);
+    const auto first = item.find_first_not_of(" \t");
+    const auto last = item.find_last_not_of(" \t");
+    devices.push_back(first == std::string::npos ? "" : item.substr(first, last - first + 1));
+    if (end == std::string::npos) return devices;
+    start = end + 1;
+  }
+}
+
+}  // namespace
+
+std::string virtual_local_rank_device(const std::map<std::string, std::string>& base_env,
+                                      int local_rank) {
+  if (!base_env.contains("CUDA_VISIBLE_DEVICES")) return std::to_string(local_rank);
+  const std::vector<std::string> devices = visible_devices(base_env);
+  const auto index = static_cast<std::size_t>(local_rank);
+  return index < devices.size() ? devices[index] : "";
+}
+
+std::string virtual_local_rank_error(const LaunchConfig& config,
+                                     const std::map<std::string, std::string>& base_env) {
+  auto visible = base_env.find("CUDA_VISIBLE_DEVICES");
+  if (!config.virtual_local_rank || visible == base_env.end()) return "";
+  const std::size_t count = visible_devices(base_env).size();
+  if (static_cast<std::size_t>(config.nproc_per_node) <= count) return "";
+  return "--virtual_local_rank: local rank " + std::to_string(count) +
+         " has no GPU in "
+         "CUDA_VISIBLE_DEVICES=" +
+         visible->second + " (" + std::to_string(count) + " listed for " +
+         std::to_string(config.nproc_per_node) +
+         " workers per node); list one device per worker, or start fewer workers";
 }
 
 bool needs_omp_default(const LaunchConfig& config,

@@ -200,7 +200,23 @@ TEST_CASE(
   CHECK_THAT(h.outcome->report, Catch::Contains("rank      : 1 (local_rank: 0)"));
   CHECK_THAT(h.outcome->report, Catch::Contains("exit      : exit code 7"));
   CHECK_THAT(h.outcome->report, Catch::Contains("message   : RuntimeError: out of memory"));
-  CHECK_THAT(h.outcome->report, Catch::Contains("<NO_OTHER_FAILURES>"));
+  // This node's workers, stopped by the SIGTERM, are its other failures (torchrun 2.x).
+  const std::string& report = h.outcome->report;
+  const std::string others = report.substr(0, report.find("Root Cause"));
+  CHECK_THAT(others, Catch::Contains("host      : host-a"));
+  CHECK_THAT(others, Catch::Contains("exitcode  : -15 (pid: 1000)  (SIGTERM)"));
+  CHECK_THAT(others, Catch::Contains("exitcode  : -15 (pid: 1001)  (SIGTERM)"));
+}
+
+TEST_CASE("a worker that exits 0 when the group is stopped is not a failure") {
+  Harness h(0);
+  h.round_ready(two_nodes(0, 0));
+  h.exit(1, 3);
+  h.exit(0, 0);  // its SIGTERM handler ended it cleanly
+  h.remote_stop(h.rdzv.stopped.at(0));
+  REQUIRE(h.outcome);
+  CHECK(h.outcome->exit_code == 3);
+  CHECK_THAT(h.outcome->report, Catch::Contains("Failures:\n  <NO_OTHER_FAILURES>"));
 }
 
 TEST_CASE("restarts exhausted by a local failure: its exit status and the full local report") {

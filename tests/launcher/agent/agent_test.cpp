@@ -15,6 +15,7 @@
 
 #include "full_console.hpp"
 #include "process_harness.hpp"
+#include "skip.hpp"
 #include "test_support.hpp"
 
 using namespace ddp::test;
@@ -143,8 +144,16 @@ TEST_CASE("a failing rank gives its exit code and a report naming it") {
   CHECK_THAT(root, Catch::Contains("exitcode  : 3 (pid: "));
   CHECK_THAT(root, Catch::Contains("exit      : exit code 3"));
   CHECK_THAT(root, Catch::Contains("host      : "));
-  // The others were stopped by us.
-  CHECK_THAT(r.err, Catch::Contains("Failures:\n  <NO_OTHER_FAILURES>"));
+  // The others were stopped by us, and are listed as torchrun 2.x lists them.
+  const auto failures = r.err.find("\nFailures:\n");
+  REQUIRE(failures != std::string::npos);
+  const std::string others = r.err.substr(failures, r.err.find("Root Cause") - failures);
+  for (const char* rank : {"rank      : 0 (local_rank: 0)", "rank      : 2 (local_rank: 2)"}) {
+    CHECK_THAT(others, Catch::Contains(rank));
+  }
+  CHECK(std::regex_search(others, std::regex(R"(exitcode  : -15 \(pid: \d+\)  \(SIGTERM\)\n)")));
+  CHECK_THAT(others, Catch::Contains("traceback : Signal 15 (SIGTERM) received by PID "));
+  CHECK(others.find("rank      : 1 ") == std::string::npos);  // the root cause
 }
 
 TEST_CASE("workers that failed together: the first is the root cause and the other is listed") {
@@ -171,7 +180,9 @@ TEST_CASE("workers that failed together: the first is the root cause and the oth
   CHECK_THAT(root, Catch::Contains(rank1_first ? "rank      : 1" : "rank      : 2"));
   CHECK_THAT(others, Catch::Contains(rank1_first ? "rank      : 2" : "rank      : 1"));
   CHECK_THAT(others, Catch::Contains(rank1_first ? "signal SIGUSR1" : "signal SIGKILL"));
-  CHECK(others.find("rank      : 0") == std::string::npos);  // stopped by ddprun: not a failure
+  // Stopped by ddprun's SIGTERM: listed too, as torchrun 2.x does.
+  CHECK_THAT(others, Catch::Contains("rank      : 0 (local_rank: 0)"));
+  CHECK_THAT(others, Catch::Contains("signal SIGTERM"));
 }
 
 TEST_CASE("a rank that wrote its error file before the group was stopped is another failure") {
@@ -200,7 +211,7 @@ TEST_CASE("a rank that wrote its error file before the group was stopped is anot
   CHECK_THAT(others, Catch::Contains("message   : RuntimeError: rank 0 broke too"));
   CHECK_THAT(others, Catch::Contains("signal SIGTERM"));
   CHECK(others.find("<NO_OTHER_FAILURES>") == std::string::npos);
-  CHECK(others.find("rank      : 2") == std::string::npos);  // stopped by ddprun, no error file
+  CHECK_THAT(others, Catch::Contains("rank      : 2 (local_rank: 2)"));  // stopped by ddprun
 }
 
 TEST_CASE("a worker killed by a signal: 128+signal and the signal's name") {
@@ -558,4 +569,111 @@ TEST_CASE("a console that stops reading does not stall the agent: SIGTERM is sti
   REQUIRE(lines.size() == 30000);
   CHECK(lines.front() == "[default0]:rank 0 line 0");
   CHECK(lines.back() == "[default0]:rank 0 line 29999");
+}
+
+TEST_CASE("a line prefix template renders each teed line's prefix, as torchrun 2.x") {
+  ProcessResult r = run_process(
+      ddprun({"--nproc_per_node=2", "--tee=3", "--role=trainer",
+              "--log_line_prefix_template=${role_name}|${rank}|$local_rank|${hostname}|${x}: "},
+             {"--print", "out", "--eprint", "err"}));
+  INFO(r.out << r.err);
+  REQUIRE(r.status == 0);
+  char name[256] = {};
+  REQUIRE(::gethostname(name, sizeof name - 1) == 0);
+  const std::string host = name;  // torchrun's ${hostname}: socket.gethostname()
+  for (const char* rank : {"0", "1"}) {
+    const std::string prefix = std::string("trainer|") + rank + "|" + rank + "|" + host + "|${x}: ";
+    CHECK_THAT(r.out, Catch::Contains(prefix + "out\n"));
+    CHECK_THAT(r.err, Catch::Contains(prefix + "err\n"));
+  }
+  // TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE when the option is not given.
+  ProcessResult v = run_process(ddprun({"--tee=1"}, {"--print", "out"}),
+                                {{"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE", "<${rank}> "}});
+  CHECK(v.status == 0);
+  CHECK_THAT(v.out, Catch::Contains("<0> out\n"));
+}
+
+TEST_CASE("duplicate filters copy the matching teed lines to attempt_<n>/filtered_*.log") {
+  TempDir dir;
+  ProcessResult r = run_process(
+      ddprun({"--nproc_per_node=2", "--tee=3", "--log_dir", dir.path().string(),
+              "--duplicate_stdout_filters=apple,or,,ange", "--duplicate-stderr-filters", "loss"},
+             {"--print", "apple pie", "--print", "pear", "--print", "or,ange", "--print", "orange",
+              "--eprint", "loss 0.1", "--eprint", "warning"}));
+  INFO(r.out << r.err);
+  REQUIRE(r.status == 0);
+  const auto attempt = run_dir(dir.path()) / "attempt_0";
+  std::ifstream out_file(attempt / "filtered_stdout.log");
+  std::ifstream err_file(attempt / "filtered_stderr.log");
+  REQUIRE(out_file.good());
+  REQUIRE(err_file.good());
+  std::multiset<std::string> out_lines, err_lines;
+  for (std::string line; std::getline(out_file, line);) out_lines.insert(line);
+  for (std::string line; std::getline(err_file, line);) err_lines.insert(line);
+  CHECK(out_lines == std::multiset<std::string>{"[default0]:apple pie", "[default0]:or,ange",
+                                                "[default1]:apple pie", "[default1]:or,ange"});
+  CHECK(err_lines == std::multiset<std::string>{"[default0]:loss 0.1", "[default1]:loss 0.1"});
+  CHECK(count(r.out, "pear") == 2);  // the console has every line
+}
+
+TEST_CASE("virtual local ranks: LOCAL_RANK 0 and one device each from CUDA_VISIBLE_DEVICES") {
+  TempDir dir;
+  const std::string env_json = (dir.path() / "env-{rank}.json").string();
+  ProcessResult r =
+      run_process(ddprun({"--nproc_per_node=2", "--virtual_local_rank"}, {"--env-json", env_json}),
+                  {{"CUDA_VISIBLE_DEVICES", "3, 5"}});
+  INFO(r.err);
+  REQUIRE(r.status == 0);
+  for (int rank : {0, 1}) {
+    json env = read_json(dir.path() / ("env-" + std::to_string(rank) + ".json"));
+    CHECK(env["LOCAL_RANK"] == "0");
+    CHECK(env["RANK"] == std::to_string(rank));
+    CHECK(env["CUDA_VISIBLE_DEVICES"] == (rank == 0 ? "3" : "5"));
+  }
+  ProcessResult few =
+      run_process(ddprun({"--nproc_per_node=2", "--virtual-local-rank"}, {"--exit", "0"}),
+                  {{"CUDA_VISIBLE_DEVICES", "3"}});
+  CHECK(few.status == 1);
+  CHECK_THAT(few.err, Catch::Contains("local rank 1 has no GPU in CUDA_VISIBLE_DEVICES=3"));
+}
+
+TEST_CASE("the console event handler: torchrun's events as JSON lines on stderr") {
+  ProcessResult r = run_process(ddprun({"--nproc_per_node=2", "--event_log_handler=console"},
+                                       {"--if-rank", "1", "--exit", "3", "--wait"}));
+  INFO(r.err);
+  CHECK(r.status == 3);
+  std::vector<json> events;
+  std::istringstream lines(r.err);
+  for (std::string line; std::getline(lines, line);) {
+    if (line.starts_with("{\"name\": \"torchelastic.worker.status.")) {
+      events.push_back(json::parse(line));
+    }
+  }
+  std::vector<std::string> names;
+  for (const json& e : events) names.push_back(e["name"].get<std::string>().substr(27));
+  REQUIRE(names.size() == 7);
+  CHECK(names[0] == "RENDEZVOUS");
+  CHECK(names[1] == "ASSIGN_WORKER_RANKS");
+  CHECK(names[2] == "START");
+  CHECK(names[3] == "START");
+  CHECK(names[6] == "FAILED");
+  CHECK(events[6]["source"] == "AGENT");
+  for (int i : {4, 5}) {  // the workers' ends: rank 1's exit, rank 0 stopped by SIGTERM
+    const json& m = events[static_cast<std::size_t>(i)]["metadata"];
+    CHECK(events[static_cast<std::size_t>(i)]["source"] == "WORKER");
+    CHECK(m["state"] == "FAILED");
+    json inner = json::parse(m["metadata"].get<std::string>());
+    CHECK(inner["exit_code"][0] == (m["global_rank"] == 1 ? 3 : -SIGTERM));
+    CHECK(inner["role_world_size"][0] == 2);
+  }
+  CHECK(events[2]["metadata"]["worker_id"] != events[3]["metadata"]["worker_id"]);
+  CHECK(events[0]["metadata"]["run_id"] == "none");
+}
+
+TEST_CASE("NUMA binding without a GPU says so and starts nothing") {
+  ProcessResult r = run_process(ddprun({"--numa_binding=node"}, {"--print", "ran"}));
+  if (r.status == 0) return skip("a GPU is visible here: the binding ran (" + r.err + ")");
+  CHECK(r.status == 1);
+  CHECK_THAT(r.err, Catch::Contains("--numa_binding=node: no GPU found"));
+  CHECK(r.out.find("ran") == std::string::npos);
 }

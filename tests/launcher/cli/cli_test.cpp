@@ -198,6 +198,26 @@ TEST_CASE("every valued option in every spelling") {
       {{"--store_allow_any"}, [](auto& c) { return c.store_allow_any; }},
       {{"--store-allow-any"}, [](auto& c) { return c.store_allow_any; }},
       {{"--max_restarts=1", "--max_restarts=4"}, restarts},  // the last one wins, as argparse
+      {{"--virtual_local_rank"}, [](auto& c) { return c.virtual_local_rank; }},
+      {{"--virtual-local-rank"}, [](auto& c) { return c.virtual_local_rank; }},
+      {{"--numa_binding=node"}, [](auto& c) { return c.numa_binding == "node"; }},
+      {{"--numa-binding", "core-complex"},
+       [](auto& c) { return c.numa_binding == "core-complex"; }},
+      {{"--log_line_prefix_template=${rank}: "},
+       [](auto& c) { return c.log_line_prefix_template == "${rank}: "; }},
+      {{"--log-line-prefix-template", "[${hostname}]"},
+       [](auto& c) { return c.log_line_prefix_template == "[${hostname}]"; }},
+      {{"--duplicate_stdout_filters=apple,or,,ange"},
+       [](auto& c) {
+         return c.duplicate_stdout_filters == std::vector<std::string>{"apple", "or,ange"};
+       }},
+      {{"--duplicate-stderr-filters", "loss"},
+       [](auto& c) { return c.duplicate_stderr_filters == std::vector<std::string>{"loss"}; }},
+      {{"--event_log_handler=console"}, [](auto& c) { return c.event_log_handler == "console"; }},
+      {{"--event-log-handler", "dynamic_rendezvous"},
+       [](auto& c) { return c.event_log_handler == "dynamic_rendezvous"; }},
+      {{"--logs_specs=default"}, [](auto& c) { return c.log_dir == std::nullopt; }},
+      {{"--logs-specs", "default"}, [](auto& c) { return c.event_log_handler == "null"; }},
   };
   for (const Row& row : rows) {
     std::vector<std::string> args = row.args;
@@ -505,4 +525,42 @@ TEST_CASE(
   } catch (const UsageError& e) {
     CHECK_THAT(e.what(), Catch::Contains("TORCH_ELASTIC_SHUTDOWN_TIMEOUT=soon"));
   }
+}
+
+TEST_CASE("torchrun 2.x's logging options: defaults, the template variable, bad values") {
+  LaunchConfig c = parse({"x"});
+  CHECK(c.log_line_prefix_template.empty());
+  CHECK(c.duplicate_stdout_filters.empty());
+  CHECK(c.duplicate_stderr_filters.empty());
+  CHECK(c.event_log_handler == "null");
+  CHECK_FALSE(c.virtual_local_rank);
+  CHECK(c.numa_binding.empty());
+  CHECK(parse({"--duplicate_stdout_filters=", "x"}).duplicate_stdout_filters.empty());
+
+  CliContext context = Fake{}.context();
+  context.getenv = [](const std::string& name) -> std::optional<std::string> {
+    if (name == "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE") return "<${rank}> ";
+    return std::nullopt;
+  };
+  ScopedPetEnvironment none({});
+  CHECK(parse_command_line({"x"}, context).config.log_line_prefix_template == "<${rank}> ");
+  CHECK(parse_command_line({"--log_line_prefix_template=[${rank}]", "x"}, context)
+            .config.log_line_prefix_template == "[${rank}]");
+
+  CHECK_THAT(usage_error({"--event_log_handler=kafka", "x"}), Catch::Contains("null, console"));
+  CHECK_THAT(usage_error({"--numa_binding=all", "x"}), Catch::Contains("node, socket"));
+  CHECK_THAT(not_implemented({"--logs_specs=custom", "x"}), Catch::Contains("'default'"));
+}
+
+TEST_CASE("print_completion prints a completion script of every option, and no job") {
+  ScopedPetEnvironment none({});
+  for (const std::string shell : {"bash", "zsh", "tcsh"}) {
+    INFO(shell);
+    CliResult result = parse_command_line({"--print_completion", shell}, Fake{}.context());
+    CHECK(result.action == CliResult::Action::kHelp);
+    CHECK_THAT(result.text, Catch::Contains("ddprun"));
+    CHECK_THAT(result.text, Catch::Contains("nproc-per-node"));
+    CHECK_THAT(result.text, Catch::Contains("numa_binding"));
+  }
+  CHECK_THAT(usage_error({"--print-completion", "fish"}), Catch::Contains("bash, zsh or tcsh"));
 }

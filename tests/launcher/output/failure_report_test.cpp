@@ -65,14 +65,14 @@ TEST_CASE("the report shows the other failures and then the root cause") {
   std::string root_part = report.substr(root_at);
   CHECK_THAT(root_part, Catch::Contains("host      : node1"));
   CHECK_THAT(root_part, Catch::Contains("rank      : 3 (local_rank: 1)"));
-  CHECK_THAT(root_part, Catch::Contains("exitcode  : 7 (pid: 4242)"));
+  CHECK_THAT(root_part, Catch::Contains("exitcode  : 7 (pid: 4242)\n"));
   CHECK_THAT(root_part, Catch::Contains("error_file: /logs/error.json"));
   CHECK_THAT(root_part, Catch::Contains("traceback : Traceback:\n    line 1\n"));
   CHECK_THAT(root_part, Catch::Contains("exit      : exit code 7"));
   CHECK_THAT(root_part, Catch::Contains("message   : ValueError: bad"));
   std::string other_part = report.substr(others_at, root_at - others_at);
   CHECK_THAT(other_part, Catch::Contains("rank      : 2 (local_rank: 0)"));
-  CHECK_THAT(other_part, Catch::Contains("exitcode  : -11 (pid: 4242)"));
+  CHECK_THAT(other_part, Catch::Contains("exitcode  : -11 (pid: 4242)  (SIGSEGV)\n"));
   CHECK_THAT(other_part, Catch::Contains("error_file: <N/A>"));
   CHECK_THAT(other_part, Catch::Contains("traceback : Signal 11 (SIGSEGV) received by PID 4242"));
   CHECK_THAT(other_part, Catch::Contains("signal SIGSEGV (11)"));
@@ -110,7 +110,7 @@ TEST_CASE("the report is torchrun 2.x's layout, line for line, with ddprun's fie
       "",  // time
       "  host      : node1",
       "  rank      : 0 (local_rank: 0)",
-      "  exitcode  : -9 (pid: 76)",
+      "  exitcode  : -9 (pid: 76)  (SIGKILL)",  // torchrun 2.x names the signal
       "  error_file: <N/A>",
       "  traceback : Signal 9 (SIGKILL) received by PID 76",
       "  exit      : signal SIGKILL (9)",

@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 #include <cstring>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "test_support.hpp"
@@ -126,4 +127,19 @@ TEST_CASE("a full disk: said once, the console goes on, later output is tried ag
         "ddprun: incomplete log files (writes failed): /dev/full (9 bytes missing)");
   CHECK(errors->take_incomplete_files_notice().empty());  // said once
   CHECK(LogFileErrors(nullptr).take_incomplete_files_notice().empty());
+}
+
+TEST_CASE("the line prefix template is rendered as Python's Template.safe_substitute") {
+  const std::map<std::string, std::string> values = {
+      {"role_name", "trainer"}, {"rank", "12"}, {"local_rank", "3"}, {"hostname", "r12i0n8"}};
+  CHECK(render_prefix_template("${hostname}:${rank}: ", values) == "r12i0n8:12: ");
+  CHECK(render_prefix_template("[${role_name}${local_rank}]:", values) == "[trainer3]:");
+  CHECK(render_prefix_template("$rank/$local_rank ", values) == "12/3 ");
+  CHECK(render_prefix_template("$$rank costs $$5", values) == "$rank costs $5");
+  // Unknown names, names in another case and stray '$' stay as written.
+  CHECK(render_prefix_template("${nope} $RANK ${rank $ $1 ${}", values) ==
+        "${nope} $RANK ${rank $ $1 ${}");
+  CHECK(render_prefix_template("$ranks", values) == "$ranks");  // the name is "ranks"
+  CHECK(render_prefix_template("end$", values) == "end$");
+  CHECK(render_prefix_template("", values).empty());
 }

@@ -2,6 +2,7 @@
 #include "process/worker.hpp"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <sys/wait.h>
 
 #include <catch2/catch.hpp>
@@ -109,4 +110,27 @@ TEST_CASE("an exec failure is a SpawnError naming the program and the reason") {
   io.run();  // the child exits 127 and is reaped as usual
   REQUIRE(worker->exit());
   CHECK(worker->exit()->exit_code == 127);
+}
+
+TEST_CASE("a worker given CPUs runs on those alone (--numa_binding)") {
+  cpu_set_t mine;
+  REQUIRE(::sched_getaffinity(0, sizeof mine, &mine) == 0);
+  int last = -1;  // the highest CPU ddprun may use: the worker gets that one alone
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (CPU_ISSET(cpu, &mine)) last = cpu;
+  }
+  REQUIRE(last >= 0);
+  ddp::test::TempDir dir;
+  auto out_path = dir.path() / "out";
+  UniqueFd out(::open(out_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644));
+  SpawnOptions options = shell("sed -n 's/^Cpus_allowed_list:[[:space:]]*//p' /proc/self/status");
+  options.stdout_fd = out.get();
+  options.cpus = {last};
+  auto exit = run_worker(options);
+  REQUIRE(exit);
+  CHECK_FALSE(exit->failed());
+  std::ifstream in(out_path);
+  std::string allowed;
+  in >> allowed;
+  CHECK(allowed == std::to_string(last));
 }

@@ -27,7 +27,7 @@ struct CliContext {
 CliContext process_cli_context();
 
 struct CliResult {
-  enum class Action { kRun, kHelp, kVersion };
+  enum class Action { kRun, kHelp, kVersion };  // kHelp: print text (help, completion), exit 0
   Action action = Action::kRun;
   LaunchConfig config;               // valid when action == kRun
   std::string text;                  // the help or version text otherwise
@@ -42,6 +42,8 @@ CliResult parse_command_line(const std::vector<std::string>& args, const CliCont
 std::string help_text();
 // --version.
 std::string version_text();
+// --print_completion SHELL (bash, zsh or tcsh): a script completing ddprun's options.
+std::string completion_script(const std::string& shell);
 
 // Parses a --redirects/--tee value ("0".."3" or "0:1,1:2"); throws UsageError.
 StdSpec parse_std_spec(const std::string& option, const std::string& value);

@@ -41,6 +41,8 @@ struct LaunchConfig {
   std::string nproc_per_node_spec = "1";  // --nproc_per_node as given (int, cpu, gpu, auto)
   int nproc_per_node = 1;                 // the resolved number of workers on this node
   int node_rank = 0;                      // --node_rank
+  bool virtual_local_rank = false;        // --virtual_local_rank: LOCAL_RANK=0, one GPU each
+  std::string numa_binding;               // --numa_binding mode; empty: no binding
 
   // Rendezvous (single node: recorded, validated, and refused when multi-node).
   bool standalone = false;                       // --standalone
@@ -74,6 +76,12 @@ struct LaunchConfig {
   StdSpec redirects;                                // -r/--redirects
   StdSpec tee;                                      // -t/--tee
   std::optional<std::set<int>> local_ranks_filter;  // --local_ranks_filter (console only)
+  // --log_line_prefix_template (or TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE); empty: torchrun's
+  // "[${role_name}${local_rank}]:".
+  std::string log_line_prefix_template;
+  std::vector<std::string> duplicate_stdout_filters;  // --duplicate_stdout_filters
+  std::vector<std::string> duplicate_stderr_filters;  // --duplicate_stderr_filters
+  std::string event_log_handler = "null";             // --event_log_handler
 
   // What each worker runs.
   EntrypointKind entrypoint_kind = EntrypointKind::kAuto;  // -m / --no_python

@@ -8,6 +8,7 @@
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/posix/stream_descriptor.hpp>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -32,6 +33,12 @@ struct TeeLog {
 // true when the console has no room, and then calls resume (from any thread) once it has: the
 // tee reads its source no further until then (ConsoleWriter::when_room). Empty: never waits.
 using ConsoleGate = std::function<bool(std::function<void()> resume)>;
+
+// --log_line_prefix_template rendered as torchrun's string.Template(...).safe_substitute: $name
+// and ${name} are replaced by values[name], "$$" is "$"; an unknown name or a "$" that starts
+// no name stays as written.
+std::string render_prefix_template(const std::string& text,
+                                   const std::map<std::string, std::string>& values);
 
 class OutputTee : public std::enable_shared_from_this<OutputTee> {
  public:

@@ -22,6 +22,7 @@ struct SpawnOptions {
   int stderr_fd = -1;             // becomes the child's fd 2; -1 inherits the agent's
   std::vector<int> inherit_fds;   // stay open in the child under their own numbers (the
                                   // collective record page, the Python stack file)
+  std::vector<int> cpus;          // the CPUs the child may run on (--numa_binding); empty: all
 };
 
 // The program could not be started (clone failed, or execve failed in the child).

@@ -23,7 +23,8 @@ struct WorkerIdentity {
 // The contract variables for one worker (ranks from worker.ranks, not from config): RANK LOCAL_RANK
 // WORLD_SIZE LOCAL_WORLD_SIZE GROUP_RANK GROUP_WORLD_SIZE ROLE_RANK ROLE_NAME ROLE_WORLD_SIZE
 // MASTER_ADDR MASTER_PORT TORCHELASTIC_RESTART_COUNT TORCHELASTIC_MAX_RESTARTS TORCHELASTIC_RUN_ID
-// TORCHELASTIC_USE_AGENT_STORE TORCHELASTIC_ERROR_FILE TORCH_NCCL_ASYNC_ERROR_HANDLING.
+// TORCHELASTIC_USE_AGENT_STORE TORCHELASTIC_ERROR_FILE TORCH_NCCL_ASYNC_ERROR_HANDLING; with
+// --virtual_local_rank, LOCAL_RANK=0 and CUDA_VISIBLE_DEVICES (virtual_local_rank_device).
 // base_env supplies TORCH_NCCL_ASYNC_ERROR_HANDLING when set there (default "1").
 // Beyond torchrun's contract: DDP_STORE_DIALECT=v2 when the agent hosts the store and
 // base_env does not set it, so libddp workers speak our store's newer dialect (MULTI_GET,
@@ -31,6 +32,15 @@ struct WorkerIdentity {
 std::map<std::string, std::string> worker_variables(
     const LaunchConfig& config, const MasterEndpoint& master, const WorkerIdentity& worker,
     const std::map<std::string, std::string>& base_env);
+
+// --virtual_local_rank: the CUDA_VISIBLE_DEVICES of local_rank's worker: the local_rank-th
+// entry of base_env's CUDA_VISIBLE_DEVICES, or the local rank when it is unset (torchrun 2.x).
+std::string virtual_local_rank_device(const std::map<std::string, std::string>& base_env,
+                                      int local_rank);
+// Why --virtual_local_rank cannot give every worker a device (CUDA_VISIBLE_DEVICES lists fewer
+// than --nproc_per_node), or "".
+std::string virtual_local_rank_error(const LaunchConfig& config,
+                                     const std::map<std::string, std::string>& base_env);
 
 // True when the agent should set OMP_NUM_THREADS=1 (unset, and more than one worker).
 bool needs_omp_default(const LaunchConfig& config,
