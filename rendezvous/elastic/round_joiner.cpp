@@ -196,6 +196,7 @@ void RoundJoiner::time_out(const RoundState& state) {
 }
 
 void RoundJoiner::store_failed(const std::string& what) {
+  if (auto gone = session_.backend->lost_for_good(what)) throw RendezvousError(*gone);
   auto now = Clock::now();
   if (!failing_since_) failing_since_ = now;
   if (now - *failing_since_ < session_.backend->failure_budget()) return;

@@ -68,6 +68,11 @@ std::optional<StopReason> watch_until_end(const StoreSession& session, store::St
       if (!dead.empty()) report_lost(session, store, round, dead);
     } catch (const store::StoreError& e) {
       auto now = Clock::now();
+      if (auto gone = session.backend->lost_for_good(e.what())) {  // no point in waiting
+        auto lost = make_stop(StopReason::Kind::kNodeLost, "", session.settings.store_host);
+        lost.message = *gone;
+        return lost;
+      }
       if (!failing_since) {
         failing_since = now;
         session.notice("ddprun: " + session.endpoint + " does not answer (" + e.what() +
@@ -117,6 +122,7 @@ bool pass_exit_barrier(const StoreSession& session, store::Store& store, const R
       }
     } catch (const store::StoreError& e) {
       auto now = Clock::now();
+      if (session.backend->lost_for_good(e.what())) throw;
       if (!failing_since) {
         failing_since = now;
         session.notice("ddprun: " + session.endpoint + " does not answer in the exit barrier (" +

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -92,6 +93,15 @@ class RunBackend {
   virtual std::chrono::milliseconds failure_budget() const = 0;
   // What the agent is told once that budget ran out; `what` is the last error.
   virtual std::string lost_text(const std::string& what) const = 0;
+
+  // Asked when a call failed: why the state is lost for good, at once, without waiting out the
+  // failure budget; nullopt when it may come back. A store that one agent serves is gone for
+  // good when its host refuses connections (the agent exited; its state went with it): the
+  // answer of a live kernel, unlike the silence of a lost machine or network. By default
+  // nothing is certain (etcd: a member may come back).
+  virtual std::optional<std::string> lost_for_good(const std::string& /*what*/) const {
+    return std::nullopt;
+  }
 };
 
 // static and c10d: the store at settings.store_host:store_port.

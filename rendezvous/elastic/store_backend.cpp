@@ -1,7 +1,13 @@
 // The static and c10d backends: the run's keys in a c10d store that one agent serves, nodes
 // alive by heartbeat counters (run_backend.hpp).
 
+#include <netdb.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 
 #include "ddp/elastic/heartbeat_monitor.hpp"
 #include "ddp/store/client.hpp"
@@ -37,6 +43,63 @@ class CounterObserver final : public LivenessObserver {
   HeartbeatMonitor monitor_;
 };
 
+// How long one connect of the refusal probe (lost_for_good) may take: a live host refuses in
+// a round trip; and how long a connection it made must stay open to count as a live server.
+constexpr std::chrono::milliseconds kRefusalProbe{1000};
+constexpr std::chrono::milliseconds kAliveFor{300};
+
+enum class Probe { kRefused, kAlive, kClosed, kUnknown };
+
+// One TCP connect to one address, bounded: refused (ECONNREFUSED: the host's kernel answers,
+// nothing listens), alive (connected, and the connection stays open for kAliveFor), closed
+// (connected, then reset or closed at once: a listener whose process is being killed), or
+// unknown (timed out, unreachable).
+Probe probe_address(const addrinfo& a, std::chrono::milliseconds bound) {
+  const int fd = ::socket(a.ai_family, a.ai_socktype | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  if (fd < 0) return Probe::kUnknown;
+  int error = 0;
+  if (::connect(fd, a.ai_addr, a.ai_addrlen) != 0) {
+    error = errno;
+    if (error == EINPROGRESS) {
+      pollfd p{fd, POLLOUT, 0};
+      error = ETIMEDOUT;
+      if (::poll(&p, 1, static_cast<int>(bound.count())) == 1) {
+        socklen_t size = sizeof error;
+        if (::getsockopt(fd, SOL_SOCKET, SO_ERROR, &error, &size) != 0) error = errno;
+      }
+    }
+  }
+  Probe result = error == ECONNREFUSED ? Probe::kRefused : Probe::kUnknown;
+  if (error == 0) {
+    pollfd p{fd, POLLIN, 0};
+    result =
+        ::poll(&p, 1, static_cast<int>(kAliveFor.count())) == 0 ? Probe::kAlive : Probe::kClosed;
+  }
+  ::close(fd);
+  return result;
+}
+
+// Whether host:port refuses connections for certain: every address refuses, or one closes
+// the connections it accepts until it refuses (at most a few tries).
+bool connection_refused(const std::string& host, int port, std::chrono::milliseconds bound) {
+  addrinfo hints{};
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (::getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) != 0) {
+    return false;
+  }
+  bool refused = found != nullptr;
+  for (addrinfo* a = found; a && refused; a = a->ai_next) {
+    Probe probe = probe_address(*a, bound);
+    for (int retry = 0; probe == Probe::kClosed && retry < 3; ++retry) {
+      probe = probe_address(*a, bound);
+    }
+    refused = probe == Probe::kRefused;
+  }
+  ::freeaddrinfo(found);
+  return refused;
+}
+
 class StoreBackend final : public RunBackend {
  public:
   explicit StoreBackend(const RendezvousSettings& settings)
@@ -62,6 +125,14 @@ class StoreBackend final : public RunBackend {
                  "); is the agent of node 0 (the host of --master_addr or --rdzv_endpoint) "
                  "running, and is that address reachable from here?";
         });
+  }
+
+  // The round was formed through the store: a refusal now means its agent is gone.
+  std::unique_ptr<store::Store> connect_watcher(Clock::time_point deadline,
+                                                const std::atomic<bool>& cancel) const override {
+    return connect(deadline, cancel, [this](const std::string& error) {
+      if (auto gone = lost_for_good(error)) throw RendezvousError(*gone);
+    });
   }
 
   std::unique_ptr<store::Store> connect_once(std::chrono::milliseconds bound) const override {
@@ -96,6 +167,15 @@ class StoreBackend final : public RunBackend {
   std::string lost_text(const std::string& what) const override {
     return "lost the rendezvous store at " + where_ + ": " + what +
            "; did the agent hosting it (node 0, or the --rdzv_endpoint host) exit?";
+  }
+
+  std::optional<std::string> lost_for_good(const std::string& /*what*/) const override {
+    if (!connection_refused(settings_.store_host, settings_.store_port, kRefusalProbe)) {
+      return std::nullopt;
+    }
+    return "lost the rendezvous store at " + where_ +
+           ": its host refuses connections, so the agent that served it (node 0, or the "
+           "--rdzv_endpoint host) exited and the job's rendezvous state went with it";
   }
 
  private:

@@ -183,3 +183,27 @@ TEST_CASE("c10d: kill -9 of an agent: the other goes on in a smaller world") {
   CHECK_THAT(r.err, Catch::Contains("stopped answering"));
   CHECK(r.status == 128 + SIGTERM);
 }
+
+TEST_CASE(
+    "c10d: kill -9 of the store host's agent: the other node stops at once, not after "
+    "its failure budget") {
+  const int port = reserve_port();
+  auto options = c10d(port, "host-lost");
+  // A failure budget of 60 s: only the refusal ends the round within the test's wait.
+  const std::string conf = "--rdzv_conf=keep_alive_interval=20,keep_alive_max_attempt=3";
+  const std::vector<std::string> worker = {"--hello", "--ready", "--wait"};
+  auto host_options = options;
+  host_options.push_back(conf + ",is_host=1");
+  options.push_back(conf + ",is_host=0");
+  ChildProcess host(ddprun(host_options, worker));
+  ChildProcess other(ddprun(options, worker));
+  host.wait_for_stdout_lines(" of 2 (", 1);
+  other.wait_for_stdout_lines(" of 2 (", 1);
+  host.signal(SIGKILL);
+  host.wait(kJobTimeout);
+  ProcessResult r = other.wait(std::chrono::seconds(30));
+  INFO(r.err);
+  CHECK(r.status == 1);
+  CHECK_THAT(r.err, Catch::Contains("refuses connections"));
+  CHECK(r.err.find("retries for") == std::string::npos);  // no wait for the budget
+}
