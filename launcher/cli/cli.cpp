@@ -160,6 +160,13 @@ void parse_rendezvous(const RawOptions& raw, LaunchConfig& config) {
     config.master_port = int_option(raw, "master_port", 0, 65535);
   }
   config.local_addr = raw.values.at("local_addr");
+  // torchrun 2.x: one node with neither an endpoint nor a master port runs a local c10d
+  // rendezvous with a fresh run id, so every run has its own TORCHELASTIC_RUN_ID (and log
+  // directory name). ddprun keeps an id the user gave (torchrun replaces it).
+  if (!config.standalone && config.rdzv_backend == "static" && config.rdzv_endpoint.empty() &&
+      !config.master_port && config.max_nodes == 1 && !raw.origin.contains("rdzv_id")) {
+    config.rdzv_id = random_uuid();
+  }
   if (!config.standalone && config.rdzv_backend == "static" && !config.rdzv_endpoint.empty()) {
     // torchrun: the static rendezvous's endpoint is the master (MASTER_ADDR:MASTER_PORT), on
     // one node as on several.

@@ -43,7 +43,8 @@ constexpr std::array kOptions = {
                "master in place of --master_addr:--master_port.",
                true},
     OptionSpec{"rdzv_id", "", true, false, "ID", "none", kRdzv,
-               "Job id, given to workers as TORCHELASTIC_RUN_ID."},
+               "Job id, given to workers as TORCHELASTIC_RUN_ID. One node without "
+               "--master_port or --rdzv_endpoint gets a fresh UUID instead (torchrun 2.x)."},
     OptionSpec{"rdzv_conf", "", true, false, "K=V,...", "", kRdzv,
                "Rendezvous settings: join_timeout, last_call_timeout, close_timeout, "
                "keep_alive_interval, keep_alive_max_attempt, read_timeout, timeout, is_host; "

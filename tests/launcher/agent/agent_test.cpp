@@ -26,10 +26,13 @@ namespace {
 // The run's directory under --log_dir: <log_dir>/<run_id>_<random> (as torchrun). Fails the
 // test unless there is exactly one.
 std::filesystem::path run_dir(const std::filesystem::path& log_dir,
-                              const std::string& run_id = "none") {
+                              const std::string& run_id = "") {  // "": any run id
   std::vector<std::filesystem::path> found;
   for (const auto& entry : std::filesystem::directory_iterator(log_dir)) {
-    if (entry.path().filename().string().starts_with(run_id + "_")) found.push_back(entry.path());
+    if (entry.is_directory() &&
+        entry.path().filename().string().starts_with(run_id + (run_id.empty() ? "" : "_"))) {
+      found.push_back(entry.path());
+    }
   }
   REQUIRE(found.size() == 1);
   return found.front();
@@ -97,7 +100,10 @@ TEST_CASE("every worker gets torchrun's environment") {
     ports.insert(env["MASTER_PORT"]);
     CHECK(env["TORCHELASTIC_RESTART_COUNT"] == "0");
     CHECK(env["TORCHELASTIC_MAX_RESTARTS"] == "2");
-    CHECK(env["TORCHELASTIC_RUN_ID"] == "none");
+    // One node, no --master_port: a fresh UUID (torchrun 2.x), the log directory's name.
+    const std::string run_id = env["TORCHELASTIC_RUN_ID"];
+    CHECK(run_id.size() == 36);
+    CHECK(run_dir(logs).filename().string().starts_with(run_id + "_"));
     CHECK(env["TORCHELASTIC_USE_AGENT_STORE"] == "True");
     CHECK(env["TORCHELASTIC_ERROR_FILE"] ==
           (run_dir(logs) / "attempt_0" / r_text / "error.json").string());
@@ -667,7 +673,7 @@ TEST_CASE("the console event handler: torchrun's events as JSON lines on stderr"
     CHECK(inner["role_world_size"][0] == 2);
   }
   CHECK(events[2]["metadata"]["worker_id"] != events[3]["metadata"]["worker_id"]);
-  CHECK(events[0]["metadata"]["run_id"] == "none");
+  CHECK(events[0]["metadata"]["run_id"].get<std::string>().size() == 36);  // a fresh UUID
 }
 
 TEST_CASE("NUMA binding without a GPU says so and starts nothing") {

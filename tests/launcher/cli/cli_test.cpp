@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <functional>
 #include <map>
+#include <regex>
 #include <set>
 #include <sstream>
 
@@ -78,7 +79,15 @@ TEST_CASE("defaults are torchrun's") {
   CHECK_FALSE(c.standalone);
   CHECK(c.rdzv_backend == "static");
   CHECK(c.rdzv_endpoint.empty());
-  CHECK(c.rdzv_id == "none");
+  // One node without a master port or endpoint: a fresh UUID per run, as torchrun 2.x.
+  CHECK(std::regex_match(
+      c.rdzv_id,
+      std::regex("[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}")));
+  CHECK(parse({"x"}).rdzv_id != c.rdzv_id);
+  CHECK(parse({"--master_port=29555", "x"}).rdzv_id == "none");
+  CHECK(parse({"--nnodes=2", "x"}).rdzv_id == "none");
+  CHECK(parse({"--rdzv_id=mine", "x"}).rdzv_id == "mine");
+  CHECK(parse({"--rdzv_backend=c10d", "--rdzv_endpoint=localhost:29400", "x"}).rdzv_id == "none");
   CHECK(c.rdzv_conf.empty());
   CHECK(c.master_addr == "127.0.0.1");
   CHECK_FALSE(c.master_port.has_value());
