@@ -13,6 +13,7 @@
 #include "cli/cli_options.hpp"
 #include "ddp/launcher/cli.hpp"
 #include "process_harness.hpp"
+#include "skip.hpp"
 #include "test_support.hpp"
 
 using namespace ddp::launcher;
@@ -216,4 +217,33 @@ TEST_CASE("the restart line in docs/quickstart.md is what ddprun prints") {
   REQUIRE(line.find(" on vm:") != std::string::npos);
   line.replace(line.find(" on vm:"), 7, " on " + host[1].str() + ":");
   CHECK_THAT(r.err, Catch::Contains("ddprun: " + line + "\n"));
+}
+
+TEST_CASE("every option of the PyTorch's torchrun is one ddprun takes and docs/cli.md names",
+          "[torch]") {
+  if (!torch_available()) return skip(torch_python() + " cannot import torch");
+  // torchrun's own parser lists its option strings, both spellings.
+  ProcessResult r = run_process({torch_python(), "-c",
+                                 "from torch.distributed.run import get_args_parser\n"
+                                 "for action in get_args_parser()._actions:\n"
+                                 "    for name in action.option_strings: print(name)\n"});
+  INFO(r.err);
+  REQUIRE(r.status == 0);
+  const std::set<std::string> accepted = accepted_names();
+  const std::string doc = cli_md();
+  std::istringstream names(r.out);
+  int seen = 0;
+  for (std::string name; std::getline(names, name);) {
+    if (!name.starts_with("--")) continue;  // -h, -m, -r, -t: checked with their long names
+    ++seen;
+    INFO("torchrun's " << name);
+    CHECK(accepted.contains(name));
+    std::string underscored = name;
+    std::replace(underscored.begin() + 2, underscored.end(), '-', '_');
+    std::string dashed = name;
+    std::replace(dashed.begin() + 2, dashed.end(), '_', '-');
+    CHECK((doc.find("`" + underscored) != std::string::npos ||
+           doc.find("`" + dashed) != std::string::npos));
+  }
+  CHECK(seen > 20);
 }
