@@ -365,7 +365,24 @@ std::vector<WatchEvent> Client::Impl::watch_line(detail::HttpConnection& c,
 }
 
 Client::Client(ClientOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
-Client::~Client() = default;
+
+// The write marker is this client's alone (write_marker.hpp): it goes with the client, so
+// that a job leaves no key behind. Best effort and bounded: one request over the connection
+// still open to the member that answered last, at most kMarkerCleanupTimeout; a client that
+// lost etcd (no open connection) or was killed leaves its marker (one small key).
+Client::~Client() {
+  constexpr std::chrono::milliseconds kMarkerCleanupTimeout{1000};
+  if (!impl_ || !impl_->marker.last() || !impl_->connection || !impl_->connection->is_open()) {
+    return;
+  }
+  try {
+    impl_->options.request_timeout =
+        std::min(impl_->options.request_timeout, kMarkerCleanupTimeout);
+    json request = {{"key", detail::base64_encode(impl_->marker.key())}};
+    impl_->call_member(impl_->connection_index, "/v3/kv/deleterange", request.dump(), true);
+  } catch (const std::exception&) {  // etcd went away meanwhile: the marker stays
+  }
+}
 
 namespace {
 

@@ -213,3 +213,16 @@ TEST_CASE("etcd store: a wait carries on when the member it uses is killed") {
   killer.join();
   CHECK(store.client().active_endpoint() != cluster.endpoint(0));
 }
+
+TEST_CASE("etcd store: a client's write marker goes with it, leaving no key behind") {
+  if (!EtcdCluster::available()) return ddp::test::skip(EtcdCluster::kMissing);
+  EtcdCluster cluster(EtcdClusterOptions{.members = 1});
+  ddp::etcd::Client reader(options_for(cluster));
+  {
+    EtcdStore store = store_on(cluster);
+    store.set("a", "1");  // a write: the marker exists now
+    CHECK(reader.range("/ddprun/test.writes/", true, true).count == 1);
+  }
+  CHECK(reader.range("/ddprun/test.writes/", true, true).count == 0);
+  CHECK(reader.range("/ddprun/test/a", false, true).count == 1);  // the data stays
+}

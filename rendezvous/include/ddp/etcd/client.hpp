@@ -103,6 +103,7 @@ class Client {
   // Connects lazily (the first request). Throws EtcdError(kRefused) at once for unreadable
   // PEM files, naming the file.
   explicit Client(ClientOptions options);
+  // Deletes this client's write marker (best effort, at most a second): see client.cpp.
   ~Client();
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;
