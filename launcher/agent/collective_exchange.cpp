@@ -7,6 +7,29 @@
 #include "workers_store_client.hpp"
 
 namespace ddp::launcher {
+namespace {
+
+// What a node's views say, ages aside: while only their ages change, nothing is written (the
+// others age what they have).
+std::string content_of(std::vector<RankView> views) {
+  for (RankView& v : views) {
+    if (v.since_finished_s) v.since_finished_s = 0.0;
+    if (v.pending) v.pending->age_s = 0;
+    if (v.last) v.last->age_s = 0;
+  }
+  return encode_views(views, false);
+}
+
+// "<seq>\n<views>", as send() writes it.
+std::pair<std::uint64_t, std::vector<RankView>> parse(const std::string& value) {
+  const auto newline = value.find('\n');
+  if (newline == std::string::npos) {
+    throw std::invalid_argument("not a node's collective views (no sequence number)");
+  }
+  return {std::stoull(value.substr(0, newline)), decode_views(value.substr(newline + 1))};
+}
+
+}  // namespace
 
 CollectiveExchange::CollectiveExchange(std::function<void(const std::string&)> notice)
     : notice_(std::move(notice)) {}
@@ -77,25 +100,82 @@ void CollectiveExchange::run() {
   }
 }
 
-// One round trip: this node's views out, every other node's in. A fresh connection each time
-// keeps no state to go stale across rounds; it is a few requests a second at most.
+store::Client& CollectiveExchange::client_for(const elastic::RoundInfo& round) {
+  const std::string endpoint = round.master_addr + ":" + std::to_string(round.master_port);
+  if (!client_ || client_endpoint_ != endpoint) {
+    client_.reset();
+    client_ = std::make_unique<store::Client>(workers_store_options(round, kExchangeTimeout));
+    client_endpoint_ = endpoint;
+  }
+  return *client_;
+}
+
+void CollectiveExchange::send(store::Client& client, const elastic::RoundInfo& round,
+                              const std::vector<RankView>& local) {
+  const auto now = std::chrono::steady_clock::now();
+  if (sent_round_ != round.round) {
+    sent_round_ = round.round;
+    sent_seq_ = 0;
+    sent_content_.clear();
+    steps_sent_at_ = {};
+  }
+  const bool steps_due = sent_seq_ == 0 || now - steps_sent_at_ >= kStepsEvery;
+  std::string content = content_of(local);
+  if (!steps_due && content == sent_content_) return;  // the others age what they have
+  const std::string k = key(round.round, round.group_rank);
+  // The views first, then the count that tells the others to read them: a count they see
+  // always has its views in the store.
+  client.set(k, std::to_string(sent_seq_ + 1) + "\n" + encode_views(local, steps_due));
+  client.add(k + "/seq", 1);
+  ++sent_seq_;
+  sent_content_ = std::move(content);
+  if (steps_due) steps_sent_at_ = now;
+}
+
+// This node's views out (when they changed), the other nodes' in (those that changed since
+// last read), over the one connection; a failure drops it, to be made again next time.
 void CollectiveExchange::exchange(const elastic::RoundInfo& round,
                                   const std::vector<RankView>& local) {
-  store::Client client = connect_workers_store(round, kExchangeTimeout);
-  client.set(key(round.round, round.group_rank), encode_views(local));
+  std::map<int, Received> known;
+  {
+    std::lock_guard lock(mutex_);
+    if (remote_round_ == round.round) known = remote_;
+  }
   std::map<int, Received> received;
-  for (int g = 0; g < static_cast<int>(round.members.size()); ++g) {
-    if (g == round.group_rank) continue;
-    const std::string k = key(round.round, g);
-    if (!client.check({k})) continue;
-    std::vector<RankView> views = decode_views(client.get(k));
-    for (RankView& view : views) view.remote = true;
-    received[g] = {std::move(views), std::chrono::steady_clock::now()};
+  try {
+    store::Client& client = client_for(round);
+    send(client, round, local);
+    for (int g = 0; g < static_cast<int>(round.members.size()); ++g) {
+      if (g == round.group_rank) continue;
+      const std::string k = key(round.round, g);
+      const auto count = static_cast<std::uint64_t>(client.add(k + "/seq", 0));
+      if (count == 0) continue;  // nothing written yet
+      auto old = known.find(g);
+      if (old != known.end() && old->second.seq >= count) continue;  // unchanged
+      auto [seq, views] = parse(client.get(k));
+      if (old != known.end() && old->second.seq == seq) continue;  // read before
+      for (RankView& view : views) view.remote = true;
+      received[g] = {seq, std::move(views), std::chrono::steady_clock::now()};
+    }
+  } catch (const std::exception&) {
+    client_.reset();
+    throw;
   }
   std::lock_guard lock(mutex_);
   if (remote_round_ != round.round) remote_.clear();
   remote_round_ = round.round;
-  for (auto& [g, r] : received) remote_[g] = std::move(r);
+  for (auto& [g, r] : received) {
+    // Step history comes every kStepsEvery: keep the last one received until then.
+    if (auto old = remote_.find(g); old != remote_.end()) {
+      for (RankView& view : r.views) {
+        if (!view.recent_steps.empty()) continue;
+        for (const RankView& before : old->second.views) {
+          if (before.rank == view.rank) view.recent_steps = before.recent_steps;
+        }
+      }
+    }
+    remote_[g] = std::move(r);
+  }
 }
 
 }  // namespace ddp::launcher
