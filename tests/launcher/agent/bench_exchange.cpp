@@ -17,9 +17,11 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <future>
 #include <iterator>
+#include <map>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -99,6 +101,20 @@ ThreadCost thread_cost(pid_t tid) {
   return cost;
 }
 
+// CPU seconds of each thread of this process now, by thread id.
+std::map<pid_t, double> threads_cpu_s() {
+  std::map<pid_t, double> cpu;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/task")) {
+    const pid_t tid = std::stoi(entry.path().filename().string());
+    try {
+      cpu[tid] = thread_cost(tid).cpu_s;
+    } catch (const std::exception&) {
+      // the thread ended meanwhile
+    }
+  }
+  return cpu;
+}
+
 double process_cpu_s() {
   rusage usage{};
   ::getrusage(RUSAGE_SELF, &usage);
@@ -169,7 +185,8 @@ int main(int argc, char** argv) {
   std::vector<ddp::elastic::RoundInfo> rounds;
   for (int g = 0; g < agents; ++g) {
     nodes.push_back(std::make_unique<CollectiveExchange>(
-        [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); }));
+        [](const std::string& line) { std::fprintf(stderr, "%s\n", line.c_str()); },
+        std::chrono::seconds(300)));
     ddp::elastic::RoundInfo round;
     round.group_rank = g;
     round.members.resize(static_cast<std::size_t>(agents));
@@ -198,6 +215,7 @@ int main(int argc, char** argv) {
   const ThreadCost store0 = thread_cost(tid), proxy0 = thread_cost(ptid);
   const std::uint64_t bytes0 = proxy.bytes();
   const double cpu0 = process_cpu_s();
+  const std::map<pid_t, double> threads0 = threads_cpu_s();
   const auto began = std::chrono::steady_clock::now();
   const int ticks = static_cast<int>(seconds * 1000 / kTick.count());
   for (int i = 0; i < ticks; ++i, next += kTick) {
@@ -209,11 +227,20 @@ int main(int argc, char** argv) {
   const ThreadCost store1 = thread_cost(tid), proxy1 = thread_cost(ptid);
   const std::uint64_t bytes1 = proxy.bytes();
   const double cpu1 = process_cpu_s();
+  const std::map<pid_t, double> threads1 = threads_cpu_s();
+  // The busiest exchange thread: the gatherer's (node 0) where there is one.
+  double busiest = 0;
+  const pid_t main_tid = static_cast<pid_t>(::syscall(SYS_gettid));
+  for (const auto& [t, cpu] : threads1) {
+    if (t == tid || t == ptid || t == main_tid || !threads0.contains(t)) continue;
+    busiest = std::max(busiest, cpu - threads0.at(t));
+  }
   const double store_cpu = store1.cpu_s - store0.cpu_s;
   const double proxy_cpu = proxy1.cpu_s - proxy0.cpu_s;
-  std::printf("| %d | %d | %.0f KB/s | %.1f %% | %.1f %% |\n", agents, agents * kRanksPerNode,
-              static_cast<double>(bytes1 - bytes0) / wall / 1000.0, 100.0 * store_cpu / wall,
-              100.0 * ((cpu1 - cpu0) - store_cpu - proxy_cpu) / wall);
+  std::printf("| %d | %d | %.0f KB/s | %.1f %% | %.1f %% | %.1f %% |\n", agents,
+              agents * kRanksPerNode, static_cast<double>(bytes1 - bytes0) / wall / 1000.0,
+              100.0 * store_cpu / wall, 100.0 * ((cpu1 - cpu0) - store_cpu - proxy_cpu) / wall,
+              100.0 * busiest / wall);
   std::fflush(stdout);
   nodes.clear();
   boost::asio::post(io, [&] {

@@ -61,7 +61,7 @@ bool publish_until(CollectiveExchange& node0, const ddp::elastic::RoundInfo& rou
 TEST_CASE("a node that stopped publishing: its views age from when it wrote them") {
   ddp::test::TestServer server;
   auto quiet = [](const std::string&) {};
-  CollectiveExchange node0(quiet), node1(quiet);
+  CollectiveExchange node0(quiet, 60s), node1(quiet, 60s);
   const auto round0 = round_of(0, 2, server.port()), round1 = round_of(1, 2, server.port());
   // Node 1's ranks ended (uneven inputs): its last word is "finished 0.4 s ago".
   node1.publish(round1, {view(1, 3, 0.4)});
@@ -90,7 +90,7 @@ TEST_CASE("a node that stopped publishing: its views age from when it wrote them
 TEST_CASE("what a node shares is compact: step history only now and then, kept by the reader") {
   ddp::test::TestServer server;
   auto quiet = [](const std::string&) {};
-  CollectiveExchange node0(quiet), node1(quiet);
+  CollectiveExchange node0(quiet, 60s), node1(quiet, 60s);
   const auto round0 = round_of(0, 2, server.port()), round1 = round_of(1, 2, server.port());
   auto eight = [](std::uint64_t finished) {
     std::vector<RankView> views;
@@ -115,4 +115,31 @@ TEST_CASE("what a node shares is compact: step history only now and then, kept b
   INFO(shared);
   CHECK(shared.find("recent_steps") == std::string::npos);
   CHECK(shared.size() < 8 * 400);  // 8 ranks; with 64 recent steps each it was ~3.5 KB a rank
+}
+
+TEST_CASE("the gatherer judges over every node; the others follow its verdict, not the views") {
+  ddp::test::TestServer server;
+  auto quiet = [](const std::string&) {};
+  CollectiveExchange node0(quiet, 60s), node1(quiet, 60s);
+  const auto round0 = round_of(0, 2, server.port()), round1 = round_of(1, 2, server.port());
+  // Rank 0 (node 0) has waited in collective 4 for 100 s; rank 1 (node 1) never entered it.
+  RankView waiting = view(0, 3, 100);
+  waiting.queued = 4;
+  waiting.pending = CollectiveInfo{4, "all_reduce", "float32", 1024, 4096, {}, 100, true};
+  const std::vector<RankView> local1 = {view(1, 3, 100)};
+  node0.publish(round0, {waiting});
+  const auto deadline = std::chrono::steady_clock::now() + 15s;
+  std::optional<CollectiveDiagnosis> verdict;
+  while (!verdict && std::chrono::steady_clock::now() < deadline) {
+    node1.publish(round1, local1);
+    verdict = node1.judge(local1, 60);
+    if (!verdict) std::this_thread::sleep_for(20ms);
+  }
+  REQUIRE(verdict);
+  CHECK_THAT(verdict->headline, Catch::StartsWith("the job hung at collective 4") &&
+                                    Catch::Contains("rank 1 (host node-0, pid 4001) never "
+                                                    "entered it"));
+  CHECK(verdict->blamed == std::vector<int>{1});
+  REQUIRE(verdict->ranks.size() == 1);  // this node's rank
+  CHECK(node1.remote().empty());        // node 1 read no other node's views
 }
