@@ -1,5 +1,6 @@
 #include "collective_exchange.hpp"
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
@@ -97,6 +98,12 @@ CollectiveExchange::~CollectiveExchange() {
     std::lock_guard lock(mutex_);
     stopping_ = true;
   }
+  {
+    // A request to a store that no longer answers (its agent is ending) would hold the join
+    // for up to kExchangeTimeout.
+    std::lock_guard lock(client_mutex_);
+    if (client_) client_->interrupt();
+  }
   wake_.notify_all();
   if (thread_.joinable()) thread_.join();
 }
@@ -190,11 +197,18 @@ void CollectiveExchange::run() {
 store::Client& CollectiveExchange::client_for(const elastic::RoundInfo& round) {
   const std::string endpoint = round.master_addr + ":" + std::to_string(round.master_port);
   if (!client_ || client_endpoint_ != endpoint) {
-    client_.reset();
-    client_ = std::make_unique<store::Client>(workers_store_options(round, kExchangeTimeout));
+    drop_client();
+    auto client = std::make_unique<store::Client>(workers_store_options(round, kExchangeTimeout));
+    std::lock_guard lock(client_mutex_);
+    client_ = std::move(client);
     client_endpoint_ = endpoint;
   }
   return *client_;
+}
+
+void CollectiveExchange::drop_client() {
+  std::lock_guard lock(client_mutex_);
+  client_.reset();
 }
 
 void CollectiveExchange::send(store::Client& client, const elastic::RoundInfo& round,
@@ -290,7 +304,7 @@ void CollectiveExchange::exchange(const elastic::RoundInfo& round,
     }
     if (gatherer || falling_back) received = gather(client, round, known);
   } catch (const std::exception&) {
-    client_.reset();
+    drop_client();
     throw;
   }
   std::vector<RankView> all;
@@ -327,7 +341,7 @@ void CollectiveExchange::exchange(const elastic::RoundInfo& round,
   try {
     write_verdict(*client_, round, std::move(all));
   } catch (const std::exception&) {
-    client_.reset();
+    drop_client();
     throw;
   }
 }

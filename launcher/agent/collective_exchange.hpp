@@ -56,7 +56,7 @@ class CollectiveExchange {
   // the gatherer judges by (--hang_timeout; 0: no hang detection, verdicts say "no hang").
   CollectiveExchange(std::function<void(const std::string&)> notice,
                      std::chrono::milliseconds hang_timeout);
-  ~CollectiveExchange();  // stops the thread (bounded by kExchangeTimeout)
+  ~CollectiveExchange();  // stops the thread, interrupting a request under way
   CollectiveExchange(const CollectiveExchange&) = delete;
   CollectiveExchange& operator=(const CollectiveExchange&) = delete;
 
@@ -90,6 +90,8 @@ class CollectiveExchange {
   void run();
   void exchange(const elastic::RoundInfo& round, const std::vector<RankView>& local,
                 std::chrono::steady_clock::time_point local_at);
+  // Drops the connection (after a failure): made again next time.
+  void drop_client();
   // Writes this node's views when they changed in more than their ages (or the steps are due).
   void send(store::Client& client, const elastic::RoundInfo& round,
             const std::vector<RankView>& local);
@@ -123,7 +125,8 @@ class CollectiveExchange {
   std::optional<Verdict> verdict_;  // the gatherer's last, for remote_round_
   std::thread thread_;              // started by publish; empty until then
 
-  // The exchange thread's own (no lock).
+  // The exchange thread's own (no lock), but for client_, which the destructor interrupts.
+  std::mutex client_mutex_;  // guards client_ (the pointer) against the destructor
   std::unique_ptr<store::Client> client_;
   std::string client_endpoint_;  // host:port of client_
   int sent_round_ = -1;

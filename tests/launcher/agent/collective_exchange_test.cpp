@@ -117,7 +117,7 @@ TEST_CASE("what a node shares is compact: step history only now and then, kept b
   CHECK(shared.size() < 8 * 400);  // 8 ranks; with 64 recent steps each it was ~3.5 KB a rank
 }
 
-TEST_CASE("the gatherer judges over every node; the others follow its verdict, not the views") {
+TEST_CASE("the gatherer judges over every node, and the others follow its verdict, not the views") {
   ddp::test::TestServer server;
   auto quiet = [](const std::string&) {};
   CollectiveExchange node0(quiet, 60s), node1(quiet, 60s);
