@@ -143,3 +143,28 @@ TEST_CASE("the gatherer judges over every node, and the others follow its verdic
   REQUIRE(verdict->ranks.size() == 1);  // this node's rank
   CHECK(node1.remote().empty());        // node 1 read no other node's views
 }
+
+TEST_CASE("no verdict from the gatherer for a while: every node reads the views itself") {
+  ddp::test::TestServer server;
+  auto quiet = [](const std::string&) {};
+  // Three nodes; the gatherer's agent (group rank 0) never shows up.
+  CollectiveExchange node1(quiet, 60s), node2(quiet, 60s);
+  const auto round1 = round_of(1, 3, server.port()), round2 = round_of(2, 3, server.port());
+  RankView waiting = view(1, 3, 100);
+  waiting.queued = 4;
+  waiting.pending = CollectiveInfo{4, "all_reduce", "float32", 1024, 4096, {}, 100, true};
+  const std::vector<RankView> local1 = {waiting}, local2 = {view(2, 3, 100)};
+  const auto deadline = std::chrono::steady_clock::now() + kGathererQuiet + 15s;
+  std::optional<CollectiveDiagnosis> verdict;
+  while (!verdict && std::chrono::steady_clock::now() < deadline) {
+    node1.publish(round1, local1);
+    node2.publish(round2, local2);
+    std::vector<RankView> all = local1;
+    for (const RankView& v : node1.remote()) all.push_back(v);
+    verdict = node1.judge(all, 60);
+    if (!verdict) std::this_thread::sleep_for(20ms);
+  }
+  REQUIRE(verdict);
+  CHECK_THAT(verdict->headline, Catch::Contains("rank 2 (host node-0, pid 4002) never entered"));
+  CHECK(node1.remote().size() == 1);
+}
