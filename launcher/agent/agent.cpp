@@ -452,10 +452,10 @@ class Agent::Impl {
   std::unique_ptr<ProcessWorkerGroup> workers_;
   std::unique_ptr<AgentMachine> machine_;
   std::unique_ptr<HangMonitor> hang_monitor_;  // after machine_: destroyed (joined) first
-  CollectiveExchange exchange_{[this](const std::string& line) {  // from its own thread
-                                 boost::asio::post(io_, [this, line] { notice(line); });
-                               },
-                               config_.hang_timeout};
+  // Its notices come from its own thread: onto the loop.
+  CollectiveExchange exchange_{
+      [this](const std::string& line) { boost::asio::post(io_, [this, line] { notice(line); }); },
+      config_.hang_timeout};
   std::optional<int> exit_code_;
   std::shared_ptr<LogFileErrors> log_errors_ =
       std::make_shared<LogFileErrors>([this](std::string line) { notice(line); });
