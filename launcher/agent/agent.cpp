@@ -236,6 +236,9 @@ class Agent::Impl {
       if (!workers_->capture_python_stacks(done)) done({});
     };
     hang.stop_after = config_.hang_stop_timeout;
+    hang.judge = [this](const std::vector<RankView>& views, double timeout_s) {
+      return exchange_.judge(views, timeout_s);
+    };
     hang_monitor_ = std::make_unique<HangMonitor>(io_, std::move(hang));
 
     machine_ = std::make_unique<AgentMachine>(std::move(machine), std::move(context));
@@ -568,9 +571,10 @@ class Agent::Impl {
   std::unique_ptr<ProcessWorkerGroup> workers_;
   std::unique_ptr<AgentMachine> machine_;
   std::unique_ptr<HangMonitor> hang_monitor_;  // after machine_: destroyed (joined) first
-  CollectiveExchange exchange_{[this](const std::string& line) {  // from its own thread
-    boost::asio::post(io_, [this, line] { notice(line); });
-  }};
+  // Its notices come from its own thread: onto the loop.
+  CollectiveExchange exchange_{
+      [this](const std::string& line) { boost::asio::post(io_, [this, line] { notice(line); }); },
+      config_.hang_timeout};
   std::optional<int> exit_code_;
   std::shared_ptr<LogFileErrors> log_errors_ =
       std::make_shared<LogFileErrors>([this](std::string line) { notice(line); });

@@ -125,7 +125,7 @@ void HangMonitor::check() {
   if (options_.hang_timeout.count() == 0) return;
   sample_activity(views);
   const double timeout_s = static_cast<double>(options_.hang_timeout.count()) / 1000.0;
-  auto diagnosis = judge_hang(views, timeout_s);
+  auto diagnosis = options_.judge ? options_.judge(views, timeout_s) : judge_hang(views, timeout_s);
   if (!diagnosis) {
     if (hang_round_ == round) {
       hang_round_ = -1;

@@ -67,6 +67,9 @@ struct HangMonitorOptions {
   std::function<void(PythonStackCapture::Done)> python_stacks;
   // --hang_stop_timeout; nullopt: the job's own collective timeout (decide_hang).
   std::optional<std::chrono::milliseconds> stop_after;
+  // Whether the job hangs, given the views and the timeout in seconds; empty: judge_hang (one
+  // node; several: CollectiveExchange::judge, the gatherer's verdict).
+  std::function<std::optional<CollectiveDiagnosis>(const std::vector<RankView>&, double)> judge;
 };
 
 class HangMonitor {

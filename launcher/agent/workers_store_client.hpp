@@ -12,17 +12,23 @@
 
 namespace ddp::launcher {
 
-// Connects in whichever dialect the store speaks; the connect and every request are bounded
-// by timeout.
-inline store::Client connect_workers_store(const elastic::RoundInfo& round,
-                                           std::chrono::milliseconds timeout) {
+// How to reach it: in whichever dialect the store speaks; the connect and every request
+// bounded by timeout.
+inline store::ClientOptions workers_store_options(const elastic::RoundInfo& round,
+                                                  std::chrono::milliseconds timeout) {
   store::ClientOptions options;
   options.host = round.master_addr;
   options.port = static_cast<std::uint16_t>(round.master_port);
   options.dialect = std::nullopt;
   options.connect_timeout = timeout;
   options.timeout = timeout;
-  return store::Client(options);
+  return options;
+}
+
+// Connects (workers_store_options).
+inline store::Client connect_workers_store(const elastic::RoundInfo& round,
+                                           std::chrono::milliseconds timeout) {
+  return store::Client(workers_store_options(round, timeout));
 }
 
 }  // namespace ddp::launcher

@@ -64,21 +64,61 @@ std::string absence_text(const RankView& r) {
 
 using Calls = std::vector<std::pair<CollectiveInfo, std::vector<int>>>;
 
-// "ranks 0-2 called all_reduce of ...; rank 3 called ...", blaming all but the largest group.
+// "ranks 0-2 called all_reduce of ...; rank 3 called ...", blaming all but the largest group;
+// past kDesyncCallsShown calls, the rest are counted, not spelled out.
 std::string desync_text(const Calls& calls, CollectiveDiagnosis& d) {
   std::size_t largest = 0;
   for (std::size_t i = 1; i < calls.size(); ++i) {
     if (calls[i].second.size() > calls[largest].second.size()) largest = i;
   }
   std::string text;
+  std::size_t shown = 0, hidden_calls = 0;
+  std::vector<int> hidden_ranks;
   for (std::size_t i = 0; i < calls.size(); ++i) {
-    text += (i ? "; " : "") + plural_ranks(calls[i].second) + " called " +
-            signature_text(calls[i].first);
     if (i != largest) {
       d.blamed.insert(d.blamed.end(), calls[i].second.begin(), calls[i].second.end());
     }
+    if (i != largest && shown + 1 >= kDesyncCallsShown) {
+      ++hidden_calls;
+      hidden_ranks.insert(hidden_ranks.end(), calls[i].second.begin(), calls[i].second.end());
+      continue;
+    }
+    ++shown;
+    text += (text.empty() ? "" : "; ") + plural_ranks(calls[i].second) + " called " +
+            signature_text(calls[i].first);
+  }
+  if (hidden_calls > 0) {
+    text += "; " + plural_ranks(hidden_ranks) + " called it in " + std::to_string(hidden_calls) +
+            " other ways";
   }
   return text;
+}
+
+// "; rank 2 (host node-a, pid 4242) never entered it: ..." for a few ranks; for many, how
+// many, which (short form), and the first of them described.
+std::string absent_text(const std::vector<RankView>& ranks, const std::vector<int>& absent) {
+  auto view = [&](int rank) -> const RankView& {
+    return *std::find_if(ranks.begin(), ranks.end(),
+                         [&](const RankView& v) { return v.rank == rank; });
+  };
+  std::string text;
+  if (absent.size() <= kAbsentRanksDescribed) {
+    for (int rank : absent) {
+      text += "; " + rank_who(view(rank)) + " never entered it: " + absence_text(view(rank));
+    }
+    return text;
+  }
+  const RankView& first = view(absent.front());
+  return "; " + std::to_string(absent.size()) + " ranks never entered it (" + rank_list(absent) +
+         "), among them " + rank_who(first) + ": " + absence_text(first);
+}
+
+// A headline longer than kHeadlineMaxBytes (long host names) is cut, and says so.
+std::string capped(std::string headline) {
+  static const std::string kCut = " [... cut]";
+  if (headline.size() <= kHeadlineMaxBytes) return headline;
+  headline.resize(kHeadlineMaxBytes - kCut.size());
+  return headline + kCut;
 }
 
 // No rank waits: either every rank is between collectives, or the last one failed (libddp
@@ -118,22 +158,26 @@ CollectiveDiagnosis diagnose_failed(const std::vector<RankView>& ranks, Collecti
     d.headline =
         at + " (" + call_text(calls.front().first) + ") failed on " + plural_ranks(failed_on);
   }
+  d.headline = capped(std::move(d.headline));
   return d;
 }
 
 }  // namespace
 
-std::string rank_list(std::vector<int> ranks) {
+std::string rank_list(std::vector<int> ranks, std::size_t max_runs) {
   std::sort(ranks.begin(), ranks.end());
   ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
   std::string text;
+  std::size_t runs = 0;
   for (std::size_t i = 0; i < ranks.size();) {
+    if (runs == max_runs) return text + " and " + std::to_string(ranks.size() - i) + " more";
     std::size_t j = i;
     while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
     if (!text.empty()) text += ", ";
     text += std::to_string(ranks[i]);
     if (j > i) text += (j == i + 1 ? ", " : "-") + std::to_string(ranks[j]);
     i = j + 1;
+    ++runs;
   }
   return text;
 }
@@ -215,15 +259,12 @@ CollectiveDiagnosis diagnose(std::vector<RankView> ranks) {
     d.headline += ": " + plural_ranks(waiting) + (waiting.size() == 1 ? " has" : " have") +
                   " waited in it for " + duration_text(waited);
   }
-  for (int rank : absent) {
-    const RankView& r = *std::find_if(ranks.begin(), ranks.end(),
-                                      [&](const RankView& v) { return v.rank == rank; });
-    d.headline += "; " + rank_who(r) + " never entered it: " + absence_text(r);
-    d.blamed.push_back(rank);
-  }
+  d.headline += absent_text(ranks, absent);
+  d.blamed.insert(d.blamed.end(), absent.begin(), absent.end());
   if (absent.empty() && !d.desync) {
     d.headline += "; every rank entered it (none is missing: a lost peer or a network fault?)";
   }
+  d.headline = capped(std::move(d.headline));
   return d;
 }
 
@@ -239,7 +280,7 @@ std::optional<CollectiveDiagnosis> judge_hang(const std::vector<RankView>& ranks
   }
   if (!stuck) return std::nullopt;
   CollectiveDiagnosis d = diagnose(ranks);
-  d.headline = "the job hung at " + d.headline;
+  d.headline = capped("the job hung at " + d.headline);
   return d;
 }
 

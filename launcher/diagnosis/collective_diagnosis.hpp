@@ -4,6 +4,7 @@
 // whether that is a hang. Pure logic over RankViews (tested without processes). Internal to
 // the launcher.
 
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -31,8 +32,19 @@ CollectiveDiagnosis diagnose(std::vector<RankView> ranks);
 std::optional<CollectiveDiagnosis> judge_hang(const std::vector<RankView>& ranks,
                                               double hang_timeout_s);
 
-// "0-6", "0, 2, 5-7": ranks in short form (sorted, duplicates dropped).
-std::string rank_list(std::vector<int> ranks);
+// A list of ranks names at most this many runs ("0-511" is one run), then says how many more.
+inline constexpr std::size_t kRankListRuns = 16;
+// At most this many ranks that never entered a collective are described one by one.
+inline constexpr std::size_t kAbsentRanksDescribed = 3;
+// At most this many different calls of one collective are spelled out in a desync.
+inline constexpr std::size_t kDesyncCallsShown = 4;
+// A verdict's headline stays under this many bytes, whatever the world size (it is also the
+// stop reason sent through the rendezvous: an etcd value).
+inline constexpr std::size_t kHeadlineMaxBytes = 2048;
+
+// "0-6", "0, 2, 5-7": ranks in short form (sorted, duplicates dropped); past max_runs runs,
+// "0, 2, 4 and 497 more ranks".
+std::string rank_list(std::vector<int> ranks, std::size_t max_runs = kRankListRuns);
 // "12.0 MiB", "512 B".
 std::string byte_text(std::uint64_t bytes);
 // "300 s", "2.5 s".

@@ -1,5 +1,6 @@
 #include "rank_view_json.hpp"
 
+#include <cmath>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 
@@ -8,11 +9,14 @@ namespace {
 
 using nlohmann::json;
 
+// To the millisecond: "0.4", not "0.40000000000000002".
+double ms(double seconds) { return std::round(seconds * 1000.0) / 1000.0; }
+
 json collective_json(const CollectiveInfo& c) {
   json j = {
-      {"seq", c.seq},      {"op", c.op},       {"dtype", c.dtype},     {"count", c.count},
-      {"bytes", c.bytes},  {"age_s", c.age_s}, {"started", c.started}, {"finished", c.finished},
-      {"failed", c.failed}};
+      {"seq", c.seq},     {"op", c.op},           {"dtype", c.dtype},     {"count", c.count},
+      {"bytes", c.bytes}, {"age_s", ms(c.age_s)}, {"started", c.started}, {"finished", c.finished}};
+  if (c.failed) j["failed"] = true;
   if (c.bucket) j["bucket"] = *c.bucket;
   return j;
 }
@@ -27,31 +31,38 @@ CollectiveInfo collective_of(const json& j) {
   c.age_s = j.at("age_s").get<double>();
   c.started = j.at("started").get<bool>();
   c.finished = j.at("finished").get<bool>();
-  c.failed = j.at("failed").get<bool>();
+  c.failed = j.value("failed", false);
   if (j.contains("bucket")) c.bucket = j.at("bucket").get<std::uint64_t>();
   return c;
 }
 
 }  // namespace
 
-std::string encode_views(const std::vector<RankView>& views) {
+std::string encode_views(const std::vector<RankView>& views, bool with_steps) {
   json out = json::array();
   for (const RankView& v : views) {
-    json j = {{"rank", v.rank},          {"local_rank", v.local_rank},
-              {"host", v.host},          {"pid", v.pid},
-              {"running", v.running},    {"exit", v.exit_text},
-              {"attached", v.attached},  {"python", v.python},
-              {"backend", v.backend},    {"queued", v.queued},
-              {"finished", v.finished},  {"failed", v.failed},
-              {"steps", v.steps},        {"compute_s", v.compute_s_total},
-              {"wait_s", v.wait_s_total}};
-    if (v.since_finished_s) j["since_finished_s"] = *v.since_finished_s;
+    json j = {{"rank", v.rank},       {"local_rank", v.local_rank}, {"host", v.host},
+              {"pid", v.pid},         {"running", v.running},       {"attached", v.attached},
+              {"backend", v.backend}, {"queued", v.queued},         {"finished", v.finished}};
+    if (!v.exit_text.empty()) j["exit"] = v.exit_text;
+    if (v.python) j["python"] = true;
+    if (v.failed) j["failed"] = true;
+    if (v.steps > 0) {
+      j["steps"] = v.steps;
+      j["compute_s"] = ms(v.compute_s_total);
+      j["wait_s"] = ms(v.wait_s_total);
+    }
+    if (v.since_finished_s) j["since_finished_s"] = ms(*v.since_finished_s);
     if (v.timeout_s) j["timeout_s"] = *v.timeout_s;
     if (v.pending) j["pending"] = collective_json(*v.pending);
     if (v.last) j["last"] = collective_json(*v.last);
-    json steps = json::array();
-    for (const StepInfo& s : v.recent_steps) steps.push_back({s.step, s.compute_s, s.wait_s});
-    j["recent_steps"] = std::move(steps);
+    if (with_steps && !v.recent_steps.empty()) {
+      json steps = json::array();
+      for (const StepInfo& s : v.recent_steps) {
+        steps.push_back({s.step, ms(s.compute_s), ms(s.wait_s)});
+      }
+      j["recent_steps"] = std::move(steps);
+    }
     out.push_back(std::move(j));
   }
   return out.dump();
@@ -67,21 +78,21 @@ std::vector<RankView> decode_views(const std::string& text) {
       v.host = j.at("host").get<std::string>();
       v.pid = j.at("pid").get<pid_t>();
       v.running = j.at("running").get<bool>();
-      v.exit_text = j.at("exit").get<std::string>();
+      v.exit_text = j.value("exit", "");
       v.attached = j.at("attached").get<bool>();
       v.python = j.value("python", false);
       v.backend = j.at("backend").get<std::string>();
       v.queued = j.at("queued").get<std::uint64_t>();
       v.finished = j.at("finished").get<std::uint64_t>();
-      v.failed = j.at("failed").get<bool>();
-      v.steps = j.at("steps").get<std::uint64_t>();
-      v.compute_s_total = j.at("compute_s").get<double>();
-      v.wait_s_total = j.at("wait_s").get<double>();
+      v.failed = j.value("failed", false);
+      v.steps = j.value("steps", std::uint64_t{0});
+      v.compute_s_total = j.value("compute_s", 0.0);
+      v.wait_s_total = j.value("wait_s", 0.0);
       if (j.contains("since_finished_s")) v.since_finished_s = j["since_finished_s"].get<double>();
       if (j.contains("timeout_s")) v.timeout_s = j["timeout_s"].get<double>();
       if (j.contains("pending")) v.pending = collective_of(j["pending"]);
       if (j.contains("last")) v.last = collective_of(j["last"]);
-      for (const json& s : j.at("recent_steps")) {
+      for (const json& s : j.value("recent_steps", json::array())) {
         v.recent_steps.push_back(
             {s.at(0).get<std::uint64_t>(), s.at(1).get<double>(), s.at(2).get<double>()});
       }

@@ -9,7 +9,9 @@
 
 namespace ddp::launcher {
 
-std::string encode_views(const std::vector<RankView>& views);
+// Compact: fields at their defaults are left out, ages and times kept to the millisecond, and
+// the recent steps (up to 64 a rank, most of a view's bytes) only when with_steps.
+std::string encode_views(const std::vector<RankView>& views, bool with_steps = true);
 // Throws std::invalid_argument naming what is wrong when text is not what encode_views wrote.
 std::vector<RankView> decode_views(const std::string& text);
 

@@ -156,6 +156,69 @@ TEST_CASE("a hang at the first collective: a rank that has finished none") {
              Catch::EndsWith("never entered it: it has finished no collective yet"));
 }
 
+TEST_CASE("a verdict over 1,024 ranks fits in a line: ranks as ranges, the list capped") {
+  constexpr int kWorld = 1024;
+  constexpr std::size_t kLine = 4096;  // what a console line and an etcd stop reason take
+  auto world = [](auto absent) {
+    std::vector<RankView> views;
+    for (int r = 0; r < kWorld; ++r) {
+      views.push_back(absent(r) ? rank(r, 7, 400) : rank(r, 7, 400, 400));
+    }
+    return views;
+  };
+  SECTION("one absent rank: the others as two ranges") {
+    auto hung = judge_hang(world([](int r) { return r == 512; }), 60);
+    REQUIRE(hung);
+    CHECK(hung->blamed == std::vector<int>{512});
+    CHECK_THAT(hung->headline, Catch::Contains("ranks 0-511, 513-1023 have waited in it") &&
+                                   Catch::Contains("rank 512 (host node-a, pid 1512) never "
+                                                   "entered it: its last finished collective "
+                                                   "is 7, 400 s ago"));
+    CHECK(hung->headline.size() < kLine);
+  }
+  SECTION("every other rank absent: both lists capped, every absent rank still blamed") {
+    auto hung = judge_hang(world([](int r) { return r % 2 == 1; }), 60);
+    REQUIRE(hung);
+    CHECK(hung->blamed.size() == kWorld / 2);
+    CHECK_THAT(hung->headline, Catch::Contains("512 ranks never entered it (1, 3, 5,") &&
+                                   Catch::Contains("more), among them rank 1 (host node-a"));
+    CHECK(hung->headline.size() < kLine);
+  }
+  SECTION("one rank waits, all others absent") {
+    auto hung = judge_hang(world([](int r) { return r != 0; }), 60);
+    REQUIRE(hung);
+    CHECK(hung->blamed.size() == kWorld - 1);
+    CHECK_THAT(hung->headline, Catch::Contains("1023 ranks never entered it (1-1023)"));
+    CHECK(hung->headline.size() < kLine);
+  }
+  SECTION("a desync in which every rank passed its own count") {
+    std::vector<RankView> views;
+    for (int r = 0; r < kWorld; ++r) views.push_back(rank(r, 7, 400, 400, 1000 + r));
+    auto hung = judge_hang(views, 60);
+    REQUIRE(hung);
+    CHECK(hung->desync);
+    CHECK(hung->blamed.size() == kWorld - 1);
+    CHECK_THAT(hung->headline, Catch::Contains("other ways"));
+    CHECK(hung->headline.size() < kLine);
+  }
+  SECTION("long host names: the headline is cut, and says so") {
+    std::vector<RankView> views = world([](int r) { return r < 3; });
+    for (RankView& v : views) v.host = std::string(1500, 'h');
+    auto hung = judge_hang(views, 60);
+    REQUIRE(hung);
+    CHECK(hung->headline.size() < kLine);
+    CHECK_THAT(hung->headline, Catch::EndsWith("[... cut]"));
+  }
+}
+
+TEST_CASE("rank_list names at most 16 runs, then how many ranks more") {
+  std::vector<int> even;
+  for (int r = 0; r < 1000; r += 2) even.push_back(r);
+  CHECK(rank_list(even) ==
+        "0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30 and 484 more");
+  CHECK(rank_list({0, 1, 2, 4, 5, 6}) == "0-2, 4-6");
+}
+
 TEST_CASE("stacks group by their shape, addresses and thread ids aside") {
   const std::string a =
       "PID 11 - process\nTID 11:\n#0  0x00007f00aa nanosleep\n#1  0x0000aa11 main\n";
