@@ -136,6 +136,7 @@ void GlooCommunicator::abort(const std::string& reason) {
     std::lock_guard lock(abort_mutex_);
     if (!abort_reason_.empty()) return;
     abort_reason_ = reason.empty() ? "aborted (no reason given)" : reason;
+    aborted_.store(true);
     because = abort_reason_;
     queued.swap(queued_);
   }

@@ -77,6 +77,14 @@ class NcclCommState {
   // aborting with kStopRequestedReason; null: none. The recorder must outlive the watchdog.
   void watch_stop_request(const CollectiveRecorder* recorder) { stop_request_.store(recorder); }
 
+  // Allocates the abort flag: an int of mapped pinned host memory that begin_abort sets to 1
+  // with a plain store (no CUDA call: an abort must not wait for a stuck device) and that
+  // kernels read through abort_flag_on_device(). Call once, on the communicator's device;
+  // throws CommError when CUDA cannot map it.
+  void make_abort_flag();
+  // The flag's device address; nullptr before make_abort_flag.
+  const int* abort_flag_on_device() const { return abort_flag_device_; }
+
   // Starts the watchdog thread on `device`. Call once, after `comm` is set.
   void start_watchdog(int device);
   // Stops and joins the watchdog, then settles what is still pending: a collective whose
@@ -95,6 +103,8 @@ class NcclCommState {
   void check_async_error();
 
   std::atomic<const CollectiveRecorder*> stop_request_{nullptr};
+  int* abort_flag_host_ = nullptr;          // mapped pinned memory; freed by the destructor
+  const int* abort_flag_device_ = nullptr;  // the same int, as kernels address it
   std::atomic<bool> aborting_{false};
   mutable std::mutex reason_mutex_;
   std::string reason_;  // guarded by reason_mutex_
