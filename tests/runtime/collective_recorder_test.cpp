@@ -626,7 +626,7 @@ TEST_CASE("Concurrent writers of one slot never leave a mixed record that reads 
 
 // The same race, step by step: a writer that finds the slot claimed waits for the other
 // writer to end; a reader meanwhile never takes the slot as stable.
-TEST_CASE("A second writer of a slot waits for the first; the reader sees it unstable") {
+TEST_CASE("A second writer of a slot waits for the first, and the reader sees it unstable") {
   AgentPage agent;
   CollectiveSlot& slot = agent.page().collectives[7];
   auto stable_now = [&] { return read_stable(slot, [](const CollectiveSlot&) {}); };

@@ -420,8 +420,8 @@ def main():
     checks = Checks()
     hooks = hooks_version()
     print("PyTorch with process group hooks: %s; page of %d bytes" % (hooks, PAGE_BYTES))
-    checks.expect(PAGE_BYTES == 256 + 256 * 128 + 64 * 64 and HEADER_WORDS == 32, "page layout",
-                  LAYOUT)
+    checks.expect(PAGE_BYTES == 256 + 256 * 128 + 64 * 64 + 3 * (128 + 256 * 128)
+                  and HEADER_WORDS == 32, "page layout", LAYOUT)
     check_user_sitecustomize(checks)
     check_start_up(checks)
     check_stack_signal(checks)
