@@ -169,6 +169,12 @@ CollectiveRecorder::CollectiveRecorder(RecordPage* page, int lane, std::uint64_t
 CollectiveRecorder::~CollectiveRecorder() {
   if (owns_steps_ == 1) page_->step_context.store(0, std::memory_order_release);
   if (lane_index_ >= 0) {
+    // What never finished is gone with the communicator: failed, not pending for ever (the
+    // agent still reads a closed lane, for a rank that exited).
+    const std::uint64_t queued = lane_.queued->load(std::memory_order_relaxed);
+    std::uint64_t seq = lane_.finished->load(std::memory_order_relaxed) + 1;
+    if (queued > kCollectiveSlots) seq = std::max(seq, queued - kCollectiveSlots + 1);
+    for (; seq <= queued; ++seq) on_finished(seq, true);
     lane_.state->store(static_cast<std::uint64_t>(LaneState::kClosed), std::memory_order_release);
   }
   munmap(page_, sizeof(RecordPage));

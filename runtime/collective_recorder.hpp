@@ -44,6 +44,8 @@ class CollectiveRecorder {
                                                     Backend backend,
                                                     std::chrono::milliseconds timeout = {},
                                                     std::uint64_t context = 1);
+  // Records what never finished as failed, gives the lane back (closed: still read by the
+  // agent) and unmaps the page.
   ~CollectiveRecorder();
   CollectiveRecorder(const CollectiveRecorder&) = delete;
   CollectiveRecorder& operator=(const CollectiveRecorder&) = delete;

@@ -127,8 +127,12 @@ void read_record(const record::RecordPage& page, std::uint64_t now_ns, RankView&
   read_steps(page, view.steps, view);
   if (page.version.load(kRelaxed) < 2) return;  // no lanes
   for (std::uint32_t lane = 1; lane < record::kCommunicatorLanes; ++lane) {
+    // A closed lane still says what its communicator last did (a rank that exited).
     const auto state = record::lane_of(page, lane).state->load(std::memory_order_acquire);
-    if (state != static_cast<std::uint64_t>(record::LaneState::kOpen)) continue;
+    if (state != static_cast<std::uint64_t>(record::LaneState::kOpen) &&
+        state != static_cast<std::uint64_t>(record::LaneState::kClosed)) {
+      continue;
+    }
     RankView other = identity_of(view);
     other.attached = true;
     read_lane(page, lane, now_ns, other);

@@ -68,7 +68,8 @@ struct RankView {
   int lane = 0;                        // the page's lane this view reads (0: the first)
   std::uint64_t context = 0;    // which communicator of the process: 1, 2, ... in the order the
                                 // program made them (the same on every rank); 0: unknown
-  std::vector<RankView> lanes;  // the process's other open communicators (lanes 1..), if any
+  std::vector<RankView> lanes;  // the process's other communicators (lanes 1..), live or
+                                // destroyed (what they last did), if any
 };
 
 // Reads a page at `now_ns` (CLOCK_MONOTONIC). Fills the record's part of the view (attached,

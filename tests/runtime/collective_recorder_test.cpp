@@ -341,13 +341,18 @@ TEST_CASE("Recorders of one process share the page, a lane each, and give lanes 
   CHECK(op_name(page.lanes[0].collectives[1].op.load()) == std::string("broadcast"));
   CHECK(op_name(page.collectives[1].op.load()) == std::string("all_reduce"));
 
-  // A destroyed recorder gives its lane back; the next on it goes on with the numbering.
+  // A destroyed recorder gives its lane back, what it left unfinished recorded as failed;
+  // the next on the lane goes on with the numbering.
+  second->on_queued(Op::kAllReduce, pack_name("float32"), 1, 4, kNoBucket);  // never finishes
+  CHECK(lane1.queued.load() == 2);
   second.reset();
+  CHECK(lane1.finished.load() == 2);
+  CHECK(page.lanes[0].collectives[2].failed.load() == 1);
   CHECK(lane1.state.load() == static_cast<std::uint64_t>(LaneState::kClosed));
   auto third = CollectiveRecorder::attach(agent.fd(), 1, 2, ddp::Backend::Gloo, {}, 2);
   REQUIRE(third != nullptr);
   CHECK(third->lane() == 1);
-  CHECK(third->on_queued(Op::kBarrier, 0, 0, 0, kNoBucket) == 2);
+  CHECK(third->on_queued(Op::kBarrier, 0, 0, 0, kNoBucket) == 3);
   CHECK(lane1.context.load() == 2);
   CHECK(unpack_name(lane1.backend.load()) == "gloo");
 
