@@ -45,9 +45,21 @@ class NcclCommState {
   NcclCommState& operator=(const NcclCommState&) = delete;
 
   // Held around every NCCL call on `comm` (enqueues, finalize, abort, the watchdog's
-  // ncclCommGetAsyncError), so that an abort never races a call into NCCL.
+  // ncclCommGetAsyncError), so that an abort never races a call into NCCL (NCCL allows one
+  // thread at a time per communicator), and around nothing else: never across a CUDA call
+  // that can block behind a stuck kernel, which only the abort can end.
   std::mutex mutex;
   ncclComm_t comm = nullptr;  // set once built; null again once aborted or destroyed
+
+  // The issuing thread's way into NCCL: runs call(comm) under `mutex` and returns what it
+  // returns; throws aborted_error(what) without calling once an abort began. Blocks only
+  // while another NCCL call (or the abort) holds `mutex`.
+  template <typename Call>
+  auto with_comm(const std::string& what, Call&& call) {
+    std::lock_guard lock(mutex);
+    throw_if_aborted(what);
+    return call(comm);
+  }
 
   // True from the moment an abort starts. Never blocks.
   bool aborting() const { return aborting_.load(); }

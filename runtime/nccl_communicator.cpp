@@ -448,9 +448,8 @@ Work NcclCommunicator::launch(const CallDescriptor& call, void* after,
 
 template <typename Call>
 void NcclCommunicator::nccl_call(const std::string& what, Call&& call) {
-  std::lock_guard lock(state_->mutex);  // no abort while NCCL enqueues
-  state_->throw_if_aborted(what + where(rank_));
-  enqueued(call(state_->comm), what);
+  // No abort while NCCL enqueues (and none of its waiting, which an abort cuts short).
+  state_->with_comm(what + where(rank_), [&](ncclComm_t comm) { enqueued(call(comm), what); });
 }
 
 void* NcclCommunicator::staging(std::size_t bytes, std::size_t slot) {
