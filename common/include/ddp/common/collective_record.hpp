@@ -15,7 +15,8 @@
 //   of its Context's number ((context - 1) % kCommunicatorLanes: init() builds Contexts in
 //   the same order on every rank, so lane i of every rank is the same communicator), else
 //   any free one, by a compare-exchange of the lane's state, and gives it back when it is
-//   destroyed; a later communicator on that lane goes on with its numbering. The first claim
+//   destroyed (kClosed: what it left unfinished recorded as failed; the agent still reads a
+//   closed lane); a later communicator on that lane goes on with its numbering. The first claim
 //   fills the rest of the header and publishes it by storing kRecordMagic last. ddprun's
 //   Python probe (launcher/python/_ddprun_probe.py) claims the page by pid when the first
 //   process group is made and writes lane 0 only. A worker that does neither (a program
