@@ -67,11 +67,49 @@ std::optional<int> choose_fd(std::optional<int> fd, int rank) {
   return parsed;
 }
 
+// Claims a lane for Context `context`: its own ((context - 1) % kCommunicatorLanes, the same
+// on every rank), else the next free one. -1: none is free.
+int claim_lane(RecordPage& page, std::uint64_t context) {
+  const auto own =
+      static_cast<std::uint32_t>((context == 0 ? 0 : context - 1) % kCommunicatorLanes);
+  for (std::uint32_t i = 0; i < kCommunicatorLanes; ++i) {
+    const std::uint32_t index = (own + i) % kCommunicatorLanes;
+    std::atomic<std::uint64_t>& state = *lane_of(page, index).state;
+    std::uint64_t seen = state.load(std::memory_order_acquire);
+    while (seen == static_cast<std::uint64_t>(LaneState::kUnused) ||
+           seen == static_cast<std::uint64_t>(LaneState::kClosed)) {
+      if (state.compare_exchange_weak(seen, static_cast<std::uint64_t>(LaneState::kClaiming),
+                                      std::memory_order_acq_rel)) {
+        return static_cast<int>(index);
+      }
+    }
+  }
+  return -1;
+}
+
+// Names a claimed lane's communicator and opens it (readers skip it until then).
+void fill_lane(Lane lane, std::uint64_t context, int rank, int world_size, Backend backend,
+               std::chrono::milliseconds timeout) {
+  lane.context->store(context, std::memory_order_relaxed);
+  lane.backend->store(pack_name(to_string(backend)), std::memory_order_relaxed);
+  lane.rank->store(static_cast<std::uint64_t>(rank), std::memory_order_relaxed);
+  lane.world_size->store(static_cast<std::uint64_t>(world_size), std::memory_order_relaxed);
+  lane.timeout_ms->store(static_cast<std::uint64_t>(std::max<std::int64_t>(timeout.count(), 0)),
+                         std::memory_order_relaxed);
+  // A destroyed communicator's collectives that never finished are gone with it.
+  const std::uint64_t queued = lane.queued->load(std::memory_order_relaxed);
+  if (lane.finished->load(std::memory_order_relaxed) < queued) {
+    lane.finished->store(queued, std::memory_order_release);
+  }
+  lane.state->store(static_cast<std::uint64_t>(LaneState::kOpen), std::memory_order_release);
+}
+
 }  // namespace
 
 std::unique_ptr<CollectiveRecorder> CollectiveRecorder::attach(std::optional<int> fd, int rank,
                                                                int world_size, Backend backend,
-                                                               std::chrono::milliseconds timeout) {
+                                                               std::chrono::milliseconds timeout,
+                                                               std::uint64_t context) {
   const auto chosen = choose_fd(fd, rank);
   if (!chosen) return nullptr;
   const std::string name = "the collective record descriptor " + std::to_string(*chosen) +
@@ -93,29 +131,69 @@ std::unique_ptr<CollectiveRecorder> CollectiveRecorder::attach(std::optional<int
     return nullptr;
   }
   auto* page = static_cast<RecordPage*>(mapped);
-  // The first communicator of the first process claims the page; a second Context of this
-  // process, or a child that inherited the descriptor, leaves it to its owner.
+  // The first communicator of the process claims the page; later ones of this process share
+  // it (a lane each); a child that inherited the descriptor leaves it to its owner.
   std::uint64_t owner = 0;
   const auto pid = static_cast<std::uint64_t>(getpid());
-  if (!page->pid.compare_exchange_strong(owner, pid, std::memory_order_acq_rel)) {
-    if (owner != pid) {
-      warn(rank, name + " belongs to process " + std::to_string(owner) +
-                     " (inherited from a parent that records there)");
-    }
+  if (!page->pid.compare_exchange_strong(owner, pid, std::memory_order_acq_rel) && owner != pid) {
+    warn(rank, name + " belongs to process " + std::to_string(owner) +
+                   " (inherited from a parent that records there)");
     munmap(mapped, sizeof(RecordPage));
     return nullptr;
   }
   page->version.store(kRecordVersion, std::memory_order_relaxed);
   page->rank.store(static_cast<std::uint64_t>(rank), std::memory_order_relaxed);
   page->world_size.store(static_cast<std::uint64_t>(world_size), std::memory_order_relaxed);
-  page->backend.store(pack_name(to_string(backend)), std::memory_order_relaxed);
-  page->timeout_ms.store(static_cast<std::uint64_t>(std::max<std::int64_t>(timeout.count(), 0)),
-                         std::memory_order_relaxed);
-  page->magic.store(kRecordMagic, std::memory_order_release);  // last: publishes the header
-  return std::unique_ptr<CollectiveRecorder>(new CollectiveRecorder(page));
+  const int lane = claim_lane(*page, context);
+  if (lane < 0) {
+    warn(rank, "every lane of " + name + " is taken (" + std::to_string(kCommunicatorLanes) +
+                   " communicators record at once); communicator " + std::to_string(context) +
+                   " (" + to_string(backend) + ")");
+  } else {
+    fill_lane(lane_of(*page, static_cast<std::uint32_t>(lane)), context, rank, world_size, backend,
+              timeout);
+  }
+  if (page->magic.load(std::memory_order_acquire) != kRecordMagic) {
+    page->magic.store(kRecordMagic, std::memory_order_release);  // last: publishes the header
+  }
+  return std::unique_ptr<CollectiveRecorder>(new CollectiveRecorder(page, lane, context));
 }
 
-CollectiveRecorder::~CollectiveRecorder() { munmap(page_, sizeof(RecordPage)); }
+CollectiveRecorder::CollectiveRecorder(RecordPage* page, int lane, std::uint64_t context)
+    : page_(page), lane_index_(lane), context_(context) {
+  if (lane < 0) return;
+  lane_ = lane_of(*page, static_cast<std::uint32_t>(lane));
+  next_seq_ = lane_.queued->load(std::memory_order_relaxed);  // a lane's numbers go on
+}
+
+CollectiveRecorder::~CollectiveRecorder() {
+  if (owns_steps_ == 1) page_->step_context.store(0, std::memory_order_release);
+  if (lane_index_ >= 0) {
+    // What never finished is gone with the communicator: failed, not pending for ever (the
+    // agent still reads a closed lane, for a rank that exited).
+    const std::uint64_t queued = lane_.queued->load(std::memory_order_relaxed);
+    std::uint64_t seq = lane_.finished->load(std::memory_order_relaxed) + 1;
+    if (queued > kCollectiveSlots) seq = std::max(seq, queued - kCollectiveSlots + 1);
+    for (; seq <= queued; ++seq) on_finished(seq, true);
+    lane_.state->store(static_cast<std::uint64_t>(LaneState::kClosed), std::memory_order_release);
+  }
+  munmap(page_, sizeof(RecordPage));
+}
+
+bool CollectiveRecorder::owns_steps() {
+  if (owns_steps_ < 0) {
+    std::uint64_t owner = 0;
+    owns_steps_ =
+        page_->step_context.compare_exchange_strong(owner, context_, std::memory_order_acq_rel) ||
+        owner == context_;
+    if (owns_steps_ == 1) {  // the step ring and totals go on from an earlier Reducer's
+      step_ = page_->steps.load(std::memory_order_relaxed);
+      compute_ns_total_ = page_->compute_ns_total.load(std::memory_order_relaxed);
+      wait_ns_total_ = page_->wait_ns_total.load(std::memory_order_relaxed);
+    }
+  }
+  return owns_steps_ == 1;
+}
 
 std::uint64_t CollectiveRecorder::dtype_word(DType dtype) {
   switch (dtype) {
@@ -137,13 +215,14 @@ std::uint64_t CollectiveRecorder::dtype_word(DType dtype) {
 
 std::uint64_t CollectiveRecorder::on_queued(Op op, std::uint64_t dtype, std::uint64_t count,
                                             std::uint64_t bytes, std::uint64_t bucket) {
+  if (lane_index_ < 0) return 0;
   const std::uint64_t seq = ++next_seq_;
   const std::uint64_t now = now_ns();
-  // The slot's previous collective may still be written by the thread that runs it until it
-  // finished (see the header): then this collective goes unrecorded rather than racing it.
+  // The slot's previous collective may be unfinished still (more than a ring in flight):
+  // then this collective goes unrecorded rather than hiding the older one.
   if (seq <= kCollectiveSlots ||
-      page_->finished.load(std::memory_order_acquire) >= seq - kCollectiveSlots) {
-    CollectiveSlot& slot = page_->collectives[seq % kCollectiveSlots];
+      lane_.finished->load(std::memory_order_acquire) >= seq - kCollectiveSlots) {
+    CollectiveSlot& slot = lane_.collectives[seq % kCollectiveSlots];
     begin_write(slot);
     slot.seq.store(seq, std::memory_order_relaxed);
     slot.op.store(static_cast<std::uint64_t>(op), std::memory_order_relaxed);
@@ -157,7 +236,7 @@ std::uint64_t CollectiveRecorder::on_queued(Op op, std::uint64_t dtype, std::uin
     slot.failed.store(0, std::memory_order_relaxed);
     end_write(slot);
   }
-  page_->queued.store(seq, std::memory_order_release);
+  lane_.queued->store(seq, std::memory_order_release);
   return seq;
 }
 
@@ -168,36 +247,48 @@ std::uint64_t CollectiveRecorder::on_queued(const CallDescriptor& call, std::uin
 }
 
 void CollectiveRecorder::on_started(std::uint64_t seq) {
+  if (lane_index_ < 0 || seq == 0) return;
   const std::uint64_t now = now_ns();
-  CollectiveSlot& slot = page_->collectives[seq % kCollectiveSlots];
+  CollectiveSlot& slot = lane_.collectives[seq % kCollectiveSlots];
   if (slot.seq.load(std::memory_order_relaxed) == seq) {
     begin_write(slot);
-    slot.started_ns.store(now, std::memory_order_relaxed);
+    // Checked again under the claim: the slot may have passed to a newer collective.
+    if (slot.seq.load(std::memory_order_relaxed) == seq) {
+      slot.started_ns.store(now, std::memory_order_relaxed);
+    }
     end_write(slot);
   }
-  page_->started.store(seq, std::memory_order_release);
+  std::uint64_t highest = lane_.started->load(std::memory_order_relaxed);
+  while (highest < seq && !lane_.started->compare_exchange_weak(
+                              highest, seq, std::memory_order_release, std::memory_order_relaxed)) {
+  }
 }
 
 void CollectiveRecorder::on_finished(std::uint64_t seq, bool failed) {
+  if (lane_index_ < 0 || seq == 0) return;
   const std::uint64_t now = now_ns();
-  CollectiveSlot& slot = page_->collectives[seq % kCollectiveSlots];
+  CollectiveSlot& slot = lane_.collectives[seq % kCollectiveSlots];
   if (slot.seq.load(std::memory_order_relaxed) == seq) {
     begin_write(slot);
-    slot.finished_ns.store(now, std::memory_order_relaxed);
-    slot.failed.store(failed ? 1 : 0, std::memory_order_relaxed);
+    // Checked again under the claim: once a later collective finished, the issuing thread
+    // may have reused this slot for seq + kCollectiveSlots.
+    if (slot.seq.load(std::memory_order_relaxed) == seq) {
+      slot.finished_ns.store(now, std::memory_order_relaxed);
+      slot.failed.store(failed ? 1 : 0, std::memory_order_relaxed);
+    }
     end_write(slot);
   }
-  if (failed) page_->failed.store(1, std::memory_order_relaxed);
-  page_->last_finished_ns.store(now, std::memory_order_relaxed);
+  if (failed) lane_.failed->store(1, std::memory_order_relaxed);
+  lane_.last_finished_ns->store(now, std::memory_order_relaxed);
   // Release: the issuing thread may reuse this slot once it sees `finished` pass it.
-  std::uint64_t highest = page_->finished.load(std::memory_order_relaxed);
-  while (highest < seq && !page_->finished.compare_exchange_weak(
+  std::uint64_t highest = lane_.finished->load(std::memory_order_relaxed);
+  while (highest < seq && !lane_.finished->compare_exchange_weak(
                               highest, seq, std::memory_order_release, std::memory_order_relaxed)) {
   }
 }
 
 void CollectiveRecorder::step_begin() {
-  if (step_open_) return;
+  if (step_open_ || !owns_steps()) return;
   const std::uint64_t now = now_ns();
   ++step_;
   step_open_ = true;
@@ -215,7 +306,7 @@ void CollectiveRecorder::step_begin() {
 
 void CollectiveRecorder::step_ready() {
   step_begin();
-  if (step_ready_ns_ != 0) return;
+  if (!step_open_ || step_ready_ns_ != 0) return;
   step_ready_ns_ = now_ns();
   StepSlot& slot = page_->step_slots[step_ % kStepSlots];
   begin_write(slot);

@@ -11,9 +11,12 @@
 // Threads: on_queued is called by the thread that issues the collectives (one per
 // communicator); on_started / on_finished by whoever runs them (the Gloo communication
 // thread, NCCL's stream callback), in issue order; the step calls by the Reducer's thread.
-// A slot is written by one thread at a time: the issuing thread reuses the slot of
-// collective seq - kCollectiveSlots only once that collective finished, and otherwise leaves
-// the slot alone (the record of the newer collective is lost, its counters still move).
+// Writers of one slot take turns (its seqlock is claimed by compare-exchange): the watchdog
+// finishing k, a waiter finishing k + 1 and the issuing thread reusing k's slot for
+// k + kCollectiveSlots (once `finished` passed k) never leave a mix of two collectives.
+//
+// Several communicators of one process share the page, each in a lane of its own (see
+// ddp/common/collective_record.hpp); a recorder gives its lane back when it is destroyed.
 
 #include <chrono>
 #include <cstdint>
@@ -29,15 +32,20 @@ namespace ddp::detail {
 class CollectiveRecorder {
  public:
   // Maps the record page `fd` (unset: the descriptor named by DDPRUN_RECORD_FD, when that is
-  // set and not empty; -1: recording off), fills its header and publishes it. Returns nullptr
-  // (recording off) when there is no page, when the value or the descriptor is unusable (one
-  // warning line on stderr naming it; never an error), or when another communicator of this
-  // process, or another process, already claimed the page (its pid field). timeout: the
-  // collective timeout the program waits with (InitOptions::timeout), for the agent's rule of
-  // when a hang may be stopped (0: unknown).
+  // set and not empty; -1: recording off), claims a lane for this communicator, fills the
+  // headers and publishes them. Returns nullptr (recording off) when there is no page, when
+  // the value or the descriptor is unusable (one warning line on stderr naming it; never an
+  // error), or when another process already claimed the page (its pid field). With every
+  // lane taken, it warns once and returns a recorder that records nothing but still sees the
+  // agent's stop request. timeout: the collective timeout the program waits with
+  // (InitOptions::timeout), for the agent's rule of when a hang may be stopped (0: unknown).
+  // context: which Context of the process this is (1, 2, ... in init() order).
   static std::unique_ptr<CollectiveRecorder> attach(std::optional<int> fd, int rank, int world_size,
                                                     Backend backend,
-                                                    std::chrono::milliseconds timeout = {});
+                                                    std::chrono::milliseconds timeout = {},
+                                                    std::uint64_t context = 1);
+  // Records what never finished as failed, gives the lane back (closed: still read by the
+  // agent) and unmaps the page.
   ~CollectiveRecorder();
   CollectiveRecorder(const CollectiveRecorder&) = delete;
   CollectiveRecorder& operator=(const CollectiveRecorder&) = delete;
@@ -54,11 +62,15 @@ class CollectiveRecorder {
   // Collective `seq` completed, with an error when `failed`.
   void on_finished(std::uint64_t seq, bool failed);
 
-  // Reducer step marks. step_begin: a synchronised step's first gradient is ready (the step
-  // began when the previous one was finalized, or now for the first); no-op while a step is
-  // open. step_ready: the last bucket's gradients are ready (begins a step if none is open).
-  // step_finalized: every bucket was reduced; closes the step and adds its compute and wait
-  // time to the totals (no-op when no step is open).
+  // The lane this recorder writes (0, 1, ...); -1: none was free, nothing is recorded.
+  int lane() const { return lane_index_; }
+
+  // Reducer step marks. Only the Reducer of one Context records steps (the page has one
+  // step ring): the first to begin one; the others' calls do nothing. step_begin: a synchronised
+  // step's first gradient is ready (the step began when the previous one was finalized, or now for
+  // the first); no-op while a step is open. step_ready: the last bucket's gradients are ready
+  // (begins a step if none is open). step_finalized: every bucket was reduced; closes the step and
+  // adds its compute and wait time to the totals (no-op when no step is open).
   void step_begin();
   void step_ready();
   void step_finalized();
@@ -74,10 +86,16 @@ class CollectiveRecorder {
   static std::uint64_t dtype_word(DType dtype);
 
  private:
-  explicit CollectiveRecorder(record::RecordPage* page) : page_(page) {}
+  CollectiveRecorder(record::RecordPage* page, int lane, std::uint64_t context);
+  // Whether this recorder's Reducer records the page's steps (claims them at the first call).
+  bool owns_steps();
 
   record::RecordPage* page_;    // mapped MAP_SHARED; unmapped by the destructor
+  int lane_index_;              // -1: no lane
+  record::Lane lane_{};         // its words; null pointers when lane_index_ is -1
+  std::uint64_t context_;       // which Context of the process
   std::uint64_t next_seq_ = 0;  // the issuing thread's
+  int owns_steps_ = -1;         // -1: not asked yet; 0 / 1
   // The Reducer thread's view of the current step.
   std::uint64_t step_ = 0;
   bool step_open_ = false;

@@ -83,7 +83,7 @@ Work GlooCommunicator::enqueue(const CallDescriptor& call, std::function<void()>
   }
   const std::uint64_t seq =
       recorder_ ? recorder_->on_queued(call, bucket.value_or(record::kNoBucket)) : 0;
-  queued_.push_back(work);
+  queued_.emplace_back(work, seq);
   auto task = [this, work, what, call, check, seq, body = std::move(body)] {
     {
       std::lock_guard started(abort_mutex_);
@@ -123,22 +123,26 @@ Work GlooCommunicator::enqueue(const CallDescriptor& call, std::function<void()>
     queue_.submit(std::move(task));
   } catch (...) {
     queued_.pop_back();  // never queued: keep queued_ in step with the tasks
+    if (seq != 0) recorder_->on_finished(seq, true);
     throw;
   }
   return Work(work);
 }
 
 void GlooCommunicator::abort(const std::string& reason) {
-  std::deque<std::shared_ptr<PromiseWork>> queued;
+  std::deque<std::pair<std::shared_ptr<PromiseWork>, std::uint64_t>> queued;
   std::string because;
   {
     std::lock_guard lock(abort_mutex_);
     if (!abort_reason_.empty()) return;
     abort_reason_ = reason.empty() ? "aborted (no reason given)" : reason;
+    aborted_.store(true);
     because = abort_reason_;
     queued.swap(queued_);
   }
-  for (auto& work : queued) {
+  for (auto& [work, seq] : queued) {
+    // Their tasks never run now: the record finishes here, failed, before a waiter wakes.
+    if (seq != 0) recorder_->on_finished(seq, true);
     work->complete(std::make_exception_ptr(
         CommError(work->describe() + ": the gloo communicator was aborted: " + because)));
   }

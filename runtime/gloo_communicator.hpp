@@ -3,6 +3,7 @@
 // one communication thread in issue order, so asynchronous calls overlap with the caller's
 // compute. Internal to libddp; programs reach it through Context.
 
+#include <atomic>
 #include <deque>
 #include <memory>
 #include <mutex>
@@ -54,10 +55,11 @@ class GlooCommunicator : public Communicator {
   std::shared_ptr<void> allocate(std::size_t bytes) override;
   void fill_zero(void* data, std::size_t bytes, void* stream) override;
   void set_mismatch_check(MismatchCheck check) override { policy_.set(check); }
-  // Queued collectives fail at once; the running one fails with `reason` when it ends (at
-  // the latest at the collective timeout: a blocked TCP operation cannot be interrupted);
-  // later calls throw. Thread-safe.
+  // Queued collectives fail at once, and so do their records; the running one fails with
+  // `reason` when it ends (at the latest at the collective timeout: a blocked TCP operation
+  // cannot be interrupted); later calls throw. Thread-safe.
   void abort(const std::string& reason) override;
+  bool aborted() const override { return aborted_.load(); }
 
  private:
   // Queues body on the communication thread after an optional cross-rank check of `call`,
@@ -80,9 +82,11 @@ class GlooCommunicator : public Communicator {
   std::exception_ptr first_failure_;         // used on the communication thread only
   std::vector<std::uint16_t> wire_scratch_;  // compressed all-reduce; communication thread only
   std::mutex abort_mutex_;
-  std::string abort_reason_;                         // guarded by abort_mutex_; "" until aborted
-  std::deque<std::shared_ptr<PromiseWork>> queued_;  // guarded by abort_mutex_: not started yet
-  common::TaskQueue queue_;                          // last: its thread stops before the rest goes
+  std::atomic<bool> aborted_{false};  // set with abort_reason_
+  std::string abort_reason_;          // guarded by abort_mutex_; "" until aborted
+  // Guarded by abort_mutex_: not started yet, with each one's record number (0: unrecorded).
+  std::deque<std::pair<std::shared_ptr<PromiseWork>, std::uint64_t>> queued_;
+  common::TaskQueue queue_;  // last: its thread stops before the rest goes
 };
 
 }  // namespace ddp::detail

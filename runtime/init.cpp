@@ -75,8 +75,9 @@ Context build_context(const LaunchEnv& env, std::shared_ptr<store::Store> base,
           ? detail::make_nccl_communicator(backend_store, env, options, check)
           : detail::make_gloo_communicator(*backend_store, env, options, check);
   job_store->set_timeout(store::kDefaultTimeout);
-  communicator->set_recorder(detail::CollectiveRecorder::attach(
-      options.record_fd, env.rank, env.world_size, backend, options.timeout));
+  communicator->set_recorder(
+      detail::CollectiveRecorder::attach(options.record_fd, env.rank, env.world_size, backend,
+                                         options.timeout, static_cast<std::uint64_t>(instance)));
   return Context(env, std::move(job_store), std::move(communicator), options.timeout,
                  std::move(keep_alive));
 }

@@ -20,7 +20,28 @@ constexpr std::chrono::milliseconds kIdleInterval(100);
 
 }  // namespace
 
-NcclCommState::~NcclCommState() { stop_watchdog(); }
+NcclCommState::~NcclCommState() {
+  stop_watchdog();
+  if (abort_flag_host_ != nullptr) cudaFreeHost(abort_flag_host_);
+}
+
+void NcclCommState::make_abort_flag() {
+  void* host = nullptr;
+  cudaError_t status = cudaHostAlloc(&host, sizeof(int), cudaHostAllocMapped);
+  if (status != cudaSuccess) {
+    throw CommError(std::string("allocating the abort flag (mapped host memory): ") +
+                    cudaGetErrorString(status));
+  }
+  abort_flag_host_ = static_cast<int*>(host);
+  __atomic_store_n(abort_flag_host_, aborting() ? 1 : 0, __ATOMIC_SEQ_CST);
+  void* device = nullptr;
+  status = cudaHostGetDevicePointer(&device, host, 0);
+  if (status != cudaSuccess) {
+    throw CommError(std::string("mapping the abort flag into the device: ") +
+                    cudaGetErrorString(status));
+  }
+  abort_flag_device_ = static_cast<const int*>(device);
+}
 
 std::string NcclCommState::aborted_because() const {
   std::lock_guard lock(reason_mutex_);
@@ -43,6 +64,9 @@ void NcclCommState::begin_abort(const std::string& reason) {
     reason_ = reason.empty() ? "aborted (no reason given)" : reason;
     aborting_.store(true);  // after reason_: whoever sees the flag finds the reason
   }
+  // Before any Work fails and before ncclCommAbort: a poison guard that runs once an aborted
+  // collective's event completes sees the flag set.
+  if (abort_flag_host_ != nullptr) __atomic_store_n(abort_flag_host_, 1, __ATOMIC_SEQ_CST);
   std::deque<std::shared_ptr<NcclWork>> pending;
   {
     std::lock_guard lock(pending_mutex_);

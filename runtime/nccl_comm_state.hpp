@@ -45,9 +45,21 @@ class NcclCommState {
   NcclCommState& operator=(const NcclCommState&) = delete;
 
   // Held around every NCCL call on `comm` (enqueues, finalize, abort, the watchdog's
-  // ncclCommGetAsyncError), so that an abort never races a call into NCCL.
+  // ncclCommGetAsyncError), so that an abort never races a call into NCCL (NCCL allows one
+  // thread at a time per communicator), and around nothing else: never across a CUDA call
+  // that can block behind a stuck kernel, which only the abort can end.
   std::mutex mutex;
   ncclComm_t comm = nullptr;  // set once built; null again once aborted or destroyed
+
+  // The issuing thread's way into NCCL: runs call(comm) under `mutex` and returns what it
+  // returns; throws aborted_error(what) without calling once an abort began. Blocks only
+  // while another NCCL call (or the abort) holds `mutex`.
+  template <typename Call>
+  auto with_comm(const std::string& what, Call&& call) {
+    std::lock_guard lock(mutex);
+    throw_if_aborted(what);
+    return call(comm);
+  }
 
   // True from the moment an abort starts. Never blocks.
   bool aborting() const { return aborting_.load(); }
@@ -77,6 +89,14 @@ class NcclCommState {
   // aborting with kStopRequestedReason; null: none. The recorder must outlive the watchdog.
   void watch_stop_request(const CollectiveRecorder* recorder) { stop_request_.store(recorder); }
 
+  // Allocates the abort flag: an int of mapped pinned host memory that begin_abort sets to 1
+  // with a plain store (no CUDA call: an abort must not wait for a stuck device) and that
+  // kernels read through abort_flag_on_device(). Call once, on the communicator's device;
+  // throws CommError when CUDA cannot map it.
+  void make_abort_flag();
+  // The flag's device address; nullptr before make_abort_flag.
+  const int* abort_flag_on_device() const { return abort_flag_device_; }
+
   // Starts the watchdog thread on `device`. Call once, after `comm` is set.
   void start_watchdog(int device);
   // Stops and joins the watchdog, then settles what is still pending: a collective whose
@@ -95,6 +115,8 @@ class NcclCommState {
   void check_async_error();
 
   std::atomic<const CollectiveRecorder*> stop_request_{nullptr};
+  int* abort_flag_host_ = nullptr;          // mapped pinned memory; freed by the destructor
+  const int* abort_flag_device_ = nullptr;  // the same int, as kernels address it
   std::atomic<bool> aborting_{false};
   mutable std::mutex reason_mutex_;
   std::string reason_;  // guarded by reason_mutex_

@@ -159,6 +159,7 @@ NcclCommunicator::NcclCommunicator(std::shared_ptr<store::Store> store, const La
     wait_for_all_ranks(deadline, options.init_timeout);
     init_communicator(options, deadline, options.init_timeout);
     ready_ = events_->acquire("ordering the communication stream");
+    state_->make_abort_flag();
     {
       std::lock_guard lock(state_->mutex);
       state_->comm = comm_;
@@ -233,6 +234,23 @@ void NcclCommunicator::release() noexcept {
 }
 
 void NcclCommunicator::abort(const std::string& reason) { state_->abort(reason); }
+
+bool NcclCommunicator::poison_if_aborted(float* data, std::size_t count, void* stream) {
+#if defined(DDP_HAVE_CUDA_KERNELS)
+  if (state_->abort_flag_on_device() == nullptr) return false;
+  cuda_check(cudaSetDevice(device_), "selecting CUDA device " + std::to_string(device_));
+  cuda_check(
+      poison_if_aborted_on_stream(state_->abort_flag_on_device(), data, count,
+                                  static_cast<cudaStream_t>(stream)),
+      "queueing the abort guard over " + std::to_string(count) + " gradients" + where(rank_));
+  return true;
+#else
+  (void)data;
+  (void)count;
+  (void)stream;
+  return false;
+#endif
+}
 
 std::string NcclCommunicator::ranks_without(const std::string& prefix, int& absent) {
   std::string missing;
@@ -350,12 +368,12 @@ void NcclCommunicator::finish_init(ncclResult_t first, NcclClock::time_point dea
 
 void NcclCommunicator::enqueued(ncclResult_t status, const std::string& what) {
   const bool waited = status == ncclInProgress;
-  if (waited) status = settle(comm_, NcclClock::now() + timeout_, state_.get());
+  if (waited) status = settle(state_->comm, NcclClock::now() + timeout_, state_.get());
   if (status == ncclSuccess) return;
   // An abort from another thread (the watchdog, Context::abort) waits for this call: stop
   // waiting and report it; the aborting thread aborts once this call released the mutex.
   state_->throw_if_aborted(what + where(rank_));
-  const std::string detail = last_error(comm_);
+  const std::string detail = last_error(state_->comm);
   if (status == ncclInProgress) {
     const std::string reason =
         what + " was not enqueued within " + std::to_string(timeout_.count()) + " ms";
@@ -402,7 +420,9 @@ Work NcclCommunicator::launch(const CallDescriptor& call, void* after,
       recorder_ ? recorder_->on_queued(call, bucket.value_or(record::kNoBucket)) : 0;
   RecordFailureGuard record_failure(seq != 0 ? recorder_.get() : nullptr, seq);
   if (policy_.next()) check_call(call);
-  std::lock_guard lock(state_->mutex);  // no abort while this call enqueues
+  // No lock here: the CUDA calls below (and the copies in `enqueue`) can block behind a
+  // stuck kernel when the stream's launch queue is full, and an abort, which ends that
+  // kernel, must never wait for them. Only the NCCL calls take state_->mutex (nccl_call).
   state_->throw_if_aborted(what);
   // The calling thread may not have made this communicator's device current.
   cuda_check(cudaSetDevice(device_), what);
@@ -416,14 +436,20 @@ Work NcclCommunicator::launch(const CallDescriptor& call, void* after,
   } catch (const CommError& e) {
     // The collective is queued but cannot be watched: nothing can tell when its buffers
     // are free again, so the communicator cannot be used any further.
-    state_->abort_locked(e.what());
+    state_->abort(e.what());
     throw;
   }
   last_ = std::make_shared<NcclWork>(what, std::move(done), timeout_, state_);
   if (seq != 0) last_->record_as(recorder_, seq);
   record_failure.dismiss();
-  state_->watch(last_);
+  state_->watch(last_);  // fails it at once when an abort began meanwhile
   return Work(last_);
+}
+
+template <typename Call>
+void NcclCommunicator::nccl_call(const std::string& what, Call&& call) {
+  // No abort while NCCL enqueues (and none of its waiting, which an abort cuts short).
+  state_->with_comm(what + where(rank_), [&](ncclComm_t comm) { enqueued(call(comm), what); });
 }
 
 void* NcclCommunicator::staging(std::size_t bytes, std::size_t slot) {
@@ -456,8 +482,9 @@ Work NcclCommunicator::allreduce(void* data, std::size_t count, DType dtype, Red
   if (is_device_memory(data)) {
     return launch(call, options.after_stream, options.bucket, [&] {
       if (count == 0) return;
-      enqueued(ncclAllReduce(data, data, count, nccl_type(dtype), nccl_op(op), comm_, stream_),
-               call.str());
+      nccl_call(call.str(), [&](ncclComm_t comm) {
+        return ncclAllReduce(data, data, count, nccl_type(dtype), nccl_op(op), comm, stream_);
+      });
     });
   }
   state_->throw_if_aborted(call.str() + where(rank_));  // before allocating staging memory
@@ -467,8 +494,9 @@ Work NcclCommunicator::allreduce(void* data, std::size_t count, DType dtype, Red
   Work work = launch(call, options.after_stream, options.bucket, [&] {
     if (count == 0) return;
     cuda_check(cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, stream_), call.str());
-    enqueued(ncclAllReduce(device, device, count, nccl_type(dtype), nccl_op(op), comm_, stream_),
-             call.str());
+    nccl_call(call.str(), [&](ncclComm_t comm) {
+      return ncclAllReduce(device, device, count, nccl_type(dtype), nccl_op(op), comm, stream_);
+    });
     cuda_check(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, stream_), call.str());
   });
   work.wait(timeout_);  // host memory: complete before returning, as the caller may reuse it
@@ -498,8 +526,9 @@ Work NcclCommunicator::allreduce_compressed(void* data, std::size_t count, Reduc
     void* buffer = wire_buffer(count * size_of(wire));
     cuda_check(narrow_on_stream(values, buffer, count, type, scale, stream_),
                call.str() + ": narrowing f32 to " + to_string(wire));
-    enqueued(ncclAllReduce(buffer, buffer, count, nccl_type(wire), reduce, comm_, stream_),
-             call.str());
+    nccl_call(call.str(), [&](ncclComm_t comm) {
+      return ncclAllReduce(buffer, buffer, count, nccl_type(wire), reduce, comm, stream_);
+    });
     cuda_check(widen_on_stream(buffer, values, count, type, 1.0f, stream_),
                call.str() + ": widening " + to_string(wire) + " to f32");
   });
@@ -544,8 +573,9 @@ Work NcclCommunicator::broadcast(void* data, std::size_t count, DType dtype, int
     if (!on_device) {
       cuda_check(cudaMemcpyAsync(buffer, host, bytes, cudaMemcpyHostToDevice, stream_), call.str());
     }
-    enqueued(ncclBroadcast(buffer, buffer, count, nccl_type(dtype), root, comm_, stream_),
-             call.str());
+    nccl_call(call.str(), [&](ncclComm_t comm) {
+      return ncclBroadcast(buffer, buffer, count, nccl_type(dtype), root, comm, stream_);
+    });
     if (!on_device) {
       cuda_check(cudaMemcpyAsync(host, buffer, bytes, cudaMemcpyDeviceToHost, stream_), call.str());
     }
@@ -563,8 +593,9 @@ Work NcclCommunicator::allgather(const void* in, void* out, std::size_t count, D
   const std::size_t bytes = count * size_of(dtype);
   return staged(call, options.after_stream, in, bytes, out, bytes * world_size_,
                 [&](const void* src, void* dst) {
-                  enqueued(ncclAllGather(src, dst, count, nccl_type(dtype), comm_, stream_),
-                           call.str());
+                  nccl_call(call.str(), [&](ncclComm_t comm) {
+                    return ncclAllGather(src, dst, count, nccl_type(dtype), comm, stream_);
+                  });
                 });
 }
 
@@ -572,12 +603,13 @@ Work NcclCommunicator::reduce_scatter(const void* in, void* out, std::size_t cou
                                       ReduceOp op, const CollectiveOptions& options) {
   CallDescriptor call{CallKind::ReduceScatter, dtype, count, static_cast<std::int64_t>(op)};
   const std::size_t bytes = count * size_of(dtype);
-  return staged(
-      call, options.after_stream, in, bytes * world_size_, out, bytes,
-      [&](const void* src, void* dst) {
-        enqueued(ncclReduceScatter(src, dst, count, nccl_type(dtype), nccl_op(op), comm_, stream_),
-                 call.str());
-      });
+  return staged(call, options.after_stream, in, bytes * world_size_, out, bytes,
+                [&](const void* src, void* dst) {
+                  nccl_call(call.str(), [&](ncclComm_t comm) {
+                    return ncclReduceScatter(src, dst, count, nccl_type(dtype), nccl_op(op), comm,
+                                             stream_);
+                  });
+                });
 }
 
 // Out of place: device buffers are used as they are; host ones go through pinned memory
@@ -623,7 +655,9 @@ Work NcclCommunicator::barrier() {
   state_->throw_if_aborted("barrier()" + where(rank_));  // before allocating its scratch
   void* scratch = staging(sizeof(float), 1);
   Work work = launch(CallDescriptor{}, nullptr, [&] {
-    enqueued(ncclAllReduce(scratch, scratch, 1, ncclFloat32, ncclSum, comm_, stream_), "barrier");
+    nccl_call("barrier", [&](ncclComm_t comm) {
+      return ncclAllReduce(scratch, scratch, 1, ncclFloat32, ncclSum, comm, stream_);
+    });
   });
   work.wait(timeout_);
   return work;

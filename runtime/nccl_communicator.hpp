@@ -56,6 +56,10 @@ class NcclCommunicator : public Communicator {
   // Thread-safe. Every pending Work fails with `reason` at once, then ncclCommAbort ends the
   // kernels on the stream; later calls throw CommError with the reason.
   void abort(const std::string& reason) override;
+  bool aborted() const override { return state_->aborting(); }
+  const int* abort_flag_on_device() const override { return state_->abort_flag_on_device(); }
+  // Queues the NaN guard (wire_kernels.hpp) on `stream`; false when built without nvcc.
+  bool poison_if_aborted(float* data, std::size_t count, void* stream) override;
   // Also hands the page's stop request to the watchdog (NcclCommState::watch_stop_request).
   void set_recorder(std::shared_ptr<detail::CollectiveRecorder> recorder) override {
     state_->watch_stop_request(recorder.get());
@@ -84,11 +88,17 @@ class NcclCommunicator : public Communicator {
   // waited out (up to timeout_, or until an abort begins). state_->mutex must be held; on a
   // timeout the communicator is aborted. Throws CommError naming `what` on failure.
   void enqueued(ncclResult_t status, const std::string& what);
+  // Makes one NCCL call, call(comm), under state_->mutex and checks it (enqueued); throws the
+  // abort's error instead when an abort began. The only place the issuing thread takes the
+  // mutex: CUDA calls, which can block behind a stuck kernel, are made without it.
+  template <typename Call>
+  void nccl_call(const std::string& what, Call&& call);
   // Cross-rank comparison through the store (NCCL has no cheap host-side collective).
   void check_call(const CallDescriptor& call);
   // Orders the communication stream after `after`, queues `enqueue`'s work on it, records a
   // pooled event after it and hands the Work (numbered: "#<sequence>") to the watchdog.
-  // Records the call (with its Reducer bucket) when recording.
+  // Records the call (with its Reducer bucket) when recording. Holds no lock across its CUDA
+  // calls (an abort never waits for them); `enqueue` makes its NCCL calls through nccl_call.
   template <typename Enqueue>
   Work launch(const CallDescriptor& call, void* after, std::optional<std::size_t> bucket,
               Enqueue&& enqueue);

@@ -235,12 +235,14 @@ void Reducer::finalize() {
     reset_step();
     throw;
   }
+  const std::size_t launched = next_launch_;
   try {
     wait_all_launched(true);
   } catch (...) {
     reset_step();
     throw;
   }
+  guard_against_abort(launched);
   reset_step();
   if (recorder_ != nullptr) recorder_->step_finalized();  // no-op after a no_sync step
 }
@@ -266,6 +268,25 @@ void Reducer::wait_all_launched(bool record) {
     }
   }
   if (first_failure) std::rethrow_exception(first_failure);
+}
+
+// GPU: the compute stream now waits for the buckets' all-reduces, on the device. Should the
+// communicator be aborted before they finish (a lost peer, the watchdog, ddprun's stop),
+// they end early over garbage and the stream goes on: a guard per bucket, queued behind the
+// waits, turns such a bucket into NaN before anything later on the stream reads it.
+void Reducer::guard_against_abort(std::size_t launched) {
+  if (context_.backend() != Backend::Nccl) return;  // CPU: finalize's host wait reports it
+  Communicator& comm = context_.communicator();
+  for (std::size_t b = 0; b < launched; ++b) {
+    comm.poison_if_aborted(static_cast<float*>(bucket_memory_[b].get()), buckets_[b].elements,
+                           options_.compute_stream);
+  }
+}
+
+bool Reducer::aborted() const { return context_.communicator().aborted(); }
+
+const int* Reducer::abort_flag_on_device() const {
+  return context_.communicator().abort_flag_on_device();
 }
 
 void Reducer::reset_step() {

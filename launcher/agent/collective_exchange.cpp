@@ -247,9 +247,9 @@ std::map<int, CollectiveExchange::Received> CollectiveExchange::gather(
 }
 
 void CollectiveExchange::write_verdict(store::Client& client, const elastic::RoundInfo& round,
-                                       std::vector<RankView> all) {
+                                       std::vector<RankView> all, bool complete) {
   std::optional<CollectiveDiagnosis> d;
-  if (hang_timeout_s_ > 0) d = judge_hang(all, hang_timeout_s_);
+  if (hang_timeout_s_ > 0 && complete) d = judge_hang(all, hang_timeout_s_);
   const std::string k = verdict_key(round.round);
   client.set(k, std::to_string(verdict_seq_ + 1) + "\n" + encode_verdict(d));
   client.add(k + "/seq", 1);
@@ -280,6 +280,7 @@ bool CollectiveExchange::read_verdict(store::Client& client, const elastic::Roun
 void CollectiveExchange::exchange(const elastic::RoundInfo& round,
                                   const std::vector<RankView>& local, Clock::time_point local_at) {
   const bool gatherer = round.group_rank == 0;
+  bool gatherer_complete = true;
   const auto now = Clock::now();
   if (sent_round_ != round.round) {  // a new round: everything counts from the start
     sent_round_ = round.round;
@@ -329,6 +330,9 @@ void CollectiveExchange::exchange(const elastic::RoundInfo& round,
       }
       remote_[g] = std::move(r);
     }
+    // The gatherer judges once every node's views reached it: a verdict over some of the
+    // job would call the ranks of a node not heard from yet absent, or miss them.
+    if (gatherer && remote_.size() + 1 < round.members.size()) gatherer_complete = false;
     if (gatherer) {
       all = aged(local, local_at, now);
       for (const auto& [g, r] : remote_) {
@@ -339,7 +343,7 @@ void CollectiveExchange::exchange(const elastic::RoundInfo& round,
   }
   if (!gatherer) return;
   try {
-    write_verdict(*client_, round, std::move(all));
+    write_verdict(*client_, round, std::move(all), gatherer_complete);
   } catch (const std::exception&) {
     drop_client();
     throw;

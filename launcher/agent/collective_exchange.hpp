@@ -98,9 +98,10 @@ class CollectiveExchange {
   // The other nodes' views whose count moved since known.
   std::map<int, Received> gather(store::Client& client, const elastic::RoundInfo& round,
                                  const std::map<int, Received>& known);
-  // The gatherer's verdict over every view, written for the others.
+  // The gatherer's verdict over every view, written for the others; none until every node's
+  // views arrived (complete).
   void write_verdict(store::Client& client, const elastic::RoundInfo& round,
-                     std::vector<RankView> all);
+                     std::vector<RankView> all, bool complete);
   // The gatherer's verdict, when it moved; says whether it moved.
   bool read_verdict(store::Client& client, const elastic::RoundInfo& round);
   // The connection to the round's workers' store, made when there is none or it moved.

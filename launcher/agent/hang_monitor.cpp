@@ -287,9 +287,13 @@ std::string HangMonitor::view_now() const {
   if (std::none_of(views.begin(), views.end(), [](const RankView& v) { return v.attached; })) {
     return "";
   }
-  const CollectiveDiagnosis diagnosis = diagnose(std::move(views));
+  const CollectiveDiagnosis diagnosis = diagnose(views);
   std::string text = "collectives now (kill -USR1): " + diagnosis.headline;
   for (const std::string& line : diagnosis.ranks) text += "\n  " + line;
+  for (const auto& [name, other] : diagnose_lanes(views)) {
+    text += "\n" + name + ": " + other.headline;
+    for (const std::string& line : other.ranks) text += "\n  " + line;
+  }
   return text;
 }
 

@@ -423,8 +423,13 @@ bool ProcessWorkerGroup::request_abort() {
   for (std::size_t i = 0; i < workers_.size() && i < records_.size(); ++i) {
     if (!workers_[i]->running() || !records_[i]->attached()) continue;
     records_[i]->request_stop();
-    const std::uint64_t backend = records_[i]->page().backend.load(std::memory_order_relaxed);
-    if (backend == record::pack_name("nccl")) nccl = true;
+    // Any communicator of the worker: its lanes name their backends.
+    const record::RecordPage& page = records_[i]->page();
+    for (std::uint32_t lane = 0; lane < record::kCommunicatorLanes; ++lane) {
+      const std::uint64_t backend =
+          record::lane_of(page, lane).backend->load(std::memory_order_relaxed);
+      if (backend == record::pack_name("nccl")) nccl = true;
+    }
   }
   return nccl;
 }

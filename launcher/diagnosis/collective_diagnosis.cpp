@@ -268,7 +268,10 @@ CollectiveDiagnosis diagnose(std::vector<RankView> ranks) {
   return d;
 }
 
-std::optional<CollectiveDiagnosis> judge_hang(const std::vector<RankView>& ranks,
+namespace {
+
+// judge_hang over one communicator's views.
+std::optional<CollectiveDiagnosis> judge_lane(const std::vector<RankView>& ranks,
                                               double hang_timeout_s) {
   bool stuck = false;
   for (const RankView& r : ranks) {
@@ -279,9 +282,45 @@ std::optional<CollectiveDiagnosis> judge_hang(const std::vector<RankView>& ranks
     }
   }
   if (!stuck) return std::nullopt;
-  CollectiveDiagnosis d = diagnose(ranks);
-  d.headline = capped("the job hung at " + d.headline);
-  return d;
+  return diagnose(ranks);
+}
+
+// "communicator 2 (nccl)": the name of lane `lane` as its first recording rank gives it.
+std::string lane_name(const std::vector<RankView>& views) {
+  for (const RankView& v : views) {
+    if (v.attached) return communicator_name(v);
+  }
+  return "another communicator";
+}
+
+}  // namespace
+
+std::optional<CollectiveDiagnosis> judge_hang(const std::vector<RankView>& ranks,
+                                              double hang_timeout_s) {
+  // Each communicator on its own: lane i of every rank is the same communicator.
+  if (auto d = judge_lane(ranks, hang_timeout_s)) {
+    d->headline = capped("the job hung at " + d->headline);
+    return d;
+  }
+  for (int lane : extra_lanes(ranks)) {
+    const std::vector<RankView> views = lane_views(ranks, lane);
+    if (auto d = judge_lane(views, hang_timeout_s)) {
+      d->headline = capped("the job hung in " + lane_name(views) + " at " + d->headline);
+      return d;
+    }
+  }
+  return std::nullopt;
+}
+
+std::vector<std::pair<std::string, CollectiveDiagnosis>> diagnose_lanes(
+    const std::vector<RankView>& ranks) {
+  std::vector<std::pair<std::string, CollectiveDiagnosis>> all;
+  for (int lane : extra_lanes(ranks)) {
+    std::vector<RankView> views = lane_views(ranks, lane);
+    std::string name = lane_name(views);
+    all.emplace_back(std::move(name), diagnose(std::move(views)));
+  }
+  return all;
 }
 
 }  // namespace ddp::launcher

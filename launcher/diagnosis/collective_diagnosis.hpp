@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "rank_view.hpp"
@@ -26,9 +27,15 @@ struct CollectiveDiagnosis {
 // rank the agent knows of, in any order.
 CollectiveDiagnosis diagnose(std::vector<RankView> ranks);
 
-// A hang: some rank has waited in a collective for at least hang_timeout_s, and no rank has
-// finished one for that long. Then the diagnosis, whose headline starts "the job hung at
-// collective K"; otherwise nullopt.
+// The same for each of the processes' other communicators (RankView::lanes), named
+// ("communicator 2 (nccl)"), in lane order; empty when every process has one communicator.
+std::vector<std::pair<std::string, CollectiveDiagnosis>> diagnose_lanes(
+    const std::vector<RankView>& ranks);
+
+// A hang: in one communicator, some rank has waited in a collective for at least
+// hang_timeout_s, and no rank has finished one for that long. Then the diagnosis, whose
+// headline starts "the job hung at collective K" (the processes' first communicator) or "the
+// job hung in communicator 2 (nccl) at collective K" (another one); otherwise nullopt.
 std::optional<CollectiveDiagnosis> judge_hang(const std::vector<RankView>& ranks,
                                               double hang_timeout_s);
 

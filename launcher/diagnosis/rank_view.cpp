@@ -2,6 +2,8 @@
 
 #include <time.h>
 
+#include <algorithm>
+
 namespace ddp::launcher {
 namespace {
 
@@ -32,6 +34,43 @@ void read_steps(const record::RecordPage& page, std::uint64_t last, RankView& vi
   }
 }
 
+// A view of the same rank with none of the record read yet (for another lane).
+RankView identity_of(const RankView& view) {
+  RankView other;
+  other.rank = view.rank;
+  other.local_rank = view.local_rank;
+  other.host = view.host;
+  other.pid = view.pid;
+  other.remote = view.remote;
+  other.running = view.running;
+  other.exit_text = view.exit_text;
+  other.python = view.python;
+  return other;
+}
+
+// Lane `lane` of `page` into `view`: which communicator, its counters, pending and last.
+void read_lane(const record::RecordPage& page, std::uint32_t lane, std::uint64_t now_ns,
+               RankView& view) {
+  const record::ConstLane words = record::lane_of(page, lane);
+  view.lane = static_cast<int>(lane);
+  view.context = words.context->load(kRelaxed);
+  view.backend = record::unpack_name(words.backend->load(kRelaxed));
+  view.queued = words.queued->load(kRelaxed);
+  view.finished = words.finished->load(kRelaxed);
+  const std::uint64_t last_finished_ns = words.last_finished_ns->load(kRelaxed);
+  if (view.finished > 0 && last_finished_ns != 0) {
+    view.since_finished_s = age_s(now_ns, last_finished_ns);
+  }
+  view.failed = words.failed->load(kRelaxed) != 0;
+  if (const std::uint64_t timeout = words.timeout_ms->load(kRelaxed); timeout > 0) {
+    view.timeout_s = static_cast<double>(timeout) / 1000.0;
+  }
+  if (view.queued > view.finished) {
+    view.pending = read_collective(page, view.finished + 1, now_ns, lane);
+  }
+  view.last = read_collective(page, view.finished, now_ns, lane);
+}
+
 }  // namespace
 
 std::uint64_t monotonic_now_ns() {
@@ -48,9 +87,10 @@ std::string rank_who(const RankView& view) {
 }
 
 std::optional<CollectiveInfo> read_collective(const record::RecordPage& page, std::uint64_t seq,
-                                              std::uint64_t now_ns) {
-  if (seq == 0) return std::nullopt;
-  const record::CollectiveSlot& slot = page.collectives[seq % record::kCollectiveSlots];
+                                              std::uint64_t now_ns, std::uint32_t lane) {
+  if (seq == 0 || lane >= record::kCommunicatorLanes) return std::nullopt;
+  const record::CollectiveSlot& slot =
+      record::lane_of(page, lane).collectives[seq % record::kCollectiveSlots];
   CollectiveInfo info;
   std::uint64_t op = 0, dtype = 0, bucket = 0, queued = 0, started = 0, finished = 0, failed = 0;
   const bool stable = record::read_stable(slot, [&](const record::CollectiveSlot& s) {
@@ -79,24 +119,59 @@ std::optional<CollectiveInfo> read_collective(const record::RecordPage& page, st
 void read_record(const record::RecordPage& page, std::uint64_t now_ns, RankView& view) {
   view.attached = page.magic.load(std::memory_order_acquire) == record::kRecordMagic;
   if (!view.attached) return;
-  view.backend = record::unpack_name(page.backend.load(kRelaxed));
-  view.queued = page.queued.load(kRelaxed);
-  view.finished = page.finished.load(kRelaxed);
-  const std::uint64_t last_finished_ns = page.last_finished_ns.load(kRelaxed);
-  if (view.finished > 0 && last_finished_ns != 0) {
-    view.since_finished_s = age_s(now_ns, last_finished_ns);
-  }
-  view.failed = page.failed.load(kRelaxed) != 0;
   view.python = page.writer.load(kRelaxed) == record::pack_name("torch");
-  if (const std::uint64_t timeout = page.timeout_ms.load(kRelaxed); timeout > 0) {
-    view.timeout_s = static_cast<double>(timeout) / 1000.0;
-  }
-  if (view.queued > view.finished) view.pending = read_collective(page, view.finished + 1, now_ns);
-  view.last = read_collective(page, view.finished, now_ns);
+  read_lane(page, 0, now_ns, view);  // lane 0 is read whatever its state (the probe's, v1)
   view.steps = page.steps.load(kRelaxed);
   view.compute_s_total = seconds(page.compute_ns_total.load(kRelaxed));
   view.wait_s_total = seconds(page.wait_ns_total.load(kRelaxed));
   read_steps(page, view.steps, view);
+  if (page.version.load(kRelaxed) < 2) return;  // no lanes
+  for (std::uint32_t lane = 1; lane < record::kCommunicatorLanes; ++lane) {
+    // A closed lane still says what its communicator last did (a rank that exited).
+    const auto state = record::lane_of(page, lane).state->load(std::memory_order_acquire);
+    if (state != static_cast<std::uint64_t>(record::LaneState::kOpen) &&
+        state != static_cast<std::uint64_t>(record::LaneState::kClosed)) {
+      continue;
+    }
+    RankView other = identity_of(view);
+    other.attached = true;
+    read_lane(page, lane, now_ns, other);
+    view.lanes.push_back(std::move(other));
+  }
+}
+
+std::vector<int> extra_lanes(const std::vector<RankView>& ranks) {
+  std::vector<int> lanes;
+  for (const RankView& r : ranks) {
+    for (const RankView& l : r.lanes) {
+      if (std::find(lanes.begin(), lanes.end(), l.lane) == lanes.end()) lanes.push_back(l.lane);
+    }
+  }
+  std::sort(lanes.begin(), lanes.end());
+  return lanes;
+}
+
+std::vector<RankView> lane_views(const std::vector<RankView>& ranks, int lane) {
+  if (lane == 0) return ranks;
+  std::vector<RankView> views;
+  for (const RankView& r : ranks) {
+    auto it = std::find_if(r.lanes.begin(), r.lanes.end(),
+                           [lane](const RankView& l) { return l.lane == lane; });
+    if (it != r.lanes.end()) {
+      views.push_back(*it);
+      continue;
+    }
+    RankView detached = identity_of(r);
+    detached.lane = lane;
+    views.push_back(std::move(detached));
+  }
+  return views;
+}
+
+std::string communicator_name(const RankView& view) {
+  std::string name = view.context != 0 ? "communicator " + std::to_string(view.context)
+                                       : "lane " + std::to_string(view.lane);
+  return view.backend.empty() ? name : name + " (" + view.backend + ")";
 }
 
 }  // namespace ddp::launcher

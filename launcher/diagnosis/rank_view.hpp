@@ -40,6 +40,9 @@ struct StepInfo {
   double wait_s = 0;     // last bucket ready .. finalize() returned
 };
 
+// One communicator of one rank: the rank's first (lane 0) is the RankView itself; a process
+// with several communicators (libddp records each in a lane of its own) has the others in
+// RankView::lanes, each a RankView of the same rank with its own collective fields.
 struct RankView {
   int rank = -1;
   int local_rank = -1;
@@ -62,15 +65,31 @@ struct RankView {
   double compute_s_total = 0;
   double wait_s_total = 0;
   std::vector<StepInfo> recent_steps;  // finished steps still in the ring, oldest first
+  int lane = 0;                        // the page's lane this view reads (0: the first)
+  std::uint64_t context = 0;    // which communicator of the process: 1, 2, ... in the order the
+                                // program made them (the same on every rank); 0: unknown
+  std::vector<RankView> lanes;  // the process's other communicators (lanes 1..), live or
+                                // destroyed (what they last did), if any
 };
 
 // Reads a page at `now_ns` (CLOCK_MONOTONIC). Fills the record's part of the view (attached,
 // counters, pending, last, steps); the caller fills rank, host, pid and running.
 void read_record(const record::RecordPage& page, std::uint64_t now_ns, RankView& view);
 
-// The collective numbered seq as `page` holds it, if still in its ring and stable.
+// The collective numbered seq as lane `lane` of `page` holds it, if still in its ring and
+// stable.
 std::optional<CollectiveInfo> read_collective(const record::RecordPage& page, std::uint64_t seq,
-                                              std::uint64_t now_ns);
+                                              std::uint64_t now_ns, std::uint32_t lane = 0);
+
+// The lanes (communicators) that some rank of `ranks` records in besides lane 0, ascending.
+std::vector<int> extra_lanes(const std::vector<RankView>& ranks);
+// Every rank's view of lane `lane` (0: the views themselves); a rank without that lane gives
+// a detached view (attached false) with its identity.
+std::vector<RankView> lane_views(const std::vector<RankView>& ranks, int lane);
+// "communicator 2 (nccl)": how reports name the communicator of `view` (its lane when the
+// Context is unknown).
+
+std::string communicator_name(const RankView& view);
 
 // CLOCK_MONOTONIC in nanoseconds: the clock of every record on this node.
 std::uint64_t monotonic_now_ns();

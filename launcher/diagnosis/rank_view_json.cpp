@@ -36,68 +36,90 @@ CollectiveInfo collective_of(const json& j) {
   return c;
 }
 
+// Compact: fields at their default are left out (view_of puts the defaults back), times to
+// the millisecond, the recent steps only when with_steps (they are most of a view's bytes).
+json view_json(const RankView& v, bool with_steps) {
+  json j = {{"rank", v.rank},       {"local_rank", v.local_rank}, {"host", v.host},
+            {"pid", v.pid},         {"running", v.running},       {"attached", v.attached},
+            {"backend", v.backend}, {"queued", v.queued},         {"finished", v.finished}};
+  if (!v.exit_text.empty()) j["exit"] = v.exit_text;
+  if (v.python) j["python"] = true;
+  if (v.failed) j["failed"] = true;
+  if (v.steps > 0) {
+    j["steps"] = v.steps;
+    j["compute_s"] = ms(v.compute_s_total);
+    j["wait_s"] = ms(v.wait_s_total);
+  }
+  if (v.since_finished_s) j["since_finished_s"] = ms(*v.since_finished_s);
+  if (v.timeout_s) j["timeout_s"] = *v.timeout_s;
+  if (v.pending) j["pending"] = collective_json(*v.pending);
+  if (v.last) j["last"] = collective_json(*v.last);
+  if (with_steps && !v.recent_steps.empty()) {
+    json steps = json::array();
+    for (const StepInfo& s : v.recent_steps) {
+      steps.push_back({s.step, ms(s.compute_s), ms(s.wait_s)});
+    }
+    j["recent_steps"] = std::move(steps);
+  }
+  if (v.lane != 0) j["lane"] = v.lane;
+  if (v.context != 0) j["context"] = v.context;
+  if (!v.lanes.empty()) {
+    json lanes = json::array();
+    for (const RankView& l : v.lanes) lanes.push_back(view_json(l, with_steps));
+    j["lanes"] = std::move(lanes);
+  }
+  return j;
+}
+
 }  // namespace
 
 std::string encode_views(const std::vector<RankView>& views, bool with_steps) {
   json out = json::array();
-  for (const RankView& v : views) {
-    json j = {{"rank", v.rank},       {"local_rank", v.local_rank}, {"host", v.host},
-              {"pid", v.pid},         {"running", v.running},       {"attached", v.attached},
-              {"backend", v.backend}, {"queued", v.queued},         {"finished", v.finished}};
-    if (!v.exit_text.empty()) j["exit"] = v.exit_text;
-    if (v.python) j["python"] = true;
-    if (v.failed) j["failed"] = true;
-    if (v.steps > 0) {
-      j["steps"] = v.steps;
-      j["compute_s"] = ms(v.compute_s_total);
-      j["wait_s"] = ms(v.wait_s_total);
-    }
-    if (v.since_finished_s) j["since_finished_s"] = ms(*v.since_finished_s);
-    if (v.timeout_s) j["timeout_s"] = *v.timeout_s;
-    if (v.pending) j["pending"] = collective_json(*v.pending);
-    if (v.last) j["last"] = collective_json(*v.last);
-    if (with_steps && !v.recent_steps.empty()) {
-      json steps = json::array();
-      for (const StepInfo& s : v.recent_steps) {
-        steps.push_back({s.step, ms(s.compute_s), ms(s.wait_s)});
-      }
-      j["recent_steps"] = std::move(steps);
-    }
-    out.push_back(std::move(j));
-  }
+  for (const RankView& v : views) out.push_back(view_json(v, with_steps));
   return out.dump();
 }
+
+namespace {
+
+RankView view_of(const json& j) {
+  RankView v;
+  v.rank = j.at("rank").get<int>();
+  v.local_rank = j.at("local_rank").get<int>();
+  v.host = j.at("host").get<std::string>();
+  v.pid = j.at("pid").get<pid_t>();
+  v.running = j.at("running").get<bool>();
+  v.exit_text = j.value("exit", "");
+  v.attached = j.at("attached").get<bool>();
+  v.python = j.value("python", false);
+  v.backend = j.at("backend").get<std::string>();
+  v.queued = j.at("queued").get<std::uint64_t>();
+  v.finished = j.at("finished").get<std::uint64_t>();
+  v.failed = j.value("failed", false);
+  v.steps = j.value("steps", std::uint64_t{0});
+  v.compute_s_total = j.value("compute_s", 0.0);
+  v.wait_s_total = j.value("wait_s", 0.0);
+  if (j.contains("since_finished_s")) v.since_finished_s = j["since_finished_s"].get<double>();
+  if (j.contains("timeout_s")) v.timeout_s = j["timeout_s"].get<double>();
+  if (j.contains("pending")) v.pending = collective_of(j["pending"]);
+  if (j.contains("last")) v.last = collective_of(j["last"]);
+  for (const json& s : j.value("recent_steps", json::array())) {
+    v.recent_steps.push_back(
+        {s.at(0).get<std::uint64_t>(), s.at(1).get<double>(), s.at(2).get<double>()});
+  }
+  v.lane = j.value("lane", 0);
+  v.context = j.value("context", std::uint64_t{0});
+  if (j.contains("lanes")) {
+    for (const json& l : j["lanes"]) v.lanes.push_back(view_of(l));
+  }
+  return v;
+}
+
+}  // namespace
 
 std::vector<RankView> decode_views(const std::string& text) {
   try {
     std::vector<RankView> views;
-    for (const json& j : json::parse(text)) {
-      RankView v;
-      v.rank = j.at("rank").get<int>();
-      v.local_rank = j.at("local_rank").get<int>();
-      v.host = j.at("host").get<std::string>();
-      v.pid = j.at("pid").get<pid_t>();
-      v.running = j.at("running").get<bool>();
-      v.exit_text = j.value("exit", "");
-      v.attached = j.at("attached").get<bool>();
-      v.python = j.value("python", false);
-      v.backend = j.at("backend").get<std::string>();
-      v.queued = j.at("queued").get<std::uint64_t>();
-      v.finished = j.at("finished").get<std::uint64_t>();
-      v.failed = j.value("failed", false);
-      v.steps = j.value("steps", std::uint64_t{0});
-      v.compute_s_total = j.value("compute_s", 0.0);
-      v.wait_s_total = j.value("wait_s", 0.0);
-      if (j.contains("since_finished_s")) v.since_finished_s = j["since_finished_s"].get<double>();
-      if (j.contains("timeout_s")) v.timeout_s = j["timeout_s"].get<double>();
-      if (j.contains("pending")) v.pending = collective_of(j["pending"]);
-      if (j.contains("last")) v.last = collective_of(j["last"]);
-      for (const json& s : j.value("recent_steps", json::array())) {
-        v.recent_steps.push_back(
-            {s.at(0).get<std::uint64_t>(), s.at(1).get<double>(), s.at(2).get<double>()});
-      }
-      views.push_back(std::move(v));
-    }
+    for (const json& j : json::parse(text)) views.push_back(view_of(j));
     return views;
   } catch (const json::exception& e) {
     throw std::invalid_argument(std::string("not a node's collective views: ") + e.what());
@@ -109,6 +131,7 @@ void age_views(std::vector<RankView>& views, double seconds) {
     if (v.since_finished_s) *v.since_finished_s += seconds;
     if (v.pending) v.pending->age_s += seconds;
     if (v.last) v.last->age_s += seconds;
+    age_views(v.lanes, seconds);
   }
 }
 

@@ -46,38 +46,13 @@ void TraceEvents::collect(int attempt, int rank, const record::RecordPage& page)
   Seen& seen = seen_[{attempt, rank}];
   const int tid = rank_track(attempt, rank);
 
-  const std::uint64_t finished = page.finished.load(kRelaxed);
-  if (finished > seen.collectives + record::kCollectiveSlots) {
-    missed_ += finished - seen.collectives - record::kCollectiveSlots;
-    seen.collectives = finished - record::kCollectiveSlots;
-  }
-  for (std::uint64_t seq = seen.collectives + 1; seq <= finished; ++seq) {
-    const record::CollectiveSlot& slot = page.collectives[seq % record::kCollectiveSlots];
-    std::uint64_t queued = 0, started = 0, done = 0, bucket = record::kNoBucket, bytes = 0;
-    std::uint64_t got_seq = 0, op = 0, failed = 0;
-    const bool stable = record::read_stable(slot, [&](const record::CollectiveSlot& s) {
-      got_seq = s.seq.load(kRelaxed);
-      op = s.op.load(kRelaxed);
-      queued = s.queued_ns.load(kRelaxed);
-      started = s.started_ns.load(kRelaxed);
-      done = s.finished_ns.load(kRelaxed);
-      bucket = s.bucket.load(kRelaxed);
-      bytes = s.bytes.load(kRelaxed);
-      failed = s.failed.load(kRelaxed);
-    });
-    if (!stable || got_seq != seq || done == 0) {
-      ++missed_;
-      continue;
+  for (std::uint32_t lane = 0; lane < record::kCommunicatorLanes; ++lane) {
+    const std::uint64_t state = record::lane_of(page, lane).state->load(std::memory_order_acquire);
+    if (lane == 0 || state == static_cast<std::uint64_t>(record::LaneState::kOpen) ||
+        state == static_cast<std::uint64_t>(record::LaneState::kClosed)) {
+      collect_lane(attempt, tid, page, lane, seen.collectives[lane]);
     }
-    std::string name = record::op_name(op);
-    if (bucket != record::kNoBucket) name += " bucket " + std::to_string(bucket);
-    nlohmann::json args = {{"seq", seq}, {"bytes", bytes}, {"attempt", attempt}};
-    if (started != 0) args["waited_to_start_us"] = (started > queued ? started - queued : 0) / 1000;
-    if (failed) args["failed"] = true;
-    add({name, "collective", 'X', rel(queued), done > queued ? done - queued : 0, 1, tid,
-         args.dump()});
   }
-  seen.collectives = std::max(seen.collectives, finished);
 
   const std::uint64_t steps = page.steps.load(kRelaxed);
   const std::uint64_t first =
@@ -102,6 +77,45 @@ void TraceEvents::collect(int attempt, int rank, const record::RecordPage& page)
     last_read = step;
   }
   seen.steps = last_read;
+}
+
+void TraceEvents::collect_lane(int attempt, int tid, const record::RecordPage& page,
+                               std::uint32_t lane, std::uint64_t& seen) {
+  const record::ConstLane words = record::lane_of(page, lane);
+  const std::uint64_t finished = words.finished->load(kRelaxed);
+  const std::uint64_t context = lane == 0 ? 0 : words.context->load(kRelaxed);
+  if (finished > seen + record::kCollectiveSlots) {
+    missed_ += finished - seen - record::kCollectiveSlots;
+    seen = finished - record::kCollectiveSlots;
+  }
+  for (std::uint64_t seq = seen + 1; seq <= finished; ++seq) {
+    const record::CollectiveSlot& slot = words.collectives[seq % record::kCollectiveSlots];
+    std::uint64_t queued = 0, started = 0, done = 0, bucket = record::kNoBucket, bytes = 0;
+    std::uint64_t got_seq = 0, op = 0, failed = 0;
+    const bool stable = record::read_stable(slot, [&](const record::CollectiveSlot& s) {
+      got_seq = s.seq.load(kRelaxed);
+      op = s.op.load(kRelaxed);
+      queued = s.queued_ns.load(kRelaxed);
+      started = s.started_ns.load(kRelaxed);
+      done = s.finished_ns.load(kRelaxed);
+      bucket = s.bucket.load(kRelaxed);
+      bytes = s.bytes.load(kRelaxed);
+      failed = s.failed.load(kRelaxed);
+    });
+    if (!stable || got_seq != seq || done == 0) {
+      ++missed_;
+      continue;
+    }
+    std::string name = record::op_name(op);
+    if (bucket != record::kNoBucket) name += " bucket " + std::to_string(bucket);
+    nlohmann::json args = {{"seq", seq}, {"bytes", bytes}, {"attempt", attempt}};
+    if (started != 0) args["waited_to_start_us"] = (started > queued ? started - queued : 0) / 1000;
+    if (failed) args["failed"] = true;
+    if (context != 0) args["communicator"] = context;
+    add({name, "collective", 'X', rel(queued), done > queued ? done - queued : 0, 1, tid,
+         args.dump()});
+  }
+  seen = std::max(seen, finished);
 }
 
 std::string TraceEvents::json() const {

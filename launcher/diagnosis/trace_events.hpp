@@ -26,8 +26,9 @@ class TraceEvents {
   void agent_instant(const std::string& name, std::uint64_t at_ns, const std::string& detail = "");
 
   // Reads the finished collectives and steps of one rank's page that are new since the last
-  // call for (attempt, rank): one span per collective (queued -> finished, started marked) and
-  // per step (backward: begin -> ready; its wait: ready -> finalized).
+  // call for (attempt, rank): one span per collective (queued -> finished, started marked;
+  // those of the process's other communicators, its lanes 1.., name theirs in "communicator")
+  // and per step (backward: begin -> ready; its wait: ready -> finalized).
   void collect(int attempt, int rank, const record::RecordPage& page);
 
   // Spans lost because the ring moved on between two collects (a trace read too seldom).
@@ -52,13 +53,16 @@ class TraceEvents {
   void add(Event event);
   std::uint64_t rel(std::uint64_t ns) const { return ns > origin_ns_ ? ns - origin_ns_ : 0; }
   int rank_track(int attempt, int rank);
+  // The spans of lane `lane`'s collectives after `seen` (updated).
+  void collect_lane(int attempt, int tid, const record::RecordPage& page, std::uint32_t lane,
+                    std::uint64_t& seen);
 
   std::uint64_t origin_ns_;
   std::string node_;
   std::vector<Event> events_;
   struct Seen {
-    std::uint64_t collectives = 0;  // collectives read so far
-    std::uint64_t steps = 0;        // steps read so far
+    std::uint64_t collectives[record::kCommunicatorLanes] = {};  // read so far, per lane
+    std::uint64_t steps = 0;                                     // steps read so far
   };
   std::map<std::pair<int, int>, Seen> seen_;  // by (attempt, rank)
   std::map<int, bool> named_;                 // rank tracks with their name written

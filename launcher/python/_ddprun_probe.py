@@ -71,14 +71,18 @@ import time
 # --- The page (collective_record.hpp) --------------------------------------------------------
 
 RECORD_MAGIC = 0x3130434552504444  # "DDPREC01"
-RECORD_VERSION = 1
+RECORD_VERSION = 2
 HEADER_WORDS = 32
 COLLECTIVE_SLOTS = 256
 COLLECTIVE_WORDS = 16
 STEP_SLOTS = 64
 STEP_WORDS = 8
 STEP_BASE = HEADER_WORDS + COLLECTIVE_SLOTS * COLLECTIVE_WORDS
-PAGE_BYTES = (STEP_BASE + STEP_SLOTS * STEP_WORDS) * 8  # 37120
+# libddp's other communicators (lanes 1..3: a 16-word header and a ring each); the probe
+# writes lane 0 only.
+EXTRA_LANES = 3
+LANE_WORDS = 16 + COLLECTIVE_SLOTS * COLLECTIVE_WORDS
+PAGE_BYTES = (STEP_BASE + STEP_SLOTS * STEP_WORDS + EXTRA_LANES * LANE_WORDS) * 8  # 135808
 NO_BUCKET = 0xFFFFFFFFFFFFFFFF
 # Adjacent words written in one call; native format: each word is one aligned 8-byte store.
 _SLOT_FIELDS = struct.Struct("10Q")  # a collective slot's seq .. failed
@@ -89,6 +93,7 @@ MAGIC, VERSION, PID, RANK, WORLD_SIZE, BACKEND = 0, 1, 2, 3, 4, 5
 QUEUED, STARTED, FINISHED, LAST_FINISHED_NS, FAILED = 6, 7, 8, 9, 10
 STEPS, COMPUTE_NS_TOTAL, WAIT_NS_TOTAL = 11, 12, 13
 WRITER, STACK_SIGNAL, TIMEOUT_MS = 15, 16, 17
+LANE_STATE, CONTEXT = 18, 19  # lane 0's state (1: open) and which process group (1: the first)
 # Collective slot words.
 C_VERSION, C_SEQ, C_OP, C_DTYPE, C_COUNT, C_BYTES, C_BUCKET = 0, 1, 2, 3, 4, 5, 6
 C_QUEUED_NS, C_STARTED_NS, C_FINISHED_NS, C_FAILED = 7, 8, 9, 10
@@ -168,6 +173,8 @@ class Recorder:
             w[BACKEND] = pack_name(backend)
             w[WRITER] = pack_name("torch")
             w[TIMEOUT_MS] = timeout_ms
+            w[CONTEXT] = 1
+            w[LANE_STATE] = 1
             w[MAGIC] = RECORD_MAGIC
             self.writing = True
 

@@ -10,6 +10,7 @@
 #include <catch2/catch.hpp>
 #include <cstdio>
 #include <fstream>
+#include <future>
 #include <map>
 #include <sstream>
 #include <string>
@@ -306,15 +307,67 @@ TEST_CASE("Reducer step marks: a step begins at the previous finalize and totals
   CHECK(page.wait_ns_total.load() == wait);
 }
 
-TEST_CASE("A page is claimed once: a second recorder of this process leaves it alone") {
+TEST_CASE("Recorders of one process share the page, a lane each, and give lanes back") {
   AgentPage agent;
-  auto first = CollectiveRecorder::attach(agent.fd(), 1, 2, ddp::Backend::Gloo);
+  const RecordPage& page = agent.page();
+  auto first = CollectiveRecorder::attach(agent.fd(), 1, 2, ddp::Backend::Gloo, {}, 1);
   REQUIRE(first != nullptr);
   CapturedStderr captured;
-  auto second = CollectiveRecorder::attach(agent.fd(), 1, 2, ddp::Backend::Gloo);
-  CHECK(second == nullptr);
-  CHECK(captured.text().empty());  // not a misconfiguration: no warning
-  CHECK(agent.page().rank.load() == 1);
+  auto second =
+      CollectiveRecorder::attach(agent.fd(), 1, 2, ddp::Backend::Nccl, std::chrono::seconds(7), 2);
+  REQUIRE(second != nullptr);
+  CHECK(first->lane() == 0);
+  CHECK(second->lane() == 1);  // Context 2's own lane
+  CHECK(page.rank.load() == 1);
+  CHECK(unpack_name(page.backend.load()) == "gloo");  // lane 0 is the first's
+  CHECK(page.context.load() == 1);
+  const LaneHeader& lane1 = page.lanes[0].header;
+  CHECK(lane1.state.load() == static_cast<std::uint64_t>(LaneState::kOpen));
+  CHECK(lane1.context.load() == 2);
+  CHECK(unpack_name(lane1.backend.load()) == "nccl");
+  CHECK(lane1.timeout_ms.load() == 7000);
+
+  // Each numbers its own collectives in its own ring.
+  const auto a = first->on_queued(Op::kAllReduce, pack_name("float32"), 10, 40, kNoBucket);
+  const auto b = second->on_queued(Op::kBroadcast, pack_name("int64"), 3, 24, kNoBucket);
+  second->on_started(b);
+  second->on_finished(b, false);
+  CHECK(a == 1);
+  CHECK(b == 1);
+  CHECK(page.queued.load() == 1);
+  CHECK(page.finished.load() == 0);
+  CHECK(lane1.queued.load() == 1);
+  CHECK(lane1.finished.load() == 1);
+  CHECK(op_name(page.lanes[0].collectives[1].op.load()) == std::string("broadcast"));
+  CHECK(op_name(page.collectives[1].op.load()) == std::string("all_reduce"));
+
+  // A destroyed recorder gives its lane back, what it left unfinished recorded as failed;
+  // the next on the lane goes on with the numbering.
+  second->on_queued(Op::kAllReduce, pack_name("float32"), 1, 4, kNoBucket);  // never finishes
+  CHECK(lane1.queued.load() == 2);
+  second.reset();
+  CHECK(lane1.finished.load() == 2);
+  CHECK(page.lanes[0].collectives[2].failed.load() == 1);
+  CHECK(lane1.state.load() == static_cast<std::uint64_t>(LaneState::kClosed));
+  auto third = CollectiveRecorder::attach(agent.fd(), 1, 2, ddp::Backend::Gloo, {}, 2);
+  REQUIRE(third != nullptr);
+  CHECK(third->lane() == 1);
+  CHECK(third->on_queued(Op::kBarrier, 0, 0, 0, kNoBucket) == 3);
+  CHECK(lane1.context.load() == 2);
+  CHECK(unpack_name(lane1.backend.load()) == "gloo");
+
+  // With every lane taken: one warning, and a recorder that records nothing.
+  auto fourth = CollectiveRecorder::attach(agent.fd(), 1, 2, ddp::Backend::Gloo, {}, 3);
+  auto fifth = CollectiveRecorder::attach(agent.fd(), 1, 2, ddp::Backend::Gloo, {}, 4);
+  CHECK(fourth->lane() == 2);
+  CHECK(fifth->lane() == 3);
+  auto sixth = CollectiveRecorder::attach(agent.fd(), 1, 2, ddp::Backend::Gloo, {}, 5);
+  REQUIRE(sixth != nullptr);
+  CHECK(sixth->lane() == -1);
+  CHECK(sixth->on_queued(Op::kBarrier, 0, 0, 0, kNoBucket) == 0);
+  const std::string text = captured.text();
+  CHECK_THAT(text, Catch::Contains("every lane"));
+  CHECK(std::count(text.begin(), text.end(), '\n') == 1);
 }
 
 TEST_CASE("A bad DDPRUN_RECORD_FD is one warning line and recording stays off") {
@@ -503,4 +556,214 @@ TEST_CASE("A worker process records into the page named by DDPRUN_RECORD_FD") {
   CHECK(all_reduce.count == 1000);
   CHECK(unpack_name(all_reduce.dtype) == "float32");
   CHECK(op_name(read_collective(page, 2).op) == std::string("barrier"));
+}
+
+// Issue 24: NCCL's watchdog finishes collective k while a waiter's poll finished k + 1, so
+// `finished` passes k and the issuing thread reuses k's slot for k + kCollectiveSlots while
+// the watchdog still writes k there. No stable read may then show a mix: fields of two
+// collectives, or a finish that belongs to another collective.
+TEST_CASE("Concurrent writers of one slot never leave a mixed record that reads as stable") {
+  AgentPage agent;
+  auto recorder = CollectiveRecorder::attach(agent.fd(), 0, 1, ddp::Backend::Nccl);
+  REQUIRE(recorder != nullptr);
+  const RecordPage& page = agent.page();
+  constexpr std::uint64_t kTotal = 200'000;
+  // finish_called[s]: on_finished(s) was called (set before the call).
+  std::vector<std::atomic<bool>> finish_called(kTotal + 1);
+  std::atomic<std::uint64_t> queued{0};
+  std::atomic<bool> stop{false};
+  // Two finishers: one finishes the even collectives, the other each odd k only once k + 1
+  // finished, so `finished` always passes k before k's own finish is written.
+  auto finisher = [&](std::uint64_t first) {
+    for (std::uint64_t k = first; k <= kTotal && !stop.load(); k += 2) {
+      const std::uint64_t after = k % 2 == 1 ? k + 1 : k;
+      while ((queued.load(std::memory_order_acquire) < after ||
+              (k % 2 == 1 && k + 1 <= kTotal && !finish_called[k + 1].load())) &&
+             !stop.load()) {
+        std::this_thread::yield();
+      }
+      if (k % 2 == 1) {  // and wait for that finish to land in `finished`
+        while (page.finished.load() < k && !stop.load()) std::this_thread::yield();
+      }
+      finish_called[k].store(true);
+      recorder->on_finished(k, false);
+    }
+  };
+  std::string mixed;
+  std::thread reader([&] {
+    while (!stop.load() && mixed.empty()) {
+      for (std::uint32_t i = 0; i < kCollectiveSlots && mixed.empty(); ++i) {
+        Collective c{};
+        const bool stable = read_stable(page.collectives[i], [&](const CollectiveSlot& s) {
+          c = {s.seq.load(),         s.op.load(),     s.dtype.load(),     s.count.load(),
+               s.bytes.load(),       s.bucket.load(), s.queued_ns.load(), s.started_ns.load(),
+               s.finished_ns.load(), s.failed.load()};
+        });
+        if (!stable || c.seq == 0) continue;
+        if (c.count != c.seq || c.bytes != 4 * c.seq || c.bucket != c.seq % 5) {
+          mixed = "slot " + std::to_string(i) + " holds seq " + std::to_string(c.seq) +
+                  " with count " + std::to_string(c.count);
+        } else if (c.finished_ns != 0 && !finish_called[c.seq].load()) {
+          mixed = "collective " + std::to_string(c.seq) + " reads as finished before it was";
+        }
+      }
+    }
+  });
+  std::thread even(finisher, 2);
+  std::thread odd(finisher, 1);
+  for (std::uint64_t i = 1; i <= kTotal && mixed.empty(); ++i) {
+    const auto seq = recorder->on_queued(Op::kAllReduce, pack_name("float32"), i, 4 * i, i % 5);
+    recorder->on_started(seq);
+    queued.store(seq, std::memory_order_release);
+    // The next one as soon as its slot may be reused (`finished` passed its old collective).
+    while (page.finished.load() + kCollectiveSlots < seq + 1 && mixed.empty()) {
+      std::this_thread::yield();
+    }
+  }
+  if (!mixed.empty()) stop.store(true);  // the finishers may wait for collectives never queued
+  even.join();
+  odd.join();
+  stop.store(true);
+  reader.join();
+  CHECK(mixed == "");
+  CHECK(page.finished.load() == kTotal);
+}
+
+// The same race, step by step: a writer that finds the slot claimed waits for the other
+// writer to end; a reader meanwhile never takes the slot as stable.
+TEST_CASE("A second writer of a slot waits for the first, and the reader sees it unstable") {
+  AgentPage agent;
+  CollectiveSlot& slot = agent.page().collectives[7];
+  auto stable_now = [&] { return read_stable(slot, [](const CollectiveSlot&) {}); };
+  begin_write(slot);  // writer A (the watchdog finishing collective k)
+  slot.finished_ns.store(1, std::memory_order_relaxed);
+  std::promise<void> b_claimed;
+  auto b_claimed_future = b_claimed.get_future();
+  std::thread b([&] {  // writer B (the issuing thread reusing the slot)
+    begin_write(slot);
+    b_claimed.set_value();
+    slot.seq.store(7 + kCollectiveSlots, std::memory_order_relaxed);
+    end_write(slot);
+  });
+  // B may not claim the slot while A holds it (bounded: a B that got in shows at once).
+  const bool b_got_in =
+      b_claimed_future.wait_for(std::chrono::milliseconds(300)) == std::future_status::ready;
+  const bool stable_while_a_writes = stable_now();
+  end_write(slot);  // A ends: now B may go on
+  const bool b_went_on =
+      b_got_in || b_claimed_future.wait_for(std::chrono::seconds(30)) == std::future_status::ready;
+  b.join();
+  CHECK_FALSE(b_got_in);
+  CHECK_FALSE(stable_while_a_writes);
+  CHECK(b_went_on);
+  CHECK(stable_now());
+  CHECK(slot.seq.load() == 7 + kCollectiveSlots);
+  CHECK(slot.version.load() % 2 == 0);
+}
+
+// Issue 24: a Gloo abort fails the queued work at once; its records must say so too, or a
+// process that lives on after the abort keeps pending records that age into a hang verdict.
+TEST_CASE("A Gloo abort finishes the records of its queued collectives, as failed") {
+  AgentPage page0;
+  auto store = std::make_shared<ddp::store::MemoryStore>();
+  std::promise<void> queued_failed, rank1_may_leave, running_failed;
+  auto queued_failed_future = queued_failed.get_future();
+  auto running_failed_future = running_failed.get_future();
+  std::shared_future<void> leave = rank1_may_leave.get_future().share();
+  std::vector<std::string> failures(2);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < 2; ++rank) {
+    threads.emplace_back([&, rank] {
+      try {
+        ddp::InitOptions options;
+        options.backend = ddp::Backend::Gloo;
+        options.shared_memory = false;
+        options.init_timeout = std::chrono::seconds(30);
+        options.timeout = std::chrono::seconds(30);
+        options.record_fd = rank == 0 ? page0.fd() : -1;
+        ddp::Context ctx = ddp::init(ddp::test::thread_env(rank, 2), store, options);
+        if (rank == 1) {  // never joins rank 0's barrier; leaves when the test says
+          RANK_REQUIRE(leave.wait_for(std::chrono::seconds(60)) == std::future_status::ready);
+          return;
+        }
+        ddp::Work running = ctx.barrier_async();  // collective 1: waits for rank 1
+        std::vector<float> data(16, 1.0f);
+        ddp::Work second = ctx.allreduce_async(std::span<float>(data));  // 2 and 3: queued
+        ddp::Work third = ctx.allreduce_async(std::span<float>(data));
+        ctx.abort("test abort");
+        RANK_REQUIRE_THROWS_AS(second.wait(std::chrono::seconds(20)), ddp::CommError);
+        RANK_REQUIRE_THROWS_AS(third.wait(std::chrono::seconds(20)), ddp::CommError);
+        queued_failed.set_value();
+        RANK_REQUIRE_THROWS_AS(running.wait(std::chrono::seconds(40)), ddp::CommError);
+        running_failed.set_value();
+        RANK_REQUIRE(leave.wait_for(std::chrono::seconds(60)) == std::future_status::ready);
+      } catch (const std::exception& e) {
+        failures[rank] = e.what();
+      }
+    });
+  }
+  const bool queued_ok =
+      queued_failed_future.wait_for(std::chrono::seconds(60)) == std::future_status::ready;
+  std::vector<Collective> queued_records;
+  if (queued_ok) {
+    for (std::uint64_t seq : {2, 3}) queued_records.push_back(read_collective(page0.page(), seq));
+  }
+  rank1_may_leave.set_value();  // rank 0's barrier then ends (failing: rank 1 is gone)
+  const bool running_ok =
+      running_failed_future.wait_for(std::chrono::seconds(60)) == std::future_status::ready;
+  const std::uint64_t finished = page0.page().finished.load();
+  const Collective first = read_collective(page0.page(), 1);
+  for (auto& thread : threads) thread.join();
+  CHECK(failures[0] == "");
+  CHECK(failures[1] == "");
+  REQUIRE(queued_ok);
+  REQUIRE(running_ok);
+  for (const Collective& c : queued_records) {
+    INFO("collective " << c.seq);
+    CHECK(c.finished_ns != 0);  // finished at the abort, not pending for ever
+    CHECK(c.failed == 1);
+  }
+  CHECK(first.finished_ns != 0);
+  CHECK(first.failed == 1);
+  CHECK(finished == 3);
+  CHECK(page0.page().failed.load() == 1);
+}
+
+// Issue 24: a process with two communicators (a Gloo and an NCCL one, a common pair) records
+// both, each under its own name; one made after another was destroyed records too.
+TEST_CASE("Every communicator of a process records, each in a lane of its own") {
+  AgentPage agent;
+  auto store = std::make_shared<ddp::store::MemoryStore>();
+  ddp::InitOptions options;
+  options.backend = ddp::Backend::Gloo;
+  options.init_timeout = std::chrono::seconds(30);
+  options.record_fd = agent.fd();
+  std::vector<float> data(8, 1.0f);
+  {
+    ddp::Context first = ddp::init(ddp::test::thread_env(0, 1), store, options);
+    ddp::Context second = ddp::init(ddp::test::thread_env(0, 1), store, options);
+    REQUIRE(first.communicator().recorder() != nullptr);
+    REQUIRE(second.communicator().recorder() != nullptr);
+    first.allreduce(std::span<float>(data));
+    second.allreduce(std::span<float>(data));
+    second.barrier();
+  }
+  const RecordPage& page = agent.page();
+  CHECK(page.context.load() == 1);
+  CHECK(page.queued.load() == 1);
+  CHECK(page.finished.load() == 1);
+  const LaneHeader& lane1 = page.lanes[0].header;
+  CHECK(lane1.context.load() == 2);
+  CHECK(unpack_name(lane1.backend.load()) == "gloo");
+  CHECK(lane1.queued.load() == 2);
+  CHECK(lane1.finished.load() == 2);
+  CHECK(op_name(page.lanes[0].collectives[2].op.load()) == std::string("barrier"));
+  CHECK(lane1.state.load() == static_cast<std::uint64_t>(LaneState::kClosed));
+
+  ddp::Context third = ddp::init(ddp::test::thread_env(0, 1), store, options);
+  REQUIRE(third.communicator().recorder() != nullptr);
+  CHECK(third.communicator().recorder()->lane() == 2);  // Context 3's lane
+  third.barrier();
+  CHECK(page.lanes[1].header.context.load() == 3);
+  CHECK(page.lanes[1].header.finished.load() == 1);
 }

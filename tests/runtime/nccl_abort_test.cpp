@@ -7,11 +7,15 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <future>
 #include <mutex>
+#include <thread>
+#include <vector>
 
 #include "cuda_device.hpp"
 #include "ddp/common/collective_record.hpp"
@@ -233,4 +237,70 @@ TEST_CASE("nccl: the agent's stop request in the record page aborts with ddprun'
   }
   munmap(mapped, sizeof(ddp::record::RecordPage));
   close(fd);
+}
+
+// Issue 24: the compute stream was ordered after a collective (wait_on_stream) and goes on
+// without the host. When an abort cuts that collective short, its buffer holds garbage; the
+// guard queued behind the wait turns it into NaN before later work on the stream reads it.
+TEST_CASE("nccl: after an abort, work the compute stream queued after the wait sees NaN") {
+  SKIP_WITHOUT_GPU();
+  ddp::Context ctx = nccl_context(std::chrono::seconds(60));
+  ddp::Communicator& comm = ctx.communicator();
+  REQUIRE(comm.abort_flag_on_device() != nullptr);
+  DeviceFloats buffer;
+  REQUIRE(cudaMemset(buffer.data(), 0, kCount * sizeof(float)) == cudaSuccess);
+  REQUIRE(cudaDeviceSynchronize() == cudaSuccess);
+  cudaStream_t compute = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking) == cudaSuccess);
+  float* seen = nullptr;  // pinned: a copy into pageable memory would block this thread
+  REQUIRE(cudaMallocHost(reinterpret_cast<void**>(&seen), kCount * sizeof(float)) == cudaSuccess);
+  std::fill(seen, seen + kCount, 1.0f);
+  {
+    StreamGate gate;
+    ddp::Work held = queue_allreduce(ctx, buffer, gate.stream());
+    held.wait_on_stream(compute, std::chrono::seconds(60));
+    const bool guarded = comm.poison_if_aborted(buffer.data(), kCount, compute);
+    if (!guarded) {
+      gate.release();
+      cudaStreamDestroy(compute);
+      cudaFreeHost(seen);
+      return ddp::test::skip("libddp was built without nvcc: no abort guard kernel");
+    }
+    // "The optimizer step": a copy out, queued after the guard.
+    REQUIRE(cudaMemcpyAsync(seen, buffer.data(), kCount * sizeof(float), cudaMemcpyDeviceToHost,
+                            compute) == cudaSuccess);
+    CHECK_FALSE(comm.aborted());
+    auto aborter = std::async(std::launch::async, [&] { ctx.abort(kReason); });
+    const auto start = std::chrono::steady_clock::now();
+    while (!comm.aborted() && std::chrono::steady_clock::now() - start < std::chrono::seconds(30)) {
+      std::this_thread::yield();
+    }
+    CHECK(comm.aborted());
+    gate.release();
+    REQUIRE(aborter.wait_for(std::chrono::seconds(60)) == std::future_status::ready);
+    aborter.get();
+  }
+  REQUIRE(cudaStreamSynchronize(compute) == cudaSuccess);
+  cudaStreamDestroy(compute);
+  CHECK(std::all_of(seen, seen + kCount, [](float v) { return std::isnan(v); }));
+  cudaFreeHost(seen);
+}
+
+TEST_CASE("nccl: without an abort the guard leaves the results alone") {
+  SKIP_WITHOUT_GPU();
+  ddp::Context ctx = nccl_context(std::chrono::seconds(60));
+  DeviceFloats buffer;
+  std::vector<float> ones(kCount, 1.0f), seen(kCount, 0.0f);
+  REQUIRE(cudaMemcpy(buffer.data(), ones.data(), kCount * sizeof(float), cudaMemcpyHostToDevice) ==
+          cudaSuccess);
+  cudaStream_t compute = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking) == cudaSuccess);
+  ddp::Work work = queue_allreduce(ctx, buffer, nullptr);
+  work.wait_on_stream(compute, std::chrono::seconds(60));
+  ctx.communicator().poison_if_aborted(buffer.data(), kCount, compute);
+  REQUIRE(cudaMemcpyAsync(seen.data(), buffer.data(), kCount * sizeof(float),
+                          cudaMemcpyDeviceToHost, compute) == cudaSuccess);
+  REQUIRE(cudaStreamSynchronize(compute) == cudaSuccess);
+  cudaStreamDestroy(compute);
+  CHECK(seen == ones);  // world size 1: the sum is the value
 }

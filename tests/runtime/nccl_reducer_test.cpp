@@ -9,8 +9,12 @@
 // traffic between GPUs. The init-timeout case uses a second rank that never comes.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <cmath>
+#include <future>
+#include <thread>
 #include <vector>
 
 #include "cuda_device.hpp"
@@ -161,4 +165,51 @@ TEST_CASE("nccl init: a rank that never arrives is named, before NCCL is called"
     INFO(message);
     CHECK(message.find("2 ranks never arrived: 1, 2") != std::string::npos);
   }
+}
+
+// Issue 24: finalize() only orders the compute stream after the all-reduces, so an abort can
+// cut them short after it returned. The Reducer's guard then leaves NaN for whatever the
+// stream runs next (the optimizer step, a checkpoint copy), and aborted() says so.
+TEST_CASE("nccl reducer: after an abort the compute stream sees NaN gradients, never garbage") {
+  DDP_SKIP_WITHOUT_GPU();
+  ddp::Context ctx = ddp::test::nccl_world_of_one();
+  const std::size_t n = 1024;
+  DeviceFloats params(std::vector<float>(n, 0.0f));
+  cudaStream_t compute = nullptr;
+  REQUIRE(cudaStreamCreateWithFlags(&compute, cudaStreamNonBlocking) == cudaSuccess);
+  ddp::ReducerOptions options;
+  options.compute_stream = compute;
+  ddp::Reducer reducer(ctx, {{"a", {params.data, n}}}, options);
+  // Hold the compute stream closed (at most 60 s): the all-reduce, ordered after it, cannot
+  // finish before the abort below.
+  std::promise<void> open;
+  std::shared_future<void> opened = open.get_future().share();
+  REQUIRE(cudaLaunchHostFunc(
+              compute,
+              [](void* future) {
+                static_cast<std::shared_future<void>*>(future)->wait_for(std::chrono::seconds(60));
+              },
+              &opened) == cudaSuccess);
+  reducer.mark_ready(0);
+  reducer.finalize();     // orders the compute stream; the host does not wait
+  float* seen = nullptr;  // pinned: a copy into pageable memory would block this thread
+  REQUIRE(cudaMallocHost(reinterpret_cast<void**>(&seen), n * sizeof(float)) == cudaSuccess);
+  REQUIRE(cudaMemcpyAsync(seen, reducer.grad(0).data(), n * sizeof(float), cudaMemcpyDeviceToHost,
+                          compute) == cudaSuccess);
+  CHECK_FALSE(reducer.aborted());
+  CHECK(reducer.abort_flag_on_device() != nullptr);
+  auto aborter = std::async(std::launch::async, [&] { ctx.abort("test: a peer was lost"); });
+  const auto start = std::chrono::steady_clock::now();
+  while (!reducer.aborted() &&
+         std::chrono::steady_clock::now() - start < std::chrono::seconds(30)) {
+    std::this_thread::yield();
+  }
+  CHECK(reducer.aborted());
+  open.set_value();
+  REQUIRE(aborter.wait_for(std::chrono::seconds(60)) == std::future_status::ready);
+  aborter.get();
+  REQUIRE(cudaStreamSynchronize(compute) == cudaSuccess);
+  CHECK(std::all_of(seen, seen + n, [](float v) { return std::isnan(v); }));
+  cudaFreeHost(seen);
+  cudaStreamDestroy(compute);
 }

@@ -87,6 +87,25 @@ class Communicator {
   // only be destroyed afterwards.
   virtual void abort(const std::string& reason) = 0;
 
+  // GPU: queues on `stream` a guard over `count` floats at `data` (device memory) that,
+  // when this communicator has been aborted by the time the guard runs, fills them with NaN.
+  // For results the compute stream was ordered after (Work::wait_on_stream): an abort ends a
+  // collective early and its buffers hold garbage, which work queued after the guard (an
+  // optimizer step, a checkpoint copy) then sees as NaN, never as numbers. Returns whether
+  // a guard was queued (false: a CPU backend, whose waits report an abort on the host, or
+  // libddp built without its CUDA kernels).
+  virtual bool poison_if_aborted(float* data, std::size_t count, void* stream) {
+    (void)data;
+    (void)count;
+    (void)stream;
+    return false;
+  }
+  // GPU: a device-readable int that is nonzero once this communicator was aborted (mapped
+  // host memory; a kernel of the program may read it to skip a step); nullptr on CPU.
+  virtual const int* abort_flag_on_device() const { return nullptr; }
+  // True once abort() began (by the program, the watchdog or a failure). Never blocks.
+  virtual bool aborted() const { return false; }
+
   // Internal to libddp: where this communicator records its collectives (the collective
   // record, docs/runtime.md); nullptr while recording is off. Set by init() before the first
   // collective.

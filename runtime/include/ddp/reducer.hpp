@@ -126,6 +126,18 @@ class Reducer {
   };
   [[nodiscard]] NoSync no_sync() { return NoSync(*this); }
 
+  // After an abort (Context::abort, the NCCL watchdog, ddprun's stop request): true, and
+  // on GPU the gradients of the step whose all-reduces the abort cut short are NaN on the
+  // device. finalize() orders the compute stream after the all-reduces without a host wait,
+  // so an abort can come after it returned: it also queues, per bucket, a guard that fills
+  // the bucket with NaN when the communicator was aborted by the time the stream reaches it.
+  // An optimizer step queued after finalize() then produces NaN, never plausible numbers; a
+  // program that must not touch its parameters at all (an "on error, save a checkpoint"
+  // handler) checks aborted() first, or reads abort_flag_on_device() in its own kernels.
+  bool aborted() const;
+  // GPU: a device-readable int, nonzero once the communicator was aborted; nullptr on CPU.
+  const int* abort_flag_on_device() const;
+
   // Per bucket, the last synchronised step's timing.
   const std::vector<BucketTiming>& timings() const { return timings_; }
 
@@ -134,6 +146,8 @@ class Reducer {
   void broadcast_parameters();
   void launch_ready_buckets();
   void wait_all_launched(bool record);
+  // GPU: queues the NaN guard over buckets [0, launched) on the compute stream.
+  void guard_against_abort(std::size_t launched);
   void reset_step();
   std::string describe_layout() const;
 

@@ -87,6 +87,22 @@ TEST_CASE("hang: a rank that never enters the 3rd all-reduce is named, with the 
                                          "  Communicator 0x1: rank 2 is missing\n"));
 }
 
+// Issue 24: a process's second communicator is recorded too, and a hang there is named with it.
+TEST_CASE("hang: a rank that never enters a collective of the second communicator is named") {
+  TempDir logs;
+  auto [result, took] = run_timed(
+      hang_job(logs.path(), 3, {"--steps", "5", "--rank", "1", "--skip", "3", "--second", "1"}));
+  INFO("stderr:\n" << result.err);
+  CHECK(result.status != 0);
+  CHECK(took < 30);
+  const std::string verdict = verdict_line(result.err);
+  REQUIRE_FALSE(verdict.empty());
+  CHECK_THAT(verdict, Catch::StartsWith("ddprun: the job hung in communicator 2 (gloo) at "
+                                        "collective 3 (all_reduce"));
+  CHECK_THAT(verdict, Catch::Contains("never entered it: its last finished collective is 2"));
+  CHECK_THAT(result.err, Catch::Contains("ddprun stops the job now: rank 1 ("));
+}
+
 TEST_CASE("hang: a rank blocked before a collective is named, with each worker's stack") {
   TempDir logs;
   std::vector<std::string> argv =

@@ -1,7 +1,7 @@
 // A libddp worker that hangs on purpose, for the hang diagnosis tests (hang_test.cpp):
 //   ddp-hang-worker [--steps N] [--count C] [--rank R] [--skip K] [--sleep-before K]
 //                   [--sleep-ms MS] [--half-count K] [--step-ms MS] [--slow-ms MS]
-//                   [--reducer 1]
+//                   [--reducer 1] [--second 1]
 // Every rank runs N all-reduces of C floats (a step each). Rank R (default 0), and only it:
 // --skip K stops before the K-th and exits 0 (a rank with less work); --sleep-before K
 // sleeps for an hour (or --sleep-ms) before the K-th (a stuck data loader, or a long
@@ -9,6 +9,8 @@
 // C/2 elements (a desync); --slow-ms sleeps that long before each of its steps (a straggler).
 // --step-ms sleeps that long before every step on every rank. --reducer 1: each step is a
 // ddp::Reducer step over two parameters of C/2 floats (step records) instead of an all-reduce.
+// --second 1: the steps run on a second Context (a second init(), as a program with a Gloo
+// and an NCCL communicator has), after one barrier on the first.
 // Prints "ready rank=<r> pid=<pid>" once its communicator is made, "done rank=<r>" at the end.
 #include <unistd.h>
 
@@ -35,6 +37,7 @@ struct Options {
   int step_ms = 0;
   int slow_ms = 0;
   bool reducer = false;
+  bool second = false;
 };
 
 Options parse(int argc, char** argv) {
@@ -62,6 +65,8 @@ Options parse(int argc, char** argv) {
       o.slow_ms = static_cast<int>(value);
     else if (flag == "--reducer")
       o.reducer = value != 0;
+    else if (flag == "--second")
+      o.second = value != 0;
     else {
       std::fprintf(stderr, "ddp-hang-worker: unknown option %s\n", flag.c_str());
       std::exit(2);
@@ -75,7 +80,13 @@ Options parse(int argc, char** argv) {
 int main(int argc, char** argv) {
   const Options o = parse(argc, argv);
   try {
-    ddp::Context ctx = ddp::init();
+    ddp::Context first = ddp::init();
+    std::optional<ddp::Context> second;
+    if (o.second) {
+      first.barrier();
+      second.emplace(ddp::init());
+    }
+    ddp::Context& ctx = second ? *second : first;
     const bool me = ctx.rank() == o.rank;
     std::printf("ready rank=%d pid=%d\n", ctx.rank(), static_cast<int>(::getpid()));
     std::fflush(stdout);

@@ -3,6 +3,7 @@
 #include "diagnosis/collective_diagnosis.hpp"
 
 #include <catch2/catch.hpp>
+#include <memory>
 
 #include "diagnosis/stack_capture.hpp"
 
@@ -217,6 +218,78 @@ TEST_CASE("rank_list names at most 16 runs, then how many ranks more") {
   CHECK(rank_list(even) ==
         "0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30 and 484 more");
   CHECK(rank_list({0, 1, 2, 4, 5, 6}) == "0-2, 4-6");
+}
+
+// Issue 24: a process with a Gloo and an NCCL communicator records both; a hang in the
+// second (lane 1) while the first is idle is found and named.
+TEST_CASE("a hang in a process's second communicator is found and named") {
+  std::vector<RankView> views;
+  for (int r = 0; r < 2; ++r) {
+    RankView gloo = rank(r, 3, 500);  // idle: its last collective long ago, none pending
+    gloo.backend = "gloo";
+    gloo.context = 1;
+    RankView nccl = rank(r, 40, 90, r == 0 ? 90 : -1);  // rank 1 never entered collective 41
+    nccl.backend = "nccl";
+    nccl.context = 2;
+    nccl.lane = 1;
+    gloo.lanes.push_back(nccl);
+    views.push_back(gloo);
+  }
+  CHECK(extra_lanes(views) == std::vector<int>{1});
+  CHECK(lane_views(views, 1).at(1).finished == 40);
+  auto hung = judge_hang(views, 60);
+  REQUIRE(hung);
+  CHECK_THAT(hung->headline,
+             Catch::StartsWith("the job hung in communicator 2 (nccl) at collective 41"));
+  CHECK(hung->blamed == std::vector<int>{1});
+  const auto others = diagnose_lanes(views);
+  REQUIRE(others.size() == 1);
+  CHECK(others[0].first == "communicator 2 (nccl)");
+  // A rank without that lane reads as unrecorded there.
+  views[1].lanes.clear();
+  CHECK_FALSE(lane_views(views, 1).at(1).attached);
+}
+
+TEST_CASE("read_record reads a page's used lanes as the process's other communicators") {
+  using namespace ddp::record;
+  auto page = std::make_unique<RecordPage>();  // zeroed
+  page->version.store(kRecordVersion);
+  page->backend.store(pack_name("gloo"));
+  page->context.store(1);
+  page->lane_state.store(static_cast<std::uint64_t>(LaneState::kOpen));
+  for (std::uint32_t lane = 1; lane < kCommunicatorLanes; ++lane) {
+    LaneHeader& h = page->lanes[lane - 1].header;
+    h.context.store(lane + 1);
+    h.backend.store(pack_name("nccl"));
+    h.queued.store(5);
+    h.finished.store(4);
+    CollectiveSlot& slot = page->lanes[lane - 1].collectives[5];
+    begin_write(slot);
+    slot.seq.store(5);
+    slot.op.store(static_cast<std::uint64_t>(Op::kAllReduce));
+    slot.queued_ns.store(1);
+    end_write(slot);
+  }
+  page->lanes[0].header.state.store(static_cast<std::uint64_t>(LaneState::kOpen));
+  page->lanes[1].header.state.store(static_cast<std::uint64_t>(LaneState::kClosed));
+  page->lanes[2].header.state.store(static_cast<std::uint64_t>(LaneState::kClaiming));
+  page->magic.store(kRecordMagic);
+  RankView view;
+  view.rank = 3;
+  read_record(*page, 2'000'000'000, view);
+  CHECK(view.attached);
+  CHECK(view.backend == "gloo");
+  CHECK(view.context == 1);
+  // Open and closed lanes (a destroyed communicator's last state); not the half-claimed one.
+  REQUIRE(view.lanes.size() == 2);
+  CHECK(view.lanes[1].lane == 2);
+  const RankView& nccl = view.lanes[0];
+  CHECK(nccl.rank == 3);
+  CHECK(nccl.lane == 1);
+  CHECK(communicator_name(nccl) == "communicator 2 (nccl)");
+  REQUIRE(nccl.pending);
+  CHECK(nccl.pending->seq == 5);
+  CHECK(nccl.pending->op == "all_reduce");
 }
 
 TEST_CASE("stacks group by their shape, addresses and thread ids aside") {

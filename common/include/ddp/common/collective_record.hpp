@@ -7,19 +7,29 @@
 // Who does what:
 // - The agent creates the page (a memfd of sizeof(RecordPage) bytes, zeroed), maps it, and
 //   hands it to the worker as an inherited descriptor whose number is in DDPRUN_RECORD_FD.
-// - libddp (the first communicator a process makes) maps that descriptor, claims the page by
-//   a compare-exchange of `pid` from 0 to its own pid (a second communicator of the process,
-//   or a child that inherited the descriptor, then leaves the page alone), fills the rest of
-//   the header, and publishes it by storing kRecordMagic last. ddprun's Python probe
-//   (launcher/python/_ddprun_probe.py) does the same in a PyTorch worker, claiming the page
-//   by pid when the first process group is made. A worker that does neither (a program
+// - libddp maps that descriptor and claims the page by a compare-exchange of `pid` from 0 to
+//   its own pid (a child that inherited the descriptor then leaves the page alone). Every
+//   communicator of the process records, each in a lane of its own (kCommunicatorLanes):
+//   lane 0 is the page's own counters and ring (the header's queued... fields and
+//   `collectives`), lanes 1.. are the `lanes` after the steps. A communicator takes the lane
+//   of its Context's number ((context - 1) % kCommunicatorLanes: init() builds Contexts in
+//   the same order on every rank, so lane i of every rank is the same communicator), else
+//   any free one, by a compare-exchange of the lane's state, and gives it back when it is
+//   destroyed (kClosed: what it left unfinished recorded as failed; the agent still reads a
+//   closed lane); a later communicator on that lane goes on with its numbering. The first claim
+//   fills the rest of the header and publishes it by storing kRecordMagic last. ddprun's
+//   Python probe (launcher/python/_ddprun_probe.py) claims the page by pid when the first
+//   process group is made and writes lane 0 only. A worker that does neither (a program
 //   without libddp, a Python worker with the probe off) leaves magic at 0: the agent knows
 //   nothing of its collectives.
 // - Writes on the hot path are relaxed atomic stores of 64-bit words: no syscall, no lock,
-//   no allocation. Each slot is a small seqlock (`version` is odd while the slot is written), so
-//   the reader drops a slot it caught half-written and keeps the rest.
-// - The issuing thread reuses a ring slot only once the collective it held (seq -
-//   kCollectiveSlots) finished; with more than kCollectiveSlots collectives in flight, the
+//   no allocation. Each slot is a small seqlock (`version` is odd while the slot is written):
+//   a writer claims the slot by a compare-exchange of `version` from even to odd (so two
+//   threads finishing collectives k and k + 1 while a third reuses slot k take turns), and
+//   the reader drops a slot it caught half-written and keeps the rest. A writer that claims
+//   a slot to finish or start collective k checks the slot still holds k before it writes.
+// - The issuing thread reuses a ring slot only once `finished` passed the collective it held
+//   (seq - kCollectiveSlots); with more than kCollectiveSlots collectives in flight, the
 //   newer one is not written to its slot (the counters still move). So the reader checks a
 //   slot's `seq` before taking it for collective `seq`.
 //
@@ -27,8 +37,10 @@
 // clock in every process of a node: the agent compares them with its own.
 
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
 #include <string>
+#include <thread>
 
 namespace ddp::record {
 
@@ -39,9 +51,19 @@ inline constexpr const char* kStackFdVariable = "DDPRUN_STACK_FD";
 inline constexpr const char* kStackSignalVariable = "DDPRUN_STACK_SIGNAL";
 
 inline constexpr std::uint64_t kRecordMagic = 0x31304345'52504444ull;  // "DDPREC01"
-inline constexpr std::uint64_t kRecordVersion = 1;
-inline constexpr std::uint32_t kCollectiveSlots = 256;  // a power of two
-inline constexpr std::uint32_t kStepSlots = 64;         // a power of two
+inline constexpr std::uint64_t kRecordVersion = 2;                     // 2: communicator lanes
+inline constexpr std::uint32_t kCollectiveSlots = 256;                 // a power of two
+inline constexpr std::uint32_t kStepSlots = 64;                        // a power of two
+inline constexpr std::uint32_t kCommunicatorLanes = 4;  // lane 0 and kExtraLanes in `lanes`
+inline constexpr std::uint32_t kExtraLanes = 3;         // kCommunicatorLanes - 1
+
+// A lane's state. Values are part of the page's layout.
+enum class LaneState : std::uint64_t {
+  kUnused = 0,
+  kOpen = 1,      // a live communicator records here
+  kClosed = 2,    // its communicator was destroyed; the next one may take the lane
+  kClaiming = 3,  // being filled in: readers skip it
+};
 
 // The collectives a communicator numbers. Values are part of the page's layout.
 enum class Op : std::uint64_t {
@@ -150,6 +172,29 @@ struct StepSlot {
 };
 static_assert(sizeof(StepSlot) == 64);
 
+// Lanes 1.. : one more communicator of the process each, with the counters and ring that
+// lane 0 keeps in the page header.
+struct LaneHeader {
+  std::atomic<std::uint64_t> state;    // LaneState
+  std::atomic<std::uint64_t> context;  // which Context of the process (1, 2, ...)
+  std::atomic<std::uint64_t> backend;  // pack_name("gloo") / pack_name("nccl")
+  std::atomic<std::uint64_t> rank;
+  std::atomic<std::uint64_t> world_size;
+  std::atomic<std::uint64_t> timeout_ms;
+  std::atomic<std::uint64_t> queued;  // as in RecordPage
+  std::atomic<std::uint64_t> started;
+  std::atomic<std::uint64_t> finished;
+  std::atomic<std::uint64_t> last_finished_ns;
+  std::atomic<std::uint64_t> failed;
+  std::atomic<std::uint64_t> reserved[5];
+};
+static_assert(sizeof(LaneHeader) == 128);
+
+struct CommunicatorLane {
+  LaneHeader header;
+  CollectiveSlot collectives[kCollectiveSlots];
+};
+
 struct RecordPage {
   std::atomic<std::uint64_t> magic;    // kRecordMagic once the worker attached; stored last
   std::atomic<std::uint64_t> version;  // kRecordVersion
@@ -180,21 +225,44 @@ struct RecordPage {
   // libddp's InitOptions::timeout), after which ddprun stops a hang it is not sure of; 0:
   // unknown.
   std::atomic<std::uint64_t> timeout_ms;
-  std::atomic<std::uint64_t> reserved[14];
+  // Version 2. Lane 0 (this header's counters and `collectives`): its LaneState (the probe
+  // leaves it at 0: a published page's lane 0 is read whatever it says) and which Context of
+  // the process it records (1, 2, ... in init() order; 0: unknown).
+  std::atomic<std::uint64_t> lane_state;
+  std::atomic<std::uint64_t> context;
+  // The Context whose Reducer records its steps in `step_slots` (the first to begin one).
+  std::atomic<std::uint64_t> step_context;
+  std::atomic<std::uint64_t> reserved[11];
   CollectiveSlot collectives[kCollectiveSlots];
   StepSlot step_slots[kStepSlots];
+  CommunicatorLane lanes[kExtraLanes];  // lanes 1, 2, ...
 };
 static_assert(sizeof(RecordPage) % 64 == 0);
+static_assert(offsetof(RecordPage, collectives) == 32 * 8);  // the probe's HEADER_WORDS
+static_assert(kExtraLanes == kCommunicatorLanes - 1);
 
-// Writer side of a slot's seqlock: call begin, store the fields (relaxed), call end.
+// Writer side of a slot's seqlock: call begin, store the fields (relaxed), call end. begin
+// claims the slot (version even -> odd); a writer that finds it claimed waits for the other
+// writer's handful of stores.
 template <typename Slot>
 inline void begin_write(Slot& slot) {
-  slot.version.store(slot.version.load(std::memory_order_relaxed) + 1, std::memory_order_relaxed);
+  std::uint64_t version = slot.version.load(std::memory_order_relaxed);
+  for (;;) {
+    if ((version & 1) == 0 &&
+        slot.version.compare_exchange_weak(version, version + 1, std::memory_order_relaxed,
+                                           std::memory_order_relaxed)) {
+      break;
+    }
+    if (version & 1) {
+      std::this_thread::yield();
+      version = slot.version.load(std::memory_order_relaxed);
+    }
+  }
   std::atomic_thread_fence(std::memory_order_release);
 }
 template <typename Slot>
 inline void end_write(Slot& slot) {
-  slot.version.store(slot.version.load(std::memory_order_relaxed) + 1, std::memory_order_release);
+  slot.version.fetch_add(1, std::memory_order_release);
 }
 
 // Reader side: copies a slot's fields through `copy` and returns true when they were stable.
@@ -205,6 +273,44 @@ inline bool read_stable(const Slot& slot, Copy&& copy) {
   copy(slot);
   std::atomic_thread_fence(std::memory_order_acquire);
   return slot.version.load(std::memory_order_relaxed) == before;
+}
+
+// One lane's words, wherever they sit: lane 0 in the page header, lanes 1.. in `lanes`.
+template <typename Word, typename Slot>
+struct BasicLane {
+  Word* state;
+  Word* context;
+  Word* backend;
+  Word* rank;
+  Word* world_size;
+  Word* timeout_ms;
+  Word* queued;
+  Word* started;
+  Word* finished;
+  Word* last_finished_ns;
+  Word* failed;
+  Slot* collectives;  // kCollectiveSlots of them
+};
+using Lane = BasicLane<std::atomic<std::uint64_t>, CollectiveSlot>;
+using ConstLane = BasicLane<const std::atomic<std::uint64_t>, const CollectiveSlot>;
+
+template <typename L, typename Page>
+inline L lane_in(Page& page, std::uint32_t index) {
+  if (index == 0) {
+    return {&page.lane_state, &page.context,          &page.backend, &page.rank,
+            &page.world_size, &page.timeout_ms,       &page.queued,  &page.started,
+            &page.finished,   &page.last_finished_ns, &page.failed,  page.collectives};
+  }
+  auto& lane = page.lanes[index - 1];
+  auto& h = lane.header;
+  return {&h.state,      &h.context,          &h.backend, &h.rank,
+          &h.world_size, &h.timeout_ms,       &h.queued,  &h.started,
+          &h.finished,   &h.last_finished_ns, &h.failed,  lane.collectives};
+}
+// Lane `index` (< kCommunicatorLanes) of `page`.
+inline Lane lane_of(RecordPage& page, std::uint32_t index) { return lane_in<Lane>(page, index); }
+inline ConstLane lane_of(const RecordPage& page, std::uint32_t index) {
+  return lane_in<ConstLane>(page, index);
 }
 
 }  // namespace ddp::record

@@ -45,26 +45,30 @@ def layout_from_header():
         for line in body.splitlines():
             line = line.split("//")[0].strip()
             atomic = re.match(r"std::atomic<std::uint64_t> \w+(?:\[(\d+)\])?;", line)
-            nested = re.match(r"(\w+) \w+\[(\w+)\];", line)
+            nested = re.match(r"(\w+) \w+(?:\[(\w+)\])?;", line)
             if atomic:
                 total += int(atomic.group(1) or 1)
             elif nested:
-                total += words(nested.group(1)) * constants[nested.group(2)]
+                total += words(nested.group(1)) * (constants[nested.group(2)]
+                                                   if nested.group(2) else 1)
         return total
 
     return {"page_words": words("RecordPage"), "collective_words": words("CollectiveSlot"),
             "step_words": words("StepSlot"), "collective_slots": constants["kCollectiveSlots"],
-            "step_slots": constants["kStepSlots"]}
+            "step_slots": constants["kStepSlots"], "lane_words": words("CommunicatorLane"),
+            "extra_lanes": constants["kExtraLanes"]}
 
 
 LAYOUT = layout_from_header()
 PAGE_BYTES = LAYOUT["page_words"] * 8
 COLLECTIVES_WORDS = LAYOUT["collective_slots"] * LAYOUT["collective_words"]
 STEPS_WORDS = LAYOUT["step_slots"] * LAYOUT["step_words"]
-HEADER_WORDS = LAYOUT["page_words"] - COLLECTIVES_WORDS - STEPS_WORDS
+LANES_WORDS = LAYOUT["extra_lanes"] * LAYOUT["lane_words"]
+HEADER_WORDS = LAYOUT["page_words"] - COLLECTIVES_WORDS - STEPS_WORDS - LANES_WORDS
 HEADER_NAMES = ["magic", "version", "pid", "rank", "world_size", "backend", "queued", "started",
                 "finished", "last_finished_ns", "failed", "steps", "compute_ns_total",
-                "wait_ns_total", "stop_requested", "writer", "stack_signal", "timeout_ms"]
+                "wait_ns_total", "stop_requested", "writer", "stack_signal", "timeout_ms",
+                "lane_state", "context"]
 COLLECTIVE_NAMES = ["version", "seq", "op", "dtype", "count", "bytes", "bucket", "queued_ns",
                     "started_ns", "finished_ns", "failed"]
 STEP_NAMES = ["version", "step", "begin_ns", "ready_ns", "finalized_ns"]
@@ -223,7 +227,7 @@ def check_job_rank(checks, hooks, name, rank, pid, page, out, err):
                   report["pythonpath"])
 
     h = page.header()
-    checks.expect(h["magic"] == 0x3130434552504444 and h["version"] == 1,
+    checks.expect(h["magic"] == 0x3130434552504444 and h["version"] == 2,
                   name + ": published", h)
     checks.expect(h["pid"] == pid, name + ": pid", (h["pid"], pid))
     checks.expect((h["rank"], h["world_size"]) == (rank, 2), name + ": rank and world size",
@@ -416,8 +420,8 @@ def main():
     checks = Checks()
     hooks = hooks_version()
     print("PyTorch with process group hooks: %s; page of %d bytes" % (hooks, PAGE_BYTES))
-    checks.expect(PAGE_BYTES == 256 + 256 * 128 + 64 * 64 and HEADER_WORDS == 32, "page layout",
-                  LAYOUT)
+    checks.expect(PAGE_BYTES == 256 + 256 * 128 + 64 * 64 + 3 * (128 + 256 * 128)
+                  and HEADER_WORDS == 32, "page layout", LAYOUT)
     check_user_sitecustomize(checks)
     check_start_up(checks)
     check_stack_signal(checks)
