@@ -1,6 +1,7 @@
 #include "stack_capture.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <map>
@@ -36,11 +37,28 @@ void run_eu_stack(RankStack& target, std::chrono::milliseconds timeout) {
 
 std::vector<RankStack> capture_stacks(std::vector<RankStack> workers,
                                       std::chrono::milliseconds timeout) {
+  // At most kStackTools eu-stacks at once (each stops its worker's threads and reads its
+  // memory: 64 at once would stall the node), and all of them within twice the timeout of
+  // one: the ranks not reached by then say so.
+  const auto deadline = std::chrono::steady_clock::now() + 2 * timeout;
+  std::atomic<std::size_t> next{0};
+  auto take = [&] {
+    for (std::size_t i = next++; i < workers.size(); i = next++) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+          deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0) {
+        workers[i].error = "not taken: the stacks of " + std::to_string(workers.size()) +
+                           " workers, " + std::to_string(kStackTools) +
+                           " at a time, took longer than " +
+                           duration_text(2.0 * static_cast<double>(timeout.count()) / 1000.0);
+        continue;
+      }
+      run_eu_stack(workers[i], std::min(timeout, left));
+    }
+  };
   std::vector<std::thread> threads;
-  threads.reserve(workers.size());
-  for (RankStack& worker : workers) {
-    threads.emplace_back([&worker, timeout] { run_eu_stack(worker, timeout); });
-  }
+  for (std::size_t t = 0; t < std::min(workers.size(), kStackTools); ++t)
+    threads.emplace_back(take);
   for (auto& thread : threads) thread.join();
   return workers;
 }

@@ -25,7 +25,11 @@ struct RankStack {
   std::string error;  // why there is none ("eu-stack not found", ptrace refused, ...)
 };
 
-// One eu-stack per worker, all at once; each bounded by timeout.
+// How many eu-stacks run at once.
+inline constexpr std::size_t kStackTools = 4;
+
+// One eu-stack per worker, kStackTools at a time; each bounded by timeout, all by twice that
+// (the workers not reached by then get an error saying so).
 std::vector<RankStack> capture_stacks(std::vector<RankStack> workers,
                                       std::chrono::milliseconds timeout = kStackTimeout);
 
