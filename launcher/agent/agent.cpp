@@ -15,6 +15,7 @@
 #include <system_error>
 #include <thread>
 
+#include "../diagnosis/collective_diagnosis.hpp"
 #include "../diagnosis/stack_capture.hpp"
 #include "../diagnosis/trace_events.hpp"
 #include "../output/console_writer.hpp"
@@ -369,8 +370,11 @@ class Agent::Impl {
   }
 
   EventWorker event_worker(int local_rank, pid_t pid) const {
+    const elastic::WorkerRanks ranks = elastic::worker_ranks(workers_->round(), local_rank);
     EventWorker worker;
-    worker.ranks = elastic::worker_ranks(workers_->round(), local_rank);
+    worker.rank = ranks.rank;
+    worker.role_rank = ranks.role_rank;
+    worker.role_world_size = ranks.role_world_size;
     worker.local_rank = local_rank;
     worker.pid = pid;
     return worker;
@@ -450,11 +454,18 @@ class Agent::Impl {
           then = [this, path, round, gathered = std::move(gathered)] {
             write_trace_file(path, gathered.json, merged_trace_text(round, gathered));
           };
-        } else {
-          send_trace(round, local);
+        } else if (send_trace(round, local)) {
           then = [this, round, path] {
             notice("ddprun: this node's timeline went to the agent of group rank 0 (" +
                    round.members.front().host + "), which writes the job's to " + path + " there");
+          };
+        } else {  // larger than this node's share of what the host gathers
+          const std::string own = path + ".group_rank_" + std::to_string(round.group_rank);
+          then = [this, own, json = local.json] {
+            notice("ddprun: this node's timeline is larger than its share of the merged one (" +
+                   std::to_string(kMaxGatheredTrace >> 20) + " MiB for the job); it goes to " +
+                   own + " on this node's clock");
+            write_trace_file(own, json, "this node's events");
           };
         }
       } catch (const std::exception& e) {
@@ -496,6 +507,11 @@ class Agent::Impl {
       text += "; group rank " + std::to_string(g) + " sent none within " +
               std::to_string(kTraceShareTimeout.count() / 1000) + " s";
     }
+    if (!gathered.left_out.empty()) {
+      text += "; group ranks " + rank_list(gathered.left_out) +
+              " kept their timeline on their node (the merged one holds at most " +
+              std::to_string(kMaxGatheredTrace >> 20) + " MiB)";
+    }
     return text;
   }
 
@@ -512,6 +528,11 @@ class Agent::Impl {
     if (trace_->missed() > 0) {
       note += "; " + std::to_string(trace_->missed()) +
               " collectives went by unread (the record rings moved on)";
+    }
+    if (trace_->cut() > 0) {
+      note += "; this node kept its first " + std::to_string(kMaxTraceEvents) +
+              " events and cut the " + std::to_string(trace_->cut()) +
+              " collective and step spans after them";
     }
     notice(note);
   }

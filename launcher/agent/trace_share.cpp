@@ -51,22 +51,27 @@ ClockEstimate estimate_clock(store::Store& store, int samples) {
   return best;
 }
 
-void send_trace(const elastic::RoundInfo& round, const LocalTrace& trace) {
+bool send_trace(const elastic::RoundInfo& round, const LocalTrace& trace) {
   store::Client client = connect_workers_store(round, kTraceShareTimeout);
   const ClockEstimate clock = estimate_clock(client);
   const std::string base = key(round.round, round.group_rank);
+  // Each node's share of what the host may hold: past it, the trace stays on this node.
+  const bool fits =
+      trace.json.size() <= kMaxGatheredTrace / std::max<std::size_t>(round.members.size(), 1);
   std::size_t chunks = 0;
-  for (std::size_t at = 0; at < trace.json.size(); at += kChunkBytes, ++chunks) {
+  for (std::size_t at = 0; fits && at < trace.json.size(); at += kChunkBytes, ++chunks) {
     client.set(base + "/" + std::to_string(chunks), trace.json.substr(at, kChunkBytes));
   }
   // The header last: once it is there, every piece is.
   const nlohmann::json header = {
       {"chunks", chunks},
+      {"kept_locally", !fits},
       {"host", trace.host},
       {"origin_ref_ns", static_cast<std::int64_t>(trace.origin_ns) + clock.offset_ns},
       {"offset_ns", clock.offset_ns},
       {"uncertainty_ns", clock.uncertainty_ns}};
   client.set(base, header.dump());
+  return fits;
 }
 
 GatheredTrace gather_traces(const elastic::RoundInfo& round, const LocalTrace& trace,
@@ -81,6 +86,7 @@ GatheredTrace gather_traces(const elastic::RoundInfo& round, const LocalTrace& t
   own.origin_ref_ns = static_cast<std::int64_t>(trace.origin_ns) + clock.offset_ns;
   own.offset_ns = clock.offset_ns;
   own.uncertainty_ns = clock.uncertainty_ns;
+  std::size_t gathered_bytes = own.json.size();
   gathered.nodes.push_back(std::move(own));
   const auto deadline = std::chrono::steady_clock::now() + timeout;
   for (int g = 0; g < static_cast<int>(round.members.size()); ++g) {
@@ -102,8 +108,14 @@ GatheredTrace gather_traces(const elastic::RoundInfo& round, const LocalTrace& t
     node.offset_ns = header.value("offset_ns", std::int64_t{0});
     node.uncertainty_ns = header.value("uncertainty_ns", std::int64_t{0});
     const auto chunks = header.at("chunks").get<std::size_t>();
+    if (header.value("kept_locally", false) ||
+        gathered_bytes + chunks * kChunkBytes > kMaxGatheredTrace) {  // the host's memory
+      gathered.left_out.push_back(g);
+      continue;
+    }
     for (std::size_t i = 0; i < chunks; ++i)
       node.json += client.get(base + "/" + std::to_string(i));
+    gathered_bytes += node.json.size();
     gathered.nodes.push_back(std::move(node));
   }
   gathered.json = merge_traces(gathered.nodes);

@@ -19,6 +19,10 @@
 
 namespace ddp::launcher {
 
+// The most trace JSON the host gathers from all nodes (in its store and in the merge): a node
+// whose trace is larger than its share (this / nodes) writes it on its own disk instead.
+inline constexpr std::size_t kMaxGatheredTrace = 512u * 1024 * 1024;
+
 // How long the writer waits for the other nodes' traces, and one store call may take.
 inline constexpr std::chrono::milliseconds kTraceShareTimeout{10000};
 
@@ -40,12 +44,15 @@ struct LocalTrace {
 
 // A node other than group rank 0: sends its trace to round's workers' store. Throws on failure
 // (the caller writes its trace on its own then).
-void send_trace(const elastic::RoundInfo& round, const LocalTrace& trace);
+// False when the trace is larger than this node's share of kMaxGatheredTrace (the host's
+// bound): then only a header saying so is sent, and the caller writes the trace itself.
+bool send_trace(const elastic::RoundInfo& round, const LocalTrace& trace);
 
 struct GatheredTrace {
   std::string json;              // the merged trace
   std::vector<NodeTrace> nodes;  // those merged, this one first
   std::vector<int> missing;      // group ranks whose trace did not come in time
+  std::vector<int> left_out;     // group ranks not merged: their trace stayed on their node
 };
 
 // Group rank 0: its own trace and the others', merged. Throws when the store cannot be used.

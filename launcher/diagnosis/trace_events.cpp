@@ -11,14 +11,21 @@ constexpr int kAgentPid = 0;  // the agent's track; rank r's is pid 1, tid r
 
 }  // namespace
 
-TraceEvents::TraceEvents(std::uint64_t origin_ns, std::string node)
-    : origin_ns_(origin_ns), node_(std::move(node)) {
+TraceEvents::TraceEvents(std::uint64_t origin_ns, std::string node, std::size_t max_events)
+    : origin_ns_(origin_ns), node_(std::move(node)), max_events_(max_events) {
   add({"process_name", "", 'M', 0, 0, kAgentPid, 0,
        nlohmann::json{{"name", "ddprun agent on " + node_}}.dump()});
   add({"process_name", "", 'M', 0, 0, 1, 0, nlohmann::json{{"name", "ranks"}}.dump()});
 }
 
-void TraceEvents::add(Event event) { events_.push_back(std::move(event)); }
+void TraceEvents::add(Event event) {
+  // The agent's own events (few) and the tracks' names are always kept.
+  if (events_.size() >= max_events_ && event.pid == 1 && event.phase != 'M') {
+    ++cut_;
+    return;
+  }
+  events_.push_back(std::move(event));
+}
 
 void TraceEvents::agent_span(const std::string& name, std::uint64_t begin_ns, std::uint64_t end_ns,
                              const std::string& detail) {
@@ -132,9 +139,10 @@ std::string TraceEvents::json() const {
     if (!e.args.empty()) j["args"] = nlohmann::json::parse(e.args);
     events.push_back(std::move(j));
   }
-  return nlohmann::json{{"traceEvents", std::move(events)},
-                        {"displayTimeUnit", "ms"},
-                        {"otherData", {{"node", node_}, {"missed_spans", missed_}}}}
+  return nlohmann::json{
+      {"traceEvents", std::move(events)},
+      {"displayTimeUnit", "ms"},
+      {"otherData", {{"node", node_}, {"missed_spans", missed_}, {"cut_spans", cut_}}}}
       .dump();
 }
 

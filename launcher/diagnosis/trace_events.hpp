@@ -5,6 +5,7 @@
 // collectives and 64 steps: read them often enough) and writes the whole file at the end.
 // Not thread-safe: one owner (the agent's loop). Internal to the launcher.
 
+#include <cstddef>
 #include <cstdint>
 #include <map>
 #include <string>
@@ -14,11 +15,15 @@
 
 namespace ddp::launcher {
 
+// The most events one node keeps (about 40 MB of JSON): past it, collective and step spans
+// are counted instead (cut()), the agent's own events still kept.
+inline constexpr std::size_t kMaxTraceEvents = 200000;
+
 class TraceEvents {
  public:
   // Times are CLOCK_MONOTONIC ns; the trace starts at `origin_ns` (ts 0). `node` names the
   // process track of this node's events.
-  TraceEvents(std::uint64_t origin_ns, std::string node);
+  TraceEvents(std::uint64_t origin_ns, std::string node, std::size_t max_events = kMaxTraceEvents);
 
   // The agent's own: a span ("rendezvous round 3") or an instant ("worker 1 failed").
   void agent_span(const std::string& name, std::uint64_t begin_ns, std::uint64_t end_ns,
@@ -33,6 +38,8 @@ class TraceEvents {
 
   // Spans lost because the ring moved on between two collects (a trace read too seldom).
   std::uint64_t missed() const { return missed_; }
+  // Spans not kept because the trace held max_events already.
+  std::uint64_t cut() const { return cut_; }
   std::size_t size() const { return events_.size(); }
   std::uint64_t origin_ns() const { return origin_ns_; }
 
@@ -67,6 +74,8 @@ class TraceEvents {
   std::map<std::pair<int, int>, Seen> seen_;  // by (attempt, rank)
   std::map<int, bool> named_;                 // rank tracks with their name written
   std::uint64_t missed_ = 0;
+  std::size_t max_events_;
+  std::uint64_t cut_ = 0;
 };
 
 }  // namespace ddp::launcher

@@ -90,12 +90,12 @@ std::string worker_event(const EventJob& job, const EventAgent& agent, const std
   ordered_json inner = inner_metadata(job, agent);
   // torchrun writes these four as one-element lists.
   inner["local_rank"] = ordered_json::array({worker.local_rank});
-  inner["role_rank"] = ordered_json::array({worker.ranks.role_rank});
-  inner["role_world_size"] = ordered_json::array({worker.ranks.role_world_size});
+  inner["role_rank"] = ordered_json::array({worker.role_rank});
+  inner["role_world_size"] = ordered_json::array({worker.role_world_size});
   inner["exit_code"] = ordered_json::array({or_null(worker.exit_code)});
   inner["worker_pid"] = ordered_json::array({or_null(worker.failure_pid)});
   return line(state, "WORKER",
-              metadata(job, agent, state, inner, worker.ranks.rank, std::to_string(worker.pid),
+              metadata(job, agent, state, inner, worker.rank, std::to_string(worker.pid),
                        worker.raw_error, std::nullopt));
 }
 

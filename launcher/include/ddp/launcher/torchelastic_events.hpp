@@ -9,8 +9,6 @@
 #include <optional>
 #include <string>
 
-#include "ddp/elastic/rendezvous.hpp"
-
 namespace ddp::launcher {
 
 // What every event of one agent says about the job.
@@ -38,8 +36,10 @@ std::string agent_event(const EventJob& job, const EventAgent& agent, const std:
 // One worker's (START, SUCCEEDED, FAILED, TERMINATED). worker_id is its pid; exit_code,
 // failure_pid and raw_error are set for a failure only, as torchrun does.
 struct EventWorker {
-  elastic::WorkerRanks ranks;
-  int local_rank = 0;
+  int rank = 0;             // RANK
+  int local_rank = 0;       // LOCAL_RANK
+  int role_rank = 0;        // ROLE_RANK
+  int role_world_size = 0;  // ROLE_WORLD_SIZE
   pid_t pid = 0;
   std::optional<int> exit_code;
   std::optional<pid_t> failure_pid;
