@@ -7,9 +7,10 @@ the build puts it) and installed where ddprun looks for it: <prefix>/share/ddpru
 The platform tag is read from the programs themselves, so that it is never a claim they do not
 meet: manylinux_2_NN_x86_64 (PEP 600) when every shared library they load is one the manylinux
 policy lets a wheel take from the host (glibc's own: libc, libm, libpthread, libdl, librt, the
-loader), NN being the newest GLIBC_2.NN symbol version they use; linux_x86_64 otherwise (a
-build without DDP_PORTABLE=ON links libstdc++ and OpenSSL dynamically). Needs objdump
-(binutils) and Debian's python3-setuptools and python3-wheel."""
+loader), NN being the newest glibc they need (packaging/glibc_floor.py: the version
+references, GLIBC_2.NN and GLIBC_ABI_DT_RELR); linux_x86_64 otherwise (a build without
+DDP_PORTABLE=ON links libstdc++ and OpenSSL dynamically). Needs objdump (binutils) and Debian's
+python3-setuptools and python3-wheel."""
 import argparse
 import os
 import platform
@@ -23,6 +24,8 @@ PROGRAMS = ("ddprun", "ddpstore")
 GLIBC_LIBRARIES = {"libc.so.6", "libm.so.6", "libpthread.so.0", "libdl.so.2", "librt.so.1",
                    "ld-linux-x86-64.so.2"}
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+from glibc_floor import glibc_floor  # noqa: E402 (packaging/glibc_floor.py)
 
 
 def objdump(flag, path):
@@ -41,8 +44,8 @@ def platform_tag(programs):
             print(f"build_wheel: {os.path.basename(path)} loads {', '.join(others)} from the host: "
                   f"tagged linux_{arch} (build with -DDDP_PORTABLE=ON for a manylinux wheel)")
             return f"linux_{arch}"
-        for major, minor in re.findall(r"\bGLIBC_(\d+)\.(\d+)\b", objdump("-T", path)):
-            newest = max(newest, (int(major), int(minor)))
+        floor, _ = glibc_floor(path)
+        newest = max(newest, floor or newest)
     print(f"build_wheel: the programs need only glibc >= {newest[0]}.{newest[1]}")
     return f"manylinux_{newest[0]}_{newest[1]}_{arch}"
 
