@@ -27,8 +27,8 @@ using DebugLogger = void (*)(int level, unsigned long flags, const char* file, i
 
 // Event types (nccl_profiler.h): the bits of the activation mask and each descriptor's type.
 inline constexpr std::uint64_t kProfileGroup = 1u << 0;
-inline constexpr std::uint64_t kProfileColl = 1u << 1;      // one collective of a kernel plan
-inline constexpr std::uint64_t kProfileP2p = 1u << 2;       // one send or receive
+inline constexpr std::uint64_t kProfileColl = 1u << 1;  // one collective of a kernel plan
+inline constexpr std::uint64_t kProfileP2p = 1u << 2;   // one send or receive
 inline constexpr std::uint64_t kProfileProxyOp = 1u << 3;
 inline constexpr std::uint64_t kProfileProxyStep = 1u << 4;
 inline constexpr std::uint64_t kProfileProxyCtrl = 1u << 5;
@@ -165,8 +165,8 @@ struct ProfilerV3 {
 
 struct ProfilerV4 {
   const char* name;
-  Result (*init)(void** context, int* eActivationMask, const char* commName,
-                 std::uint64_t commHash, int nNodes, int nranks, int rank, DebugLogger logfn);
+  Result (*init)(void** context, int* eActivationMask, const char* commName, std::uint64_t commHash,
+                 int nNodes, int nranks, int rank, DebugLogger logfn);
   Result (*startEvent)(void* context, void** eHandle, EventDescrV4* eDescr);
   Result (*stopEvent)(void* eHandle);
   Result (*recordEventState)(void* eHandle, int eState, EventStateArgs* eStateArgs);
@@ -176,8 +176,8 @@ struct ProfilerV4 {
 // v5 and v6 share this layout (v6's descriptor is v5's with more union members).
 struct ProfilerV5 {
   const char* name;
-  Result (*init)(void** context, std::uint64_t commId, int* eActivationMask,
-                 const char* commName, int nNodes, int nranks, int rank, DebugLogger logfn);
+  Result (*init)(void** context, std::uint64_t commId, int* eActivationMask, const char* commName,
+                 int nNodes, int nranks, int rank, DebugLogger logfn);
   Result (*startEvent)(void* context, void** eHandle, EventDescrV5* eDescr);
   Result (*stopEvent)(void* eHandle);
   Result (*recordEventState)(void* eHandle, int eState, EventStateArgs* eStateArgs);

@@ -43,8 +43,8 @@ using record::Op;
 
 // One communicator's context (init's `context`).
 struct Comm {
-  int rank = -1;    // in the communicator; -1: not told (v3: taken from the first descriptor)
-  int nranks = 0;   // 0: not told (v3)
+  int rank = -1;         // in the communicator; -1: not told (v3: taken from the first descriptor)
+  int nranks = 0;        // 0: not told (v3)
   bool refused = false;  // not the page's communicator
 };
 
@@ -52,10 +52,10 @@ struct Comm {
 // channels' events. Entries live as long as the plugin (never freed, so that a late event
 // never touches freed memory) and are reused by number, like the page's slots.
 struct CollEvent {
-  std::uint64_t seq = 0;     // page number; 0: free
-  unsigned expected = 0;     // kernel channels to wait for (0: unknown, any)
-  unsigned seen = 0;         // kernel channels that started
-  unsigned open = 0;         // events still open: the collective's own and its channels'
+  std::uint64_t seq = 0;  // page number; 0: free
+  unsigned expected = 0;  // kernel channels to wait for (0: unknown, any)
+  unsigned seen = 0;      // kernel channels that started
+  unsigned open = 0;      // events still open: the collective's own and its channels'
   bool started = false;
 };
 
@@ -90,10 +90,12 @@ struct DataType {
   std::uint64_t size;
 };
 inline constexpr DataType kDataTypes[] = {
-    {"ncclFloat32", "float32", 4}, {"ncclBfloat16", "bfloat16", 2}, {"ncclFloat16", "float16", 2},
-    {"ncclFloat64", "float64", 8}, {"ncclInt32", "int32", 4},       {"ncclInt64", "int64", 8},
-    {"ncclInt8", "int8", 1},       {"ncclUint8", "uint8", 1},       {"ncclUint32", "uint32", 4},
-    {"ncclUint64", "uint64", 8},   {"ncclFloat8e4m3", "fp8e4m3", 1}, {"ncclFloat8e5m2", "fp8e5m2", 1},
+    {"ncclFloat32", "float32", 4},    {"ncclBfloat16", "bfloat16", 2},
+    {"ncclFloat16", "float16", 2},    {"ncclFloat64", "float64", 8},
+    {"ncclInt32", "int32", 4},        {"ncclInt64", "int64", 8},
+    {"ncclInt8", "int8", 1},          {"ncclUint8", "uint8", 1},
+    {"ncclUint32", "uint32", 4},      {"ncclUint64", "uint64", 8},
+    {"ncclFloat8e4m3", "fp8e4m3", 1}, {"ncclFloat8e5m2", "fp8e5m2", 1},
 };
 
 Collective describe(const char* func, const char* datatype, std::size_t count) {
@@ -132,9 +134,10 @@ class Plugin {
     std::lock_guard lock(mutex_);
     if (comm.refused || !may_record(comm, rank)) return nullptr;
     const std::uint64_t seq = writer_->on_queued(c.op, c.dtype, c.count, c.bytes);
-    if (seq == 0) return nullptr;
     CollEvent& event = events_[seq % kEvents];
-    if (event.seq != 0) return nullptr;  // kEvents collectives in flight: leave it
+    // kEvents collectives in flight: this one is counted but not followed; `finished` passes
+    // it when a later one finishes.
+    if (event.seq != 0) return nullptr;
     event = CollEvent{seq, channels, 0, 1, false};
     return &event;
   }
@@ -158,8 +161,8 @@ class Plugin {
   void stop(void* handle) {
     if (handle == nullptr || !owns(handle)) return;
     std::lock_guard lock(mutex_);
-    auto& event = *reinterpret_cast<CollEvent*>(reinterpret_cast<std::uintptr_t>(handle) &
-                                                ~kChannelTag);
+    auto& event =
+        *reinterpret_cast<CollEvent*>(reinterpret_cast<std::uintptr_t>(handle) & ~kChannelTag);
     if (event.seq == 0 || event.open == 0) return;
     --event.open;
     const bool every_channel =

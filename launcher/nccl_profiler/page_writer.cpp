@@ -82,14 +82,14 @@ bool PageWriter::claim(int rank, int world_size) {
 
 std::uint64_t PageWriter::on_queued(Op op, std::uint64_t dtype, std::uint64_t count,
                                     std::uint64_t bytes) {
-  const std::uint64_t seq = next_seq_ + 1;
-  // The slot's previous collective has not finished: leave it (and this one) alone rather
-  // than overwrite a record the agent may still need.
+  const std::uint64_t seq = ++next_seq_;
+  // The slot's previous collective has not finished: leave its record (the agent may still
+  // need it) and only count this one.
   if (seq > kCollectiveSlots &&
       page_->finished.load(std::memory_order_acquire) < seq - kCollectiveSlots) {
-    return 0;
+    page_->queued.store(seq, std::memory_order_release);
+    return seq;
   }
-  next_seq_ = seq;
   CollectiveSlot& slot = page_->collectives[seq % kCollectiveSlots];
   begin_write(slot);
   slot.seq.store(seq, std::memory_order_relaxed);

@@ -40,8 +40,8 @@ class PageWriter {
   bool claimed() const { return claimed_; }
 
   // A collective was handed to NCCL's stream: numbers it (1, 2, ...) and records it. Returns
-  // its number, or 0 when its slot still holds an unfinished collective (not recorded then,
-  // and not counted: the caller drops it).
+  // its number. As in libddp, every collective is counted (ranks must agree on the numbers),
+  // but one whose slot still holds an unfinished collective is not written there.
   std::uint64_t on_queued(record::Op op, std::uint64_t dtype, std::uint64_t count,
                           std::uint64_t bytes);
   // Collective `seq` began to run (its kernel started on a channel).
