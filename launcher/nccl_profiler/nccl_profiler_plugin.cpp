@@ -25,6 +25,9 @@
 // no syscall, no output. One line on stderr at most, at the first init, when the page is
 // unusable.
 
+#include <pthread.h>
+
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -110,6 +113,10 @@ Collective describe(const char* func, const char* datatype, std::size_t count) {
   return c;
 }
 
+// True in a child forked after the plugin loaded (a data loader worker): the page is the
+// parent's, and the lock may have been copied held, so the child records nothing.
+std::atomic<bool> forked{false};
+
 // The process's plugin: the page and the collectives in flight. One per process because the
 // page is; reached only through the exported structs.
 class Plugin {
@@ -131,6 +138,7 @@ class Plugin {
 
   // A collective or p2p began; returns its handle, nullptr when it is not recorded.
   void* start_collective(Comm& comm, int rank, const Collective& c, unsigned channels) {
+    if (forked.load(std::memory_order_relaxed)) return nullptr;
     std::lock_guard lock(mutex_);
     if (comm.refused || !may_record(comm, rank)) return nullptr;
     const std::uint64_t seq = writer_->on_queued(c.op, c.dtype, c.count, c.bytes);
@@ -145,6 +153,7 @@ class Plugin {
   // A kernel channel of the collective `parent` began; returns its handle.
   void* start_channel(void* parent) {
     if (parent == nullptr || is_channel(parent) || !owns(parent)) return nullptr;
+    if (forked.load(std::memory_order_relaxed)) return nullptr;
     std::lock_guard lock(mutex_);
     auto& event = *static_cast<CollEvent*>(parent);
     if (event.seq == 0) return nullptr;
@@ -159,7 +168,7 @@ class Plugin {
 
   // A collective's own event or one of its channels' stopped.
   void stop(void* handle) {
-    if (handle == nullptr || !owns(handle)) return;
+    if (handle == nullptr || !owns(handle) || forked.load(std::memory_order_relaxed)) return;
     std::lock_guard lock(mutex_);
     auto& event =
         *reinterpret_cast<CollEvent*>(reinterpret_cast<std::uintptr_t>(handle) & ~kChannelTag);
@@ -222,9 +231,16 @@ class Plugin {
   CollEvent events_[kEvents];
 };
 
+// Never destroyed: NCCL's proxy threads may still call in while the process exits (a program
+// that never destroys its communicators), after static destructors ran. A reload after NCCL
+// unloaded the plugin (its last communicator was destroyed) makes a new one, which takes the
+// page back (PageWriter::claim).
 Plugin& plugin() {
-  static Plugin instance;
-  return instance;
+  static Plugin* instance = [] {
+    pthread_atfork(nullptr, nullptr, [] { forked.store(true, std::memory_order_relaxed); });
+    return new Plugin;
+  }();
+  return *instance;
 }
 
 // --- The interface, per version ------------------------------------------------------------

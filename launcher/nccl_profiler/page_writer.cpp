@@ -67,7 +67,15 @@ bool PageWriter::claim(int rank, int world_size) {
   if (claimed_) return true;
   std::uint64_t owner = 0;
   const auto pid = static_cast<std::uint64_t>(getpid());
-  if (!page_->pid.compare_exchange_strong(owner, pid, std::memory_order_acq_rel)) return false;
+  if (!page_->pid.compare_exchange_strong(owner, pid, std::memory_order_acq_rel)) {
+    // An earlier load of this plugin in this process (NCCL unloads it with its last
+    // communicator) wrote here: go on where it stopped.
+    if (owner != pid || page_->writer.load(std::memory_order_relaxed) != pack_name(kWriterName))
+      return false;
+    next_seq_ = page_->queued.load(std::memory_order_relaxed);
+    claimed_ = true;
+    return true;
+  }
   page_->version.store(kRecordVersion, std::memory_order_relaxed);
   page_->rank.store(static_cast<std::uint64_t>(rank < 0 ? 0 : rank), std::memory_order_relaxed);
   page_->world_size.store(static_cast<std::uint64_t>(world_size < 0 ? 0 : world_size),

@@ -34,8 +34,10 @@ class PageWriter {
   PageWriter& operator=(const PageWriter&) = delete;
 
   // Takes the page for a communicator (rank of world_size) if no process has claimed it, and
-  // publishes it. False when libddp, the Python probe or another process owns it: the plugin
-  // then records nothing (they record on their own). Once true, later calls return true.
+  // publishes it; or takes it back from an earlier load of the plugin in this process (same
+  // pid, writer kWriterName), numbering on from its last collective. False when libddp, the
+  // Python probe or another process owns it: the plugin then records nothing (they record on
+  // their own). Once true, later calls return true.
   bool claim(int rank, int world_size);
   bool claimed() const { return claimed_; }
 
