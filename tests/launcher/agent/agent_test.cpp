@@ -685,7 +685,7 @@ TEST_CASE("NUMA binding without a GPU says so and starts nothing") {
 }
 
 TEST_CASE(
-    "workers get ddprun's NCCL profiler plugin in NCCL_PROFILER_PLUGIN, unless the user "
+    "workers get ddprun's NCCL profiler plugin in NCCL_PROFILER_PLUGIN unless the user "
     "named one") {
   TempDir dir;
   const std::string env_json = (dir.path() / "env-{rank}.json").string();
