@@ -166,6 +166,13 @@ class Plugin {
     return reinterpret_cast<void*>(reinterpret_cast<std::uintptr_t>(parent) | kChannelTag);
   }
 
+  // The communicator is being destroyed: the job's next one may take the page over.
+  void forget(const Comm& comm) {
+    if (forked.load(std::memory_order_relaxed)) return;
+    std::lock_guard lock(mutex_);
+    if (owner_ == &comm) owner_ = nullptr;
+  }
+
   // A collective's own event or one of its channels' stopped.
   void stop(void* handle) {
     if (handle == nullptr || !owns(handle) || forked.load(std::memory_order_relaxed)) return;
@@ -198,9 +205,9 @@ class Plugin {
   // Whether this communicator's collectives go on the page: it claims the page at its first
   // collective when it is the job's (or the job's size is unknown) and nobody has.
   bool may_record(Comm& comm, int descr_rank) {
-    if (writer_->claimed()) {
-      if (&comm == owner_) return true;
-      comm.refused = true;
+    if (&comm == owner_) return true;
+    if (owner_ != nullptr) {
+      comm.refused = true;  // another communicator is the page's
       return false;
     }
     const int rank = comm.rank >= 0 ? comm.rank : descr_rank;
@@ -211,6 +218,7 @@ class Plugin {
       comm.refused = true;  // a subgroup: wait for the job's communicator
       return false;
     }
+    // (True again for the job's next communicator once the first was destroyed.)
     if (!writer_->claim(rank, world)) {
       comm.refused = true;  // libddp, the probe or another process records here
       return false;
@@ -262,7 +270,10 @@ Result init_comm(void** context, int* mask, int nranks, int rank) {
 Result finalize(void* context) {
   // A communicator's recorded collectives stay on the page; only its context goes. (The page
   // keeps naming this communicator's last collectives, as libddp's does after destroy.)
-  delete static_cast<Comm*>(context);
+  if (context == nullptr) return kSuccess;
+  auto* comm = static_cast<Comm*>(context);
+  plugin().forget(*comm);
+  delete comm;
   return kSuccess;
 }
 
@@ -274,21 +285,26 @@ Result stop_event(void* handle) {
 Result record_event_state(void*, int, EventStateArgs*) { return kSuccess; }
 
 // startEvent for any descriptor version: Descr is EventDescrV3, V4 or V5 (same member names).
-template <typename Descr>
-Result start_event(void* context, void** handle, Descr* descr, unsigned coll_channels,
-                   unsigned p2p_channels) {
+// kCountsChannels: the descriptor says on how many channels the kernel runs (v4+; v3's
+// nMaxChannels only bounds them, so a v3 collective waits for the channels that started).
+template <bool kCountsChannels, typename Descr>
+Result start_event(void* context, void** handle, Descr* descr) {
   *handle = nullptr;
   if (context == nullptr || descr == nullptr) return kSuccess;
   auto& comm = *static_cast<Comm*>(context);
   const auto type = static_cast<std::uint64_t>(descr->type);
   if (type == kProfileColl) {
+    unsigned channels = 0;
+    if constexpr (kCountsChannels) channels = descr->coll.nChannels;
     *handle = plugin().start_collective(
         comm, descr->rank, describe(descr->coll.func, descr->coll.datatype, descr->coll.count),
-        coll_channels);
+        channels);
   } else if (type == kProfileP2p) {
+    unsigned channels = 0;
+    if constexpr (kCountsChannels) channels = descr->p2p.nChannels;
     *handle = plugin().start_collective(
         comm, descr->rank, describe(descr->p2p.func, descr->p2p.datatype, descr->p2p.count),
-        p2p_channels);
+        channels);
   } else if (type == kProfileKernelCh) {
     *handle = plugin().start_channel(descr->parentObj);
   }
@@ -297,8 +313,7 @@ Result start_event(void* context, void** handle, Descr* descr, unsigned coll_cha
 
 Result init_v3(void** context, int* mask) { return init_comm(context, mask, 0, -1); }
 Result start_v3(void* context, void** handle, EventDescrV3* descr) {
-  // v3's nMaxChannels bounds, not counts, the channels: wait for any.
-  return start_event(context, handle, descr, 0, 0);
+  return start_event<false>(context, handle, descr);
 }
 
 Result init_v4(void** context, int* mask, const char*, std::uint64_t, int, int nranks, int rank,
@@ -306,8 +321,7 @@ Result init_v4(void** context, int* mask, const char*, std::uint64_t, int, int n
   return init_comm(context, mask, nranks, rank);
 }
 Result start_v4(void* context, void** handle, EventDescrV4* descr) {
-  if (descr == nullptr) return kSuccess;
-  return start_event(context, handle, descr, descr->coll.nChannels, descr->p2p.nChannels);
+  return start_event<true>(context, handle, descr);
 }
 
 Result init_v5(void** context, std::uint64_t, int* mask, const char*, int, int nranks, int rank,
@@ -315,8 +329,7 @@ Result init_v5(void** context, std::uint64_t, int* mask, const char*, int, int n
   return init_comm(context, mask, nranks, rank);
 }
 Result start_v5(void* context, void** handle, EventDescrV5* descr) {
-  if (descr == nullptr) return kSuccess;
-  return start_event(context, handle, descr, descr->coll.nChannels, descr->p2p.nChannels);
+  return start_event<true>(context, handle, descr);
 }
 
 }  // namespace

@@ -474,3 +474,21 @@ TEST_CASE(
   CHECK(slot_of(page, 1).op == static_cast<std::uint64_t>(kCollectives[0].op));
   CHECK(slot_of(page, 2).op == static_cast<std::uint64_t>(kCollectives[1].op));
 }
+
+TEST_CASE("nccl profiler: once the job's communicator is destroyed, its successor records on") {
+  ddp::launcher::RecordMapping mapping;
+  WorkerEnvironment env(&mapping, 0, 2);
+  LoadedPlugin loaded;
+  const auto& plugin = loaded.get<ProfilerV5>(kSymbolV5);
+  for (int comm = 0; comm < 2; ++comm) {
+    void* context = nullptr;
+    int mask = 0;
+    REQUIRE(plugin.init(&context, comm, &mask, "job", 1, 2, 0, nullptr) == kSuccess);
+    EventDescrV5 descr = descr_v5(kCollectives[0], 0, 0, 1);
+    void* handle = nullptr;
+    REQUIRE(plugin.startEvent(context, &handle, &descr) == kSuccess);
+    CHECK(handle != nullptr);
+    REQUIRE(plugin.finalize(context) == kSuccess);
+  }
+  CHECK(mapping.page().queued.load() == 2);
+}
