@@ -253,7 +253,12 @@ Plugin& plugin() {
 
 // --- The interface, per version ------------------------------------------------------------
 
-// The events asked for: collectives, sends/receives, and kernel channels (their ends).
+// Every group event's handle: not followed (stopEvent ignores it), but not null, since NCCL
+// 2.26 and 2.27 start a plan's collective events only when its group event has a handle.
+char group_event;
+
+// The events asked for: collectives, sends/receives, and kernel channels (their ends). NCCL
+// starts a group event (type kProfileGroup) around each kernel plan for any of them.
 constexpr int kMask = static_cast<int>(kProfileColl | kProfileP2p | kProfileKernelCh);
 
 Result init_comm(void** context, int* mask, int nranks, int rank) {
@@ -307,6 +312,9 @@ Result start_event(void* context, void** handle, Descr* descr) {
         channels);
   } else if (type == kProfileKernelCh) {
     *handle = plugin().start_channel(descr->parentObj);
+  } else if (type == kProfileGroup) {
+    // NCCL 2.26 and 2.27 report a plan's collectives only under a group event with a handle.
+    *handle = &group_event;
   }
   return kSuccess;
 }

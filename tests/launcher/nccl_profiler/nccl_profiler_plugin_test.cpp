@@ -326,7 +326,14 @@ TEST_CASE("nccl profiler: interface v4 and v3 record as v5 does") {
     int mask = 0;
     REQUIRE(plugin.init(&context, &mask, "job", 7, 1, 2, 0, nullptr) == kSuccess);
     CHECK((mask & kProfileKernelCh) != 0);
+    // NCCL 2.27 starts a plan's collectives only under a group event that got a handle.
+    EventDescrV4 group{};
+    group.type = kProfileGroup;
+    void* group_handle = nullptr;
+    REQUIRE(plugin.startEvent(context, &group_handle, &group) == kSuccess);
+    REQUIRE(group_handle != nullptr);
     EventDescrV4 descr{};
+    descr.parentObj = group_handle;
     descr.type = kProfileColl;
     descr.coll.seqNumber = 0;
     descr.coll.func = "AllGather";
@@ -342,6 +349,7 @@ TEST_CASE("nccl profiler: interface v4 and v3 record as v5 does") {
     REQUIRE(plugin.startEvent(context, &channel_handle, &channel) == kSuccess);
     REQUIRE(plugin.stopEvent(handle) == kSuccess);
     REQUIRE(plugin.stopEvent(channel_handle) == kSuccess);
+    REQUIRE(plugin.stopEvent(group_handle) == kSuccess);
     const Slot s = slot_of(mapping.page(), 1);
     CHECK(s.op == static_cast<std::uint64_t>(Op::kAllGather));
     CHECK(unpack_name(s.dtype) == "int32");
