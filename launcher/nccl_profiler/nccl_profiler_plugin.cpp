@@ -31,10 +31,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <memory>
 #include <mutex>
+#include <new>
+#include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 
 #include "nccl_profiler_abi.hpp"
 #include "page_writer.hpp"
@@ -125,7 +127,9 @@ class Plugin {
   bool active() {
     std::call_once(opened_, [this] {
       std::string problem;
-      writer_ = PageWriter::open_from_environment(problem);
+      if (auto opened = PageWriter::open_from_environment(problem)) {
+        writer_.emplace(std::move(*opened));
+      }
       if (!problem.empty()) {
         std::fprintf(stderr,
                      "ddprun NCCL profiler: %s; NCCL collectives are not recorded (the hang "
@@ -133,7 +137,7 @@ class Plugin {
                      problem.c_str());
       }
     });
-    return writer_ != nullptr;
+    return writer_.has_value();
   }
 
   // A collective or p2p began; returns its handle, nullptr when it is not recorded.
@@ -233,20 +237,21 @@ class Plugin {
   }
 
   std::once_flag opened_;
-  std::unique_ptr<PageWriter> writer_;  // nullptr: no page, the plugin does nothing
-  std::mutex mutex_;                    // every page write and event below
-  const Comm* owner_ = nullptr;         // the communicator whose collectives are recorded
+  std::optional<PageWriter> writer_;  // none: no page, the plugin does nothing
+  std::mutex mutex_;                  // every page write and event below
+  const Comm* owner_ = nullptr;       // the communicator whose collectives are recorded
   CollEvent events_[kEvents];
 };
 
 // Never destroyed: NCCL's proxy threads may still call in while the process exits (a program
-// that never destroys its communicators), after static destructors ran. A reload after NCCL
-// unloaded the plugin (its last communicator was destroyed) makes a new one, which takes the
-// page back (PageWriter::claim).
+// that never destroys its communicators), after static destructors ran. It lives in static
+// storage, so nothing leaks when NCCL unloads the plugin (with its last communicator; the page
+// stays mapped); a reload makes a new one, which takes the page back (PageWriter::claim).
 Plugin& plugin() {
+  alignas(Plugin) static unsigned char storage[sizeof(Plugin)];
   static Plugin* instance = [] {
     pthread_atfork(nullptr, nullptr, [] { forked.store(true, std::memory_order_relaxed); });
-    return new Plugin;
+    return new (storage) Plugin;
   }();
   return *instance;
 }

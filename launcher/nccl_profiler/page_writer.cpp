@@ -27,41 +27,43 @@ std::uint64_t now_ns() {
 
 }  // namespace
 
-std::unique_ptr<PageWriter> PageWriter::open_from_environment(std::string& problem) {
+std::optional<PageWriter> PageWriter::open_from_environment(std::string& problem) {
   const char* value = std::getenv(kRecordFdVariable);
-  if (value == nullptr || *value == '\0') return nullptr;
+  if (value == nullptr || *value == '\0') return std::nullopt;
   int fd = -1;
   const char* end = value + std::strlen(value);
   const auto [ptr, ec] = std::from_chars(value, end, fd);
   if (ec != std::errc() || ptr != end || fd < 0) {
     problem = std::string(kRecordFdVariable) + "='" + value + "' is not a descriptor number";
-    return nullptr;
+    return std::nullopt;
   }
   return open(fd, problem);
 }
 
-std::unique_ptr<PageWriter> PageWriter::open(int fd, std::string& problem) {
+std::optional<PageWriter> PageWriter::open(int fd, std::string& problem) {
   const std::string name = "the collective record descriptor " + std::to_string(fd);
   struct stat st {};
   if (fstat(fd, &st) != 0) {
     problem = name + " is not open: " + std::strerror(errno);
-    return nullptr;
+    return std::nullopt;
   }
   if (static_cast<std::uint64_t>(st.st_size) != sizeof(RecordPage)) {
     problem = name + " has " + std::to_string(st.st_size) + " bytes, not the " +
               std::to_string(sizeof(RecordPage)) +
               " of a record page (a ddprun of another version?)";
-    return nullptr;
+    return std::nullopt;
   }
   void* mapped = mmap(nullptr, sizeof(RecordPage), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   if (mapped == MAP_FAILED) {
     problem = name + " could not be mapped: " + std::strerror(errno);
-    return nullptr;
+    return std::nullopt;
   }
-  return std::unique_ptr<PageWriter>(new PageWriter(static_cast<RecordPage*>(mapped)));
+  return PageWriter(static_cast<RecordPage*>(mapped));
 }
 
-PageWriter::~PageWriter() { munmap(page_, sizeof(RecordPage)); }
+PageWriter::~PageWriter() {
+  if (page_ != nullptr) munmap(page_, sizeof(RecordPage));
+}
 
 bool PageWriter::claim(int rank, int world_size) {
   if (claimed_) return true;

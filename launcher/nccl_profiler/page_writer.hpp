@@ -11,8 +11,9 @@
 // one lock (nccl_profiler_plugin.cpp), which also keeps two writers off one slot.
 
 #include <cstdint>
-#include <memory>
+#include <optional>
 #include <string>
+#include <utility>
 
 #include "ddp/common/collective_record.hpp"
 
@@ -24,12 +25,13 @@ inline constexpr const char* kWriterName = "ncclprof";
 
 class PageWriter {
  public:
-  // Maps the page named by DDPRUN_RECORD_FD. nullptr, silently, when the variable is unset or
-  // empty (not under ddprun); nullptr and one line in `problem` when it names no usable page.
-  static std::unique_ptr<PageWriter> open_from_environment(std::string& problem);
-  // The same for a descriptor (tests).
-  static std::unique_ptr<PageWriter> open(int fd, std::string& problem);
-  ~PageWriter();
+  // Maps the page named by DDPRUN_RECORD_FD. nullopt, silently, when the variable is unset or
+  // empty (not under ddprun); nullopt and one line in `problem` when it names no usable page.
+  static std::optional<PageWriter> open_from_environment(std::string& problem);
+  // The same for a descriptor.
+  static std::optional<PageWriter> open(int fd, std::string& problem);
+  ~PageWriter();  // unmaps the page
+  PageWriter(PageWriter&& other) noexcept : page_(std::exchange(other.page_, nullptr)) {}
   PageWriter(const PageWriter&) = delete;
   PageWriter& operator=(const PageWriter&) = delete;
 
@@ -56,7 +58,7 @@ class PageWriter {
  private:
   explicit PageWriter(record::RecordPage* page) : page_(page) {}
 
-  record::RecordPage* page_;  // mapped MAP_SHARED for the life of the process
+  record::RecordPage* page_;  // mapped MAP_SHARED; nullptr once moved from
   bool claimed_ = false;
   std::uint64_t next_seq_ = 0;
 };
