@@ -1,6 +1,8 @@
 # ddprun and its sample workers
 add_executable(ddprun ddprun.cpp)
 target_link_libraries(ddprun PRIVATE ddp::launcher)
+# The NCCL profiler plugin ddprun hands its workers is built with it (build/lib).
+add_dependencies(ddprun ddprun_nccl_profiler)
 # Start-up time: the dynamic loader's symbol look-ups and relocations in libstdc++ are a few
 # milliseconds of every launch on a small machine (docs/benchmarks.md, Launch time). ddprun
 # loads no C++ library at run time (device_count.cpp dlopens C libraries only), so linking the

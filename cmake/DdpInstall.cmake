@@ -7,7 +7,7 @@
 #   # or: g++ -std=c++20 train.cpp $(pkg-config --cflags --libs ddp)
 #
 # Two install components, one Debian package each (cmake/DdpPackage.cmake):
-#   ddprun  the programs: ddprun and ddpstore, and ddprun's Python probe
+#   ddprun  the programs: ddprun and ddpstore, ddprun's Python probe and NCCL profiler plugin
 #   dev     libraries, headers, the CMake package and ddp.pc (libddp-dev)
 include(CMakePackageConfigHelpers)
 
@@ -28,6 +28,11 @@ foreach(_ddp_program ddprun ddpstore)
     install(TARGETS ${_ddp_program} RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT ddprun)
   endif()
 endforeach()
+# ddprun's NCCL profiler plugin, in the lib dir beside the installed ddprun (where
+# find_nccl_profiler looks), loaded by the workers' NCCL.
+if(TARGET ddprun_nccl_profiler)
+  install(TARGETS ddprun_nccl_profiler LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT ddprun)
+endif()
 # ddprun's Python probe (launcher/CMakeLists.txt), read-only for all but its owner.
 list(TRANSFORM DDP_PYTHON_PROBE_FILES PREPEND launcher/ OUTPUT_VARIABLE _ddp_probe_sources)
 install(FILES ${_ddp_probe_sources} DESTINATION ${CMAKE_INSTALL_DATADIR}/ddprun/python

@@ -20,6 +20,7 @@
 #include "../diagnosis/trace_events.hpp"
 #include "../output/console_writer.hpp"
 #include "../process/group_reaper.hpp"
+#include "../process/nccl_profiler_lookup.hpp"
 #include "../process/numa_binding.hpp"
 #include "../process/python_probe.hpp"
 #include "agent_machine.hpp"
@@ -188,6 +189,9 @@ class Agent::Impl {
     group.notice = [this](const std::string& text) { notice(text); };
     group.log_errors = log_errors_;
     group.cpus_of_local_rank = cpus_of_local_rank_;
+    NcclProfilerPlugin nccl_profiler = find_nccl_profiler(options_.base_env);
+    if (!nccl_profiler.notice.empty()) notice(nccl_profiler.notice);
+    group.nccl_profiler = std::move(nccl_profiler.path);
     if (command_.python) {
       PythonProbeDir probe = find_python_probe(config_.python_probe, options_.base_env);
       if (!probe.notice.empty()) notice(probe.notice);

@@ -13,6 +13,7 @@
 #include "../diagnosis/python_stacks.hpp"
 #include "../diagnosis/stack_capture.hpp"
 #include "../diagnosis/tool_run.hpp"
+#include "../process/nccl_profiler_lookup.hpp"
 #include "ddp/common/host_name.hpp"
 #include "ddp/launcher/output_tee.hpp"
 #include "ddp/launcher/process_setup.hpp"
@@ -189,6 +190,7 @@ void ProcessWorkerGroup::start_worker(int local_rank, const fs::path& dir, ExitH
   });
   spawn.env.push_back(record->variable());
   spawn.inherit_fds = {record->fd()};
+  add_nccl_profiler(spawn.env);
   if (options_.command.python && !options_.python_probe_dir.empty()) {
     add_python_probe(spawn.env);
     spawn.env.push_back(record->stack_variable());
@@ -212,6 +214,14 @@ void ProcessWorkerGroup::start_worker(int local_rank, const fs::path& dir, ExitH
   records_.push_back(std::move(record));
   tee_output(local_rank, streams);
 }  // the child's ends of pipes and files close here, in the agent
+
+void ProcessWorkerGroup::add_nccl_profiler(std::vector<std::string>& env) const {
+  if (options_.nccl_profiler.empty()) return;
+  const std::string key = std::string(kNcclProfilerPluginVariable) + "=";
+  if (std::any_of(env.begin(), env.end(), [&](const std::string& e) { return e.starts_with(key); }))
+    return;  // the user's plugin (or "none")
+  env.push_back(key + options_.nccl_profiler.string());
+}
 
 void ProcessWorkerGroup::add_python_probe(std::vector<std::string>& env) const {
   const std::string path_key = "PYTHONPATH=";

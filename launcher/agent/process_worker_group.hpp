@@ -43,6 +43,10 @@ struct ProcessWorkerGroupOptions {
   // Where ddprun's Python probe is (its sitecustomize.py): put first on Python workers'
   // PYTHONPATH. Empty: no probe (--skip_python_probe, DDPRUN_PYTHON_PROBE=0, or not installed).
   std::filesystem::path python_probe_dir;
+  // ddprun's NCCL profiler plugin (libddprun-nccl-profiler.so), named in every worker's
+  // NCCL_PROFILER_PLUGIN unless the worker's environment names one. Empty: none
+  // (DDPRUN_NCCL_PROFILER=0, the user's own NCCL_PROFILER_PLUGIN, or not installed).
+  std::filesystem::path nccl_profiler;
   std::shared_ptr<LogFileErrors> log_errors;  // failed log writes, said once per file
   // --numa_binding: the CPUs of each local rank (numa_binding.hpp); empty: no binding.
   std::vector<std::vector<int>> cpus_of_local_rank;
@@ -97,6 +101,8 @@ class ProcessWorkerGroup : public WorkerGroup {
   // The probe's variables for a Python worker: PYTHONPATH with the probe first, the signal
   // (the caller adds the stack file).
   void add_python_probe(std::vector<std::string>& env) const;
+  // NCCL_PROFILER_PLUGIN=<ddprun's plugin>, unless env names a plugin already.
+  void add_nccl_profiler(std::vector<std::string>& env) const;
   // The stacks taken at a stop: one line per group of ranks, and a file per rank.
   void report_stacks(const std::vector<PythonStack>& stacks, const std::filesystem::path& dir);
 

@@ -80,6 +80,15 @@ def main():
             shutil.copy(path, staged)
             if args.strip:
                 subprocess.run(["strip", "--strip-unneeded", staged], check=True)
+        # ddprun's NCCL profiler plugin, beside the programs in <bin-dir>/../lib, goes to
+        # <prefix>/lib, where ddprun looks for it (../lib from its own place).
+        plugin = os.path.join(args.bin_dir, "..", "lib", "libddprun-nccl-profiler.so")
+        if os.path.isfile(plugin):
+            os.mkdir(os.path.join(stage, "plugin"))
+            staged = os.path.join(stage, "plugin", os.path.basename(plugin))
+            shutil.copy(plugin, staged)
+            if args.strip:
+                subprocess.run(["strip", "--strip-unneeded", staged], check=True)
         os.mkdir(os.path.join(stage, "probe"))
         for name in probe:
             shutil.copy(os.path.join(probe_dir, name), os.path.join(stage, "probe", name))

@@ -49,7 +49,9 @@ setup(
     packages=[],
     scripts=["programs/ddprun", "programs/ddpstore"],
     data_files=[("share/ddprun/python",
-                 sorted(os.path.join("probe", name) for name in os.listdir("probe")))],
+                 sorted(os.path.join("probe", name) for name in os.listdir("probe")))] +
+    ([("lib", [os.path.join("plugin", name) for name in os.listdir("plugin")])]
+     if os.path.isdir("plugin") else []),
     cmdclass={"bdist_wheel": PlatformWheel, "build_scripts": CopyPrograms},
     classifiers=[
         "Operating System :: POSIX :: Linux",

@@ -683,3 +683,40 @@ TEST_CASE("NUMA binding without a GPU says so and starts nothing") {
   CHECK_THAT(r.err, Catch::Contains("--numa_binding=node: no GPU found"));
   CHECK(r.out.find("ran") == std::string::npos);
 }
+
+TEST_CASE(
+    "workers get ddprun's NCCL profiler plugin in NCCL_PROFILER_PLUGIN unless the user "
+    "named one") {
+  TempDir dir;
+  const std::string env_json = (dir.path() / "env-{rank}.json").string();
+  const auto plugin =
+      std::filesystem::weakly_canonical(bin_path("ddprun")).parent_path().parent_path() / "lib" /
+      "libddprun-nccl-profiler.so";
+  SECTION("ddprun's plugin") {
+    ProcessResult r = run_process(ddprun({"--nproc_per_node=2"}, {"--env-json", env_json}), {},
+                                  {"NCCL_PROFILER_PLUGIN", "DDPRUN_NCCL_PROFILER"});
+    INFO(r.err);
+    REQUIRE(r.status == 0);
+    CHECK(r.err.find("NCCL profiler plugin") == std::string::npos);  // no notice
+    for (int rank = 0; rank < 2; ++rank) {
+      json env = read_json(dir.path() / ("env-" + std::to_string(rank) + ".json"));
+      REQUIRE(env.contains("NCCL_PROFILER_PLUGIN"));
+      CHECK(std::filesystem::weakly_canonical(env["NCCL_PROFILER_PLUGIN"].get<std::string>()) ==
+            plugin);
+    }
+  }
+  SECTION("the user's choice is kept") {
+    ProcessResult r = run_process(ddprun({"--nproc_per_node=1"}, {"--env-json", env_json}),
+                                  {{"NCCL_PROFILER_PLUGIN", "none"}});
+    INFO(r.err);
+    REQUIRE(r.status == 0);
+    CHECK(read_json(dir.path() / "env-0.json")["NCCL_PROFILER_PLUGIN"] == "none");
+  }
+  SECTION("DDPRUN_NCCL_PROFILER=0 turns it off") {
+    ProcessResult r = run_process(ddprun({"--nproc_per_node=1"}, {"--env-json", env_json}),
+                                  {{"DDPRUN_NCCL_PROFILER", "0"}}, {"NCCL_PROFILER_PLUGIN"});
+    INFO(r.err);
+    REQUIRE(r.status == 0);
+    CHECK_FALSE(read_json(dir.path() / "env-0.json").contains("NCCL_PROFILER_PLUGIN"));
+  }
+}

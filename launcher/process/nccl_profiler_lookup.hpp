@@ -1,0 +1,35 @@
+#pragma once
+// Where ddprun's NCCL profiler plugin is, and whether to hand it to the workers. The plugin
+// (launcher/nccl_profiler: libddprun-nccl-profiler.so) is installed in the lib dir beside
+// ddprun (<prefix>/<libdir>, or build/lib beside build/bin/ddprun) and records any NCCL
+// program's collectives in its record page; ddprun names it in the workers'
+// NCCL_PROFILER_PLUGIN unless the user named a plugin there (theirs wins). NCCL loads it into
+// every worker, so ddprun takes it only from its own installation, never from a file or
+// folder every user may write. Internal to the launcher.
+
+#include <filesystem>
+#include <map>
+#include <string>
+
+namespace ddp::launcher {
+
+// NCCL's variable naming the profiler plugin to load.
+inline constexpr const char* kNcclProfilerPluginVariable = "NCCL_PROFILER_PLUGIN";
+// The variable that turns ddprun's plugin off: DDPRUN_NCCL_PROFILER=0.
+inline constexpr const char* kNcclProfilerVariable = "DDPRUN_NCCL_PROFILER";
+
+struct NcclProfilerPlugin {
+  std::filesystem::path path;  // empty: set no NCCL_PROFILER_PLUGIN
+  std::string notice;          // why not, when the user should know ("": say nothing)
+};
+
+// The plugin beside `program` (ddprun's own path): <program's folder>/../lib or
+// ../<install libdir>. Empty, silently, when env names a plugin already or has
+// DDPRUN_NCCL_PROFILER=0; empty with a notice when it is missing or writable by every user
+// (the file or its folder).
+NcclProfilerPlugin find_nccl_profiler(const std::filesystem::path& program,
+                                      const std::map<std::string, std::string>& env);
+// The same beside the running ddprun (/proc/self/exe).
+NcclProfilerPlugin find_nccl_profiler(const std::map<std::string, std::string>& env);
+
+}  // namespace ddp::launcher
