@@ -11,8 +11,8 @@ if(NOT DDP_SANITIZE)
   target_link_options(ddprun PRIVATE "$<$<LINK_LANGUAGE:CXX>:-static-libstdc++;-static-libgcc>")
 endif()
 # The relative relocations of a position-independent ddprun (tens of thousands, most of them
-# OpenSSL's tables) in the compact DT_RELR form: the loader applies them faster (glibc 2.36+,
-# which the packages require anyway, see docs/install.md).
+# OpenSSL's tables) in the compact DT_RELR form: the loader applies them faster (glibc 2.36+;
+# cmake/DdpSysroot.cmake turns it off for the packages, which target glibc 2.31).
 include(CheckLinkerFlag)
 check_linker_flag(CXX "LINKER:-z,pack-relative-relocs" DDP_LINKER_PACKS_RELATIVE_RELOCS)
 if(DDP_LINKER_PACKS_RELATIVE_RELOCS)

@@ -6,7 +6,7 @@
 // sigabbrev_np (glibc 2.32, declared for it by glibc_compat.h). Each is defined here only when
 // the glibc compiled against lacks it, and hidden: they serve the program's own code and copy
 // of the runtime, and are never exported to the libraries it loads. Linked into the packaged
-// programs only (CMakeLists.txt).
+// programs and the NCCL profiler plugin only (CMakeLists.txt).
 #include "glibc_compat.h"
 
 #include <features.h>

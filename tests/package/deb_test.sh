@@ -5,11 +5,10 @@
 # into a scratch root with `dpkg-deb -x`, where the installed ddprun runs a 2-rank PyTorch job
 # and a find_package(ddp) project builds against the installed files and runs on 2 ranks.
 #
-# Why not `apt-get install ./ddprun_*.deb` into a clean root: a clean Debian root needs
-# debootstrap and a mirror (this machine is offline), and installing into this host's own
-# root would change a machine other builds share. `apt-get --simulate install` checks the
-# dependencies against this host's package database instead, and dpkg-deb -x puts the files
-# where dpkg would put them, under a prefix.
+# A real `apt-get install ./ddprun_*.deb` into a clean Debian 11 root is scripts/test-packages'
+# (run by scripts/test as root); here, on this host, `apt-get --simulate install` checks the
+# dependencies against its package database without changing a machine other builds share,
+# and dpkg-deb -x puts the files where dpkg would put them, under a prefix.
 #
 # Usage: deb_test.sh BUILD_DIR. Exit status: 0 passed, 77 skipped (the reason is printed),
 # anything else failed.
