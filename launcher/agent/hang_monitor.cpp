@@ -37,6 +37,18 @@ const RankView& root_rank(const CollectiveDiagnosis& diagnosis,
 
 HangAction decide_hang(const CollectiveDiagnosis& diagnosis, const std::vector<RankView>& views,
                        std::optional<std::chrono::milliseconds> stop_after) {
+  // Records that only NCCL's profiler plugin wrote (a program without libddp or the probe):
+  // its collectives end with NCCL's kernel events, which no GPU of ours has checked yet, so
+  // its verdicts warn and never stop a job, unless --hang_stop_timeout asks for stops.
+  const bool profiler_only =
+      std::any_of(views.begin(), views.end(), [](const RankView& v) { return v.attached; }) &&
+      std::all_of(views.begin(), views.end(),
+                  [](const RankView& v) { return !v.attached || v.nccl_profiler; });
+  if (profiler_only && !stop_after) {
+    return {false,
+            "ddprun only warns: these records come from its NCCL profiler plugin, whose "
+            "verdicts do not stop a job yet; give --hang_stop_timeout to have it stop one"};
+  }
   if (diagnosis.desync) {
     return {true,
             "ddprun stops the job now: its ranks called the collective differently, so it "

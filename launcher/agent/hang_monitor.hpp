@@ -48,7 +48,8 @@ struct HangAction {
 
 // Stop now when the hang is certain (a desync; a rank to blame exited) or the ranks have
 // waited past stop_after (nullopt: the largest collective timeout a rank reported, else
-// kDefaultCollectiveTimeout); otherwise let the job run.
+// kDefaultCollectiveTimeout); otherwise let the job run. Records written only by the NCCL
+// profiler plugin never stop a job without stop_after (--hang_stop_timeout): they warn.
 HangAction decide_hang(const CollectiveDiagnosis& diagnosis, const std::vector<RankView>& views,
                        std::optional<std::chrono::milliseconds> stop_after);
 

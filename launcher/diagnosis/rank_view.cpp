@@ -120,6 +120,7 @@ void read_record(const record::RecordPage& page, std::uint64_t now_ns, RankView&
   view.attached = page.magic.load(std::memory_order_acquire) == record::kRecordMagic;
   if (!view.attached) return;
   view.python = page.writer.load(kRelaxed) == record::pack_name("torch");
+  view.nccl_profiler = page.writer.load(kRelaxed) == record::pack_name("ncclprof");
   read_lane(page, 0, now_ns, view);  // lane 0 is read whatever its state (the probe's, v1)
   view.steps = page.steps.load(kRelaxed);
   view.compute_s_total = seconds(page.compute_ns_total.load(kRelaxed));

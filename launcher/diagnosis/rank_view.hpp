@@ -48,14 +48,15 @@ struct RankView {
   int local_rank = -1;
   std::string host;
   pid_t pid = 0;
-  bool remote = false;                     // another node's rank (its agent shared the view)
-  bool running = true;                     // the process still runs
-  std::string exit_text;                   // "exit code 0", when it exited
-  bool attached = false;                   // libddp or the Python probe records into the page
-  bool python = false;                     // the Python probe writes the page (PyTorch)
-  std::string backend;                     // "gloo", "nccl"
-  std::uint64_t queued = 0;                // the highest collective number it issued
-  std::uint64_t finished = 0;              // the highest it finished
+  bool remote = false;         // another node's rank (its agent shared the view)
+  bool running = true;         // the process still runs
+  std::string exit_text;       // "exit code 0", when it exited
+  bool attached = false;       // libddp or the Python probe records into the page
+  bool python = false;         // the Python probe writes the page (PyTorch)
+  bool nccl_profiler = false;  // ddprun's NCCL profiler plugin writes it (any NCCL program)
+  std::string backend;         // "gloo", "nccl"
+  std::uint64_t queued = 0;    // the highest collective number it issued
+  std::uint64_t finished = 0;  // the highest it finished
   std::optional<double> since_finished_s;  // since it last finished one; unset: never
   std::optional<CollectiveInfo> pending;   // the collective after `finished`, if issued
   std::optional<CollectiveInfo> last;      // collective `finished`, if still in the ring

@@ -44,6 +44,7 @@ json view_json(const RankView& v, bool with_steps) {
             {"backend", v.backend}, {"queued", v.queued},         {"finished", v.finished}};
   if (!v.exit_text.empty()) j["exit"] = v.exit_text;
   if (v.python) j["python"] = true;
+  if (v.nccl_profiler) j["nccl_profiler"] = true;
   if (v.failed) j["failed"] = true;
   if (v.steps > 0) {
     j["steps"] = v.steps;
@@ -91,6 +92,7 @@ RankView view_of(const json& j) {
   v.exit_text = j.value("exit", "");
   v.attached = j.at("attached").get<bool>();
   v.python = j.value("python", false);
+  v.nccl_profiler = j.value("nccl_profiler", false);
   v.backend = j.at("backend").get<std::string>();
   v.queued = j.at("queued").get<std::uint64_t>();
   v.finished = j.at("finished").get<std::uint64_t>();
