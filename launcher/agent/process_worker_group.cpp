@@ -132,7 +132,11 @@ void ProcessWorkerGroup::start(const elastic::RoundInfo& round, ExitHandler on_e
   const int local_world = elastic::worker_ranks(round, 0).local_world_size;
   error_files_.assign(static_cast<std::size_t>(local_world), "");
   const fs::path dir = attempt_dir();
-  open_filtered_logs(dir);
+  try {
+    open_filtered_logs(dir);
+  } catch (const std::exception& e) {  // as a worker that could not be started: a report
+    throw start_error(0, 0, e);
+  }
   for (int local_rank = 0; local_rank < local_world; ++local_rank) {
     try {
       start_worker(local_rank, dir / std::to_string(local_rank), on_exit);
