@@ -87,13 +87,27 @@ NO_BUCKET = 0xFFFFFFFFFFFFFFFF
 # Adjacent words written in one call; native format: each word is one aligned 8-byte store.
 _SLOT_FIELDS = struct.Struct("10Q")  # a collective slot's seq .. failed
 _TWO_WORDS = struct.Struct("2Q")
+_P2P_FIELDS = struct.Struct("4Q")  # a lane's p2p since .. peer
 
 # Header words.
 MAGIC, VERSION, PID, RANK, WORLD_SIZE, BACKEND = 0, 1, 2, 3, 4, 5
 QUEUED, STARTED, FINISHED, LAST_FINISHED_NS, FAILED = 6, 7, 8, 9, 10
 STEPS, COMPUTE_NS_TOTAL, WAIT_NS_TOTAL = 11, 12, 13
 WRITER, STACK_SIGNAL, TIMEOUT_MS = 15, 16, 17
-LANE_STATE, CONTEXT = 18, 19  # lane 0's state (1: open) and which process group (1: the first)
+LANE_STATE, CONTEXT = 18, 19  # lane 0's state and which process group it records
+LANE0_EXTRA = 27  # lane 0's unrecorded and p2p words (X_*): the header's last five
+# Lanes 1..: a 16-word header (LaneHeader) and a ring each, after the steps.
+LANES_BASE = STEP_BASE + STEP_SLOTS * STEP_WORDS
+L_STATE, L_CONTEXT, L_BACKEND, L_RANK, L_WORLD_SIZE, L_TIMEOUT_MS = 0, 1, 2, 3, 4, 5
+L_QUEUED, L_EXTRA = 6, 11  # queued, started, finished, last_finished_ns, failed; the X_ words
+LANE_OPEN, LANE_CLAIMING = 1, 3
+# A lane's extra words, from its `extra`: collectives left unrecorded (issued by a signal handler
+# while its thread recorded), and the oldest send or recv a thread waits in (since 0: none).
+X_UNRECORDED, X_P2P_SINCE_NS, X_P2P_OP, X_P2P_BYTES, X_P2P_PEER = 0, 1, 2, 3, 4
+NO_PEER = 0xFFFFFFFFFFFFFFFF
+# A process group's context: its name's number + 1 (c10d names groups "0", "1"... in the order
+# every rank makes them), else HASHED_CONTEXT | 62 bits of the name's hash.
+HASHED_CONTEXT = 1 << 62
 # Collective slot words.
 C_VERSION, C_SEQ, C_OP, C_DTYPE, C_COUNT, C_BYTES, C_BUCKET = 0, 1, 2, 3, 4, 5, 6
 C_QUEUED_NS, C_STARTED_NS, C_FINISHED_NS, C_FAILED = 7, 8, 9, 10
@@ -139,32 +153,76 @@ def _map_page(fd):
 # --- The recorder: every write to the page --------------------------------------------------
 
 
+class _Lane:
+    """One process group's lane of the page: where its words are, and its numbering. Lane 0 is
+    the page header's counters and ring (the default group); lanes 1.. sit after the steps."""
+
+    __slots__ = ("index", "context", "counters", "slots", "extra", "queued", "finished", "ahead",
+                 "unrecorded", "p2p_waiting")
+
+    def __init__(self, index, context):
+        self.index = index
+        self.context = context
+        if index == 0:
+            self.counters, self.slots, self.extra = QUEUED, HEADER_WORDS, LANE0_EXTRA
+        else:
+            base = LANES_BASE + (index - 1) * LANE_WORDS
+            self.counters, self.slots, self.extra = base + L_QUEUED, base + 16, base + L_EXTRA
+        self.queued = 0  # the last collective numbered
+        self.finished = 0  # every collective up to this one finished
+        self.ahead = set()  # finished, but some earlier collective has not
+        self.unrecorded = 0  # collectives issued while this thread was recording (a signal)
+        self.p2p_waiting = 0  # threads blocked in a send or recv's wait
+
+
+class _Busy(_thread._local):
+    depth = 0  # 1 while this thread records (or is about to): a signal handler then skips
+
+
 class Recorder:
-    """Owns the page: every write to it. Thread-safe and cheap. Its callers catch what it
+    """Owns the page: every write to it. Thread-safe, cheap, and never blocks a thread that is
+    already recording: a Python signal handler that runs while its thread holds the lock and
+    issues a collective finds the lock its own, and that collective is left unrecorded (counted
+    in its lane's `unrecorded` word), instead of waiting forever. Its callers catch what it
     raises (an internal error) and call stop()."""
 
     def __init__(self, words):
         self._words = words
         self._lock = _thread.allocate_lock()
+        self._busy = _Busy()
         self.writing = False  # claimed, in the claiming process, not stopped: read lock-free
         self._pid = 0  # the claiming process
         self._refused = False  # the page belongs to another process, or we stopped
-        self._queued = 0
-        self._finished = 0
-        self._finished_ahead = set()  # finished, but some earlier collective has not
+        self._lanes = {}  # context -> _Lane
         self._steps = 0
+
+    def _enter(self):
+        """Takes the lock, unless this thread holds it (or is taking it): then False."""
+        busy = self._busy
+        if busy.depth:
+            return False
+        busy.depth = 1  # before acquiring: a signal from here on must not wait for the lock
+        self._lock.acquire()
+        return True
+
+    def _leave(self):
+        self._lock.release()
+        self._busy.depth = 0
 
     # Claim and lifetime.
 
-    def claim(self, rank, world_size, backend, timeout_ms):
-        """Takes the page if no process has, and publishes it (once)."""
-        with self._lock:
+    def claim(self, rank, world_size, backend, timeout_ms, context):
+        """Takes the page if no process has, and publishes it (once), with the default process
+        group (`context`) in lane 0. Returns lane 0, or None when the page is not ours."""
+        if not self._enter():
+            return None
+        try:
             w = self._words
             if self.writing or self._refused:
-                return
-            if w[PID] != 0:  # libddp or another process has it
+                return self._lanes.get(context) if self.writing else None
+            if w[PID] != 0:  # libddp, the NCCL plugin or another process has it
                 self._refused = True
-                return
+                return None
             self._pid = os.getpid()
             w[PID] = self._pid
             w[VERSION] = RECORD_VERSION
@@ -173,18 +231,53 @@ class Recorder:
             w[BACKEND] = pack_name(backend)
             w[WRITER] = pack_name("torch")
             w[TIMEOUT_MS] = timeout_ms
-            w[CONTEXT] = 1
-            w[LANE_STATE] = 1
+            w[CONTEXT] = context
+            w[LANE_STATE] = LANE_OPEN
+            lane = self._lanes[context] = _Lane(0, context)
             w[MAGIC] = RECORD_MAGIC
             self.writing = True
+            return lane
+        finally:
+            self._leave()
+
+    def open_lane(self, context, rank, world_size, backend, timeout_ms):
+        """The lane of another process group (`context`: the same on every rank): the one it had
+        (a group made again under its name goes on with its numbering), else a free one; None
+        when every lane is taken (that group is not recorded)."""
+        if not self.writing or not self._mine() or not self._enter():
+            return None
+        try:
+            lane = self._lanes.get(context)
+            if lane is not None:
+                return lane
+            w = self._words
+            taken = {lane.index for lane in self._lanes.values()}
+            for index in range(1, EXTRA_LANES + 1):
+                base = LANES_BASE + (index - 1) * LANE_WORDS
+                if index in taken or w[base + L_STATE] != 0:  # libddp may hold one
+                    continue
+                w[base + L_STATE] = LANE_CLAIMING
+                w[base + L_CONTEXT] = context
+                w[base + L_BACKEND] = pack_name(backend)
+                w[base + L_RANK] = rank
+                w[base + L_WORLD_SIZE] = world_size
+                w[base + L_TIMEOUT_MS] = timeout_ms
+                w[base + L_STATE] = LANE_OPEN
+                lane = self._lanes[context] = _Lane(index, context)
+                return lane
+            return None
+        finally:
+            self._leave()
 
     def raise_timeout(self, timeout_ms):
         """The job's collective timeout: the largest of its process groups'."""
-        if not self.writing or not self._mine():
+        if not self.writing or not self._mine() or not self._enter():
             return
-        with self._lock:
+        try:
             if timeout_ms > self._words[TIMEOUT_MS]:
                 self._words[TIMEOUT_MS] = timeout_ms
+        finally:
+            self._leave()
 
     def forked(self):
         """In a forked child: the page is the parent's. Never takes the lock, which the fork
@@ -200,8 +293,7 @@ class Recorder:
             return
         self._refused = True
         if was_writing and self._pid == os.getpid():
-            with self._lock:
-                self._words[MAGIC] = 0
+            self._words[MAGIC] = 0  # one store: no lock (this thread may hold it)
         _say("the Python probe stopped recording: %s: %s" % (type(error).__name__, error))
 
     def _mine(self):
@@ -212,19 +304,21 @@ class Recorder:
         self.forked()
         return False
 
-    # Collectives.
+    # Collectives: numbered per process group, each in its group's lane.
 
-    def queue(self, op, dtype, count, nbytes):
-        """Records collective number queued+1 as issued now; returns its number, 0 when not
-        recording. Its slot is reused only once the collective it held finished."""
+    def queue(self, lane, op, dtype, count, nbytes):
+        """Records `lane`'s collective number queued+1 as issued now; returns its number, 0 when
+        not recording. Its slot is reused only once the collective it held finished."""
         if not self.writing or not self._mine():
             return 0
-        now = time.monotonic_ns()
-        with self._lock:
-            seq = self._queued + 1
-            self._queued = seq
+        if not self._enter():
+            self.skipped(lane)
+            return 0
+        try:
+            now = time.monotonic_ns()
+            seq = lane.queued = lane.queued + 1
             w = self._words
-            base = HEADER_WORDS + (seq % COLLECTIVE_SLOTS) * COLLECTIVE_WORDS
+            base = lane.slots + (seq % COLLECTIVE_SLOTS) * COLLECTIVE_WORDS
             if w[base + C_SEQ] == 0 or w[base + C_FINISHED_NS] != 0:
                 version = w[base + C_VERSION]
                 w[base + C_VERSION] = version + 1
@@ -232,48 +326,96 @@ class Recorder:
                 _SLOT_FIELDS.pack_into(w, (base + C_SEQ) * 8, seq, op, dtype, count, nbytes,
                                        NO_BUCKET, now, now, 0, 0)
                 w[base + C_VERSION] = version + 2
-            _TWO_WORDS.pack_into(w, QUEUED * 8, seq, seq)  # queued, started
-        return seq
+            _TWO_WORDS.pack_into(w, lane.counters * 8, seq, seq)  # queued, started
+            return seq
+        finally:
+            self._leave()
 
-    def finish(self, seq, failed=False, communicator_failed=None):
-        """Collective `seq` completed (failed: with an error). `finished` moves only over an
-        unbroken run of finished numbers. communicator_failed (by default `failed`) sets the
-        header's failed word too. (No pid check: a forked child has none of the threads that
-        finish collectives, and queue() gave it no number.)"""
+    def skipped(self, lane):
+        """A collective of `lane` issued while this thread records (by a signal handler) is not
+        recorded: counted in the lane's unrecorded word (one store, no lock), so that the agent
+        knows this rank's numbers lag behind its group's."""
+        lane.unrecorded += 1
+        self._words[lane.extra + X_UNRECORDED] = lane.unrecorded
+
+    def finish(self, lane, seq, failed=False, communicator_failed=None):
+        """`lane`'s collective `seq` completed (failed: with an error); again is a no-op.
+        `finished` moves only over an unbroken run of finished numbers. communicator_failed (by
+        default `failed`) sets the lane's failed word too. Returns False when this thread is
+        already recording (a signal handler): the caller tries again later. (No pid check: a
+        forked child has none of the threads that finish collectives, and queue() gave it no
+        number.)"""
         if not seq or not self.writing:
-            return
-        if communicator_failed is None:
-            communicator_failed = failed
-        now = time.monotonic_ns()
-        with self._lock:
+            return True
+        if not self._enter():
+            return False
+        try:
+            if seq <= lane.finished or seq in lane.ahead:
+                return True
+            if communicator_failed is None:
+                communicator_failed = failed
+            now = time.monotonic_ns()
             w = self._words
-            base = HEADER_WORDS + (seq % COLLECTIVE_SLOTS) * COLLECTIVE_WORDS
+            base = lane.slots + (seq % COLLECTIVE_SLOTS) * COLLECTIVE_WORDS
             if w[base + C_SEQ] == seq:
                 version = w[base + C_VERSION]
                 w[base + C_VERSION] = version + 1
                 _TWO_WORDS.pack_into(w, (base + C_FINISHED_NS) * 8, now, 1 if failed else 0)
                 w[base + C_VERSION] = version + 2
             if communicator_failed:
-                w[FAILED] = 1
-            if seq != self._finished + 1:
-                self._finished_ahead.add(seq)
-                return
-            ahead = self._finished_ahead
+                w[lane.counters + (FAILED - QUEUED)] = 1
+            if seq != lane.finished + 1:
+                lane.ahead.add(seq)
+                return True
+            ahead = lane.ahead
             while seq + 1 in ahead:
                 seq += 1
                 ahead.remove(seq)
-            self._finished = seq
-            _TWO_WORDS.pack_into(w, FINISHED * 8, seq, now)  # finished, last_finished_ns
+            lane.finished = seq
+            # finished, last_finished_ns
+            _TWO_WORDS.pack_into(w, (lane.counters + (FINISHED - QUEUED)) * 8, seq, now)
+            return True
+        finally:
+            self._leave()
 
-    def future_done(self, seq, future):
-        """A done callback for collective `seq`'s future (on any thread)."""
+    # Point-to-point: not numbered (a send meets a recv on one other rank, and ranks send and
+    # receive unevenly), but a thread blocked in one's wait is: the lane's p2p words.
+
+    def p2p_wait(self, lane, op, nbytes, peer):
+        """This thread now waits for a send or recv of `lane` to `peer` (the group's rank;
+        NO_PEER: any). Returns whether it was written (p2p_done must follow then)."""
+        if not self.writing or not self._mine() or not self._enter():
+            return False
+        try:
+            lane.p2p_waiting += 1
+            if lane.p2p_waiting == 1:  # the oldest wait is the one shown
+                _P2P_FIELDS.pack_into(self._words, (lane.extra + X_P2P_SINCE_NS) * 8,
+                                      time.monotonic_ns(), op, nbytes, peer)
+            return True
+        finally:
+            self._leave()
+
+    def p2p_done(self, lane):
+        """The wait p2p_wait recorded returned (or raised)."""
+        if not self._enter():
+            return  # a signal handler's wait inside ours: ours clears it
+        try:
+            lane.p2p_waiting -= 1
+            if lane.p2p_waiting <= 0:
+                lane.p2p_waiting = 0
+                self._words[lane.extra + X_P2P_SINCE_NS] = 0
+        finally:
+            self._leave()
+
+    def future_done(self, lane, seq, future):
+        """A done callback for `lane`'s collective `seq`'s future (on any thread)."""
         try:
             failed = False
             try:
                 future.value()
             except Exception:
                 failed = True
-            self.finish(seq, failed)
+            self.finish(lane, seq, failed)
         except Exception as error:
             self.stop(error)
 
@@ -281,9 +423,9 @@ class Recorder:
 
     def begin_step(self, begin_ns):
         """Step steps+1 begins at begin_ns; returns its number, 0 when not recording."""
-        if not self.writing or not self._mine():
+        if not self.writing or not self._mine() or not self._enter():
             return 0
-        with self._lock:
+        try:
             step = self._steps + 1
             self._steps = step
             w = self._words
@@ -295,14 +437,16 @@ class Recorder:
             w[base + S_FINALIZED_NS] = 0
             w[base + S_VERSION] += 1
             w[STEPS] = step
-        return step
+            return step
+        finally:
+            self._leave()
 
     def step_time(self, step, field, start_ns, now, total):
         """Step `step` reached `field` (S_READY_NS or S_FINALIZED_NS) at `now`; adds
         now - start_ns to header word `total`."""
-        if not self.writing or not self._mine():
+        if not self.writing or not self._mine() or not self._enter():
             return
-        with self._lock:
+        try:
             w = self._words
             base = STEP_BASE + (step % STEP_SLOTS) * STEP_WORDS
             if w[base + S_STEP] == step:
@@ -310,6 +454,8 @@ class Recorder:
                 w[base + field] = now
                 w[base + S_VERSION] += 1
             w[total] += now - start_ns
+        finally:
+            self._leave()
 
 
 # --- What a tensor argument weighs ------------------------------------------------------------
@@ -345,46 +491,157 @@ def _measure(tensors):
 
 class _ThreadState(_thread._local):
     open_seq = 0  # 2.14: the collective between its pre and post hook on this thread
+    open_lane = None  # its lane
+    open_p2p = None  # 2.14: (lane, op, bytes, peer) of the send or recv between its hooks
     open_id = -1  # its op_id, in the group open_group stands for
     open_group = None  # a token of the group
     inside = False  # 1.13: inside a wrapped collective function (they call each other)
     last_step = None  # the _StepWatch of the last step this thread began
 
 
+# At most this many Works wait for a completion that only Python sees; past it, the oldest
+# completed ones are let go and the rest recorded as finished (no false hang from a program
+# that never waits for its sends).
+_OPEN_WORKS_MAX = 4096
+
+
+class _OpenWorks:
+    """Works whose completion the probe sees only from Python: those without a future (Gloo's
+    send, recv, reduce_scatter: get_future raises) and every send or recv. Each is finished by
+    whichever comes first: its wait() returning (Work.wait is wrapped: while a thread waits for
+    a send or recv, the lane's p2p words say so), or is_completed() seen when the thread issues
+    its next collective, or at a DDP step's end. Holding the Work keeps its Python object
+    alive, so that the program's wait() is called on this same object."""
+
+    def __init__(self, recorder):
+        self._recorder = recorder
+        self.open = {}  # id(work) -> (work, lane, seq (0: a send or recv), p2p or None)
+
+    def add(self, work, lane, seq, p2p=None):
+        if len(self.open) >= _OPEN_WORKS_MAX:
+            self.sweep(force=True)
+        self.open[id(work)] = (work, lane, seq, p2p)
+
+    def sweep(self, force=False):
+        """Finishes the completed ones (force: every one)."""
+        for key, (work, lane, seq, _) in list(self.open.items()):
+            try:
+                done = force or work.is_completed()
+            except Exception:
+                done = True
+            if done and self._recorder.finish(lane, seq):
+                self.open.pop(key, None)
+
+    def wait(self, original, work, args, kwargs):
+        """work.wait(*args, **kwargs) through the pybind method `original`, recorded."""
+        entry = self.open.get(id(work))
+        if entry is None or entry[0] is not work:
+            return original(work, *args, **kwargs)
+        _, lane, seq, p2p = entry
+        recorder = self._recorder
+        waiting = False
+        try:
+            waiting = p2p is not None and recorder.p2p_wait(lane, *p2p)
+        except Exception as error:
+            recorder.stop(error)
+        try:
+            result = original(work, *args, **kwargs)
+        except BaseException:
+            self._finished(work, lane, seq, True)
+            raise
+        finally:
+            if waiting:
+                try:
+                    recorder.p2p_done(lane)
+                except Exception as error:
+                    recorder.stop(error)
+        if result is not False:  # False: wait(timeout) timed out
+            self._finished(work, lane, seq, False)
+        return result
+
+    def _finished(self, work, lane, seq, failed):
+        try:
+            if self._recorder.finish(lane, seq, failed):
+                self.open.pop(id(work), None)
+        except Exception as error:
+            self._recorder.stop(error)
+
+
+def _wrap_work_wait(work_class, works):
+    """Work.wait through works.wait while any Work is open; otherwise the method itself."""
+    original = work_class.wait
+
+    def wait(self, *args, **kwargs):
+        if not works.open:
+            return original(self, *args, **kwargs)
+        return works.wait(original, self, args, kwargs)
+
+    wait.__doc__ = original.__doc__
+    work_class.wait = wait
+
+
 # --- PyTorch 2.14: the process groups' own hooks ---------------------------------------------
 
 _HOOK_ID = 0x6464707275  # "ddpru": ours among a group's hooks
 
-_HOOK_OPS = {  # HookOpName member name -> Op
-    "ALLREDUCE": ALL_REDUCE, "BROADCAST": BROADCAST, "ALLGATHER": ALL_GATHER,
-    "REDUCE_SCATTER": REDUCE_SCATTER, "BARRIER": BARRIER, "REDUCE": REDUCE,
-    "GATHER": GATHER, "SCATTER": SCATTER, "ALLTOALL": ALL_TO_ALL, "SEND": SEND, "RECV": RECV,
+_HOOK_OPS = {  # HookOpName member name -> Op; None: not a collective (no record)
+    "ALLREDUCE": ALL_REDUCE, "ALLREDUCE_COALESCED": ALL_REDUCE, "ALLREDUCE_SPARSE": ALL_REDUCE,
+    "_ALLREDUCE_SPARSE": ALL_REDUCE, "BROADCAST": BROADCAST,
+    "ALLGATHER": ALL_GATHER, "ALLGATHER_BASE": ALL_GATHER, "ALLGATHER_COALESCED": ALL_GATHER,
+    "ALLGATHER_INTO_TENSOR_COALESCED": ALL_GATHER, "_ALLGATHER_BASE": ALL_GATHER,
+    "REDUCE_SCATTER": REDUCE_SCATTER, "REDUCE_SCATTER_BASE": REDUCE_SCATTER,
+    "REDUCE_SCATTER_TENSOR_COALESCED": REDUCE_SCATTER, "_REDUCE_SCATTER_BASE": REDUCE_SCATTER,
+    "BARRIER": BARRIER, "REDUCE": REDUCE, "_REDUCE_OOP": REDUCE, "GATHER": GATHER,
+    "SCATTER": SCATTER, "ALLTOALL": ALL_TO_ALL, "ALLTOALL_BASE": ALL_TO_ALL,
+    "SEND": SEND, "RECV": RECV, "RECVANYSOURCE": RECV,
+    "SPLIT": None, "NEW_WINDOW": None,  # make a group or a window: no collective to wait in
 }
-_COUNT_OUTPUTS = (REDUCE_SCATTER, SCATTER, RECV)  # ops whose inputs are not what one rank sends
+# Ops whose inputs are not what one rank contributes: counted by their outputs.
+_COUNT_OUTPUTS = (REDUCE_SCATTER, SCATTER, RECV)
+_P2P = (SEND, RECV)
 
 
-def _finish_when_done(recorder, seq, work):
-    """Collective seq is finished when work's future completes (its callback runs on the
-    backend's thread); at once when there is no work, or it has no future (Gloo's
-    reduce_scatter: "not implemented")."""
-    import functools
+def _op_of(name):
+    """The Op of a HookOpName member's name: ours, or OTHER for one we do not know; None for a
+    call that is no collective. Coalesced variants are the op they coalesce."""
+    if name in _HOOK_OPS:
+        return _HOOK_OPS[name]
+    return OTHER
 
+
+def _finish_when_done(probe, lane, seq, work):
+    """`lane`'s collective seq is finished when work's future completes (its callback runs on
+    the backend's thread); when there is no future (Gloo's reduce_scatter: "not implemented"),
+    once Python sees the work completed (_OpenWorks); at once when there is no work."""
     future = None
     if work is not None:
         try:
             future = work.get_future()
         except (AttributeError, RuntimeError):
             pass
-    if future is None:
-        recorder.finish(seq)
+    if future is not None:
+        future.add_done_callback(probe.done_callback(lane, seq))
+    elif work is not None:
+        probe.works.add(work, lane, seq)
     else:
-        future.add_done_callback(functools.partial(recorder.future_done, seq))
+        probe.recorder.finish(lane, seq)
 
 
-def _hook_group(recorder, state, group, hook_op_name):
-    """Registers ours as `group`'s pre and post hooks."""
-    members = hook_op_name.__members__.values()
-    ops = {member: _HOOK_OPS.get(member.name, OTHER) for member in members}
+def _inside_hooks(codes):
+    """Whether a frame below the caller's runs one of `codes`: the hook that issued this
+    collective is itself in progress on this thread (a signal handler interrupted it)."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        if frame.f_code in codes:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _hook_group(probe, group, lane, hook_op_name):
+    """Registers ours as `group`'s pre and post hooks, recording into `lane`."""
+    recorder, state, works = probe.recorder, probe.state, probe.works
+    ops = {member: _op_of(member.name) for member in hook_op_name.__members__.values()}
     token = object()  # this group, as a pair's key: the group itself would be a reference cycle
     # through C++ (the group holds the hooks) that keeps it alive after destroy_process_group
 
@@ -392,11 +649,26 @@ def _hook_group(recorder, state, group, hook_op_name):
         if not recorder.writing:
             return
         try:
-            if state.open_seq:  # the last call on this thread raised before its post hook
-                recorder.finish(state.open_seq, True, False)
             op = ops.get(args.name, OTHER)
+            if op is None:
+                return
+            if state.open_seq or state.open_p2p is not None:
+                if _inside_hooks(hook_codes):  # a signal handler's collective inside ours
+                    recorder.skipped(lane)
+                    return
+                # The last call on this thread raised before its post hook.
+                recorder.finish(state.open_lane, state.open_seq, True, False)
+                state.open_seq, state.open_p2p = 0, None
+            if works.open:
+                works.sweep()
             tensors = args.output_tensors if op in _COUNT_OUTPUTS else args.input_tensors
-            state.open_seq = recorder.queue(op, *_measure(tensors))
+            dtype, count, nbytes = _measure(tensors)
+            if op in _P2P:
+                peer = args.root if args.root >= 0 else NO_PEER
+                state.open_p2p = (op, nbytes, peer)
+            else:
+                state.open_seq = recorder.queue(lane, op, dtype, count, nbytes)
+            state.open_lane = lane
             state.open_id = args.op_id
             state.open_group = token
         except Exception as error:
@@ -406,15 +678,19 @@ def _hook_group(recorder, state, group, hook_op_name):
         if not recorder.writing:
             return
         try:
-            seq = state.open_seq
-            if not seq or state.open_id != args.op_id or state.open_group is not token:
+            if state.open_id != args.op_id or state.open_group is not token:
                 return
-            state.open_seq = 0
-            state.open_group = None
-            _finish_when_done(recorder, seq, args.work)
+            seq, p2p = state.open_seq, state.open_p2p
+            state.open_seq, state.open_p2p, state.open_group = 0, None, None
+            if p2p is not None:
+                if args.work is not None:
+                    works.add(args.work, lane, 0, p2p)
+            elif seq:
+                _finish_when_done(probe, lane, seq, args.work)
         except Exception as error:
             recorder.stop(error)
 
+    hook_codes = (pre_hook.__code__, post_hook.__code__)
     group.register_pre_hook(_HOOK_ID, pre_hook)
     group.register_post_hook(_HOOK_ID, post_hook)
 
@@ -460,23 +736,28 @@ _FUNCTIONS = {
     "irecv": (RECV, "tensor"),
 }
 _ALWAYS_ASYNC = ("isend", "irecv")  # return a Work, take no async_op
+_PEER_ARGUMENT = {SEND: "dst", RECV: "src"}
 
 
 def _position(parameters, name):
     return parameters.index(name) if name in parameters else -1
 
 
-def _wrap_collective(recorder, state, function, op, tensor_name, non_member):
-    """`function` recording each call as one collective: finished when a synchronous call
-    returns (failed if it raises), or when an asynchronous call's Work completes. Arguments and
-    results pass through untouched."""
+def _wrap_collective(probe, function, op, tensor_name, non_member):
+    """`function` recording each call: a collective in its group's lane, finished when a
+    synchronous call returns (failed if it raises), or when an asynchronous call's Work
+    completes; a send or recv as a p2p wait while a thread waits for it. Arguments and results
+    pass through untouched."""
     import functools
     import inspect
 
+    recorder, state, works = probe.recorder, probe.state, probe.works
     parameters = list(inspect.signature(function).parameters)
     tensor_at = _position(parameters, tensor_name)
     group_at = _position(parameters, "group")
     async_at = _position(parameters, "async_op")
+    peer_name = _PEER_ARGUMENT.get(op)
+    peer_at = _position(parameters, peer_name) if peer_name else -1
     always_async = function.__name__ in _ALWAYS_ASYNC
 
     def argument(args, kwargs, at, name, default):
@@ -486,15 +767,24 @@ def _wrap_collective(recorder, state, function, op, tensor_name, non_member):
     def collective(*args, **kwargs):
         if not recorder.writing or state.inside:
             return function(*args, **kwargs)
-        seq = 0
+        lane, seq, p2p, waiting = None, 0, None, False
         try:
-            if argument(args, kwargs, group_at, "group", None) is not non_member:
+            group = argument(args, kwargs, group_at, "group", None)
+            lane = probe.lane_of(group) if group is not non_member else None
+            is_async = always_async or argument(args, kwargs, async_at, "async_op", False)
+            if lane is not None:
+                if works.open:
+                    works.sweep()
                 try:
                     size = _measure(argument(args, kwargs, tensor_at, tensor_name, None))
                 except Exception:  # not tensors: the call itself will say so
                     size = (0, 0, 0)
-                seq = recorder.queue(op, *size)
-            is_async = always_async or argument(args, kwargs, async_at, "async_op", False)
+                if op in _P2P:
+                    peer = argument(args, kwargs, peer_at, peer_name, None)
+                    p2p = (op, size[2], peer if isinstance(peer, int) and peer >= 0 else NO_PEER)
+                    waiting = not is_async and recorder.p2p_wait(lane, *p2p)
+                else:
+                    seq = recorder.queue(lane, op, *size)
         except Exception as error:
             recorder.stop(error)
             return function(*args, **kwargs)
@@ -503,14 +793,23 @@ def _wrap_collective(recorder, state, function, op, tensor_name, non_member):
             result = function(*args, **kwargs)
         except BaseException:
             try:
-                recorder.finish(seq, True)  # a communication error, or the arguments'
+                recorder.finish(lane, seq, True)  # a communication error, or the arguments'
             except Exception as error:
                 recorder.stop(error)
             raise
         finally:
             state.inside = False
+            if waiting:
+                try:
+                    recorder.p2p_done(lane)
+                except Exception as error:
+                    recorder.stop(error)
         try:
-            _finish_when_done(recorder, seq, result if is_async and seq else None)
+            if p2p is not None:
+                if is_async and result is not None:
+                    works.add(result, lane, 0, p2p)
+            elif seq:
+                _finish_when_done(probe, lane, seq, result if is_async else None)
         except Exception as error:
             recorder.stop(error)
         return result
@@ -518,7 +817,7 @@ def _wrap_collective(recorder, state, function, op, tensor_name, non_member):
     return collective
 
 
-def _wrap_functions(recorder, state, dist, c10d):
+def _wrap_functions(probe, dist, c10d):
     """Wraps c10d's collective functions, in c10d (which calls them itself: all_gather_object
     calls all_gather) and in torch.distributed (which imported them by name)."""
     non_member = c10d.GroupMember.NON_GROUP_MEMBER
@@ -526,7 +825,7 @@ def _wrap_functions(recorder, state, dist, c10d):
         original = getattr(c10d, name, None)
         if original is None:
             continue
-        wrapped = _wrap_collective(recorder, state, original, op, tensor_name, non_member)
+        wrapped = _wrap_collective(probe, original, op, tensor_name, non_member)
         setattr(c10d, name, wrapped)
         if getattr(dist, name, None) is original:
             setattr(dist, name, wrapped)
@@ -546,31 +845,70 @@ def _timeout_ms(timeout):
     return int(timeout.total_seconds() * 1000) if timeout is not None else 0
 
 
-def _watch_groups(recorder, state, dist, c10d):
+def _context(name):
+    """A process group's context word from its c10d name, the same on every rank: "0" (the
+    default group) -> 1, "1" -> 2...; a hashed name (use_local_synchronization) ->
+    HASHED_CONTEXT | 32 bits of it."""
+    name = str(name)
+    if name.isdigit() and int(name) + 1 < HASHED_CONTEXT:
+        return int(name) + 1
+    import zlib
+
+    return HASHED_CONTEXT | zlib.crc32(name.encode())
+
+
+def _group_name(c10d, group, given):
+    """The c10d name of `group` (2.x: group.group_name; 1.13: its entry in _pg_names)."""
+    name = getattr(group, "group_name", None)
+    if name is None:
+        name = getattr(c10d, "_pg_names", {}).get(group)
+    return given if name is None else name
+
+
+def _watch_groups(probe, dist, c10d):
     """Wraps _new_process_group_helper (every group: init_process_group's, new_group's) and
-    split_group: the first group claims the page, and each gets our hooks where PyTorch has
-    them."""
+    split_group. The first group (the default one) claims the page and records in lane 0, each
+    other group in a lane of its own, where PyTorch has hooks through them. NCCL groups are left
+    to ddprun's NCCL profiler plugin: their futures complete when the work is queued on the GPU,
+    which tells nothing of a hang; a job whose default group is NCCL is not recorded here at
+    all (the plugin records it)."""
     import functools
     import inspect
     import weakref
 
+    recorder = probe.recorder
     process_group = dist.ProcessGroup
     hooks = None
-    if hasattr(process_group, "register_pre_hook"):
+    if probe.hooks:
         hooks = sys.modules["torch._C._distributed_c10d"].HookOpName
         hooked = []  # weak references to the groups that hold our hooks
         atexit.register(_unhook_groups, hooked)
 
-    def new_group(group, backend, timeout):
-        if not isinstance(group, process_group):  # this rank is not a member
+    def new_group(group, backend, timeout, name):
+        if not isinstance(group, process_group) or probe.nccl_job:  # not a member; NCCL's
             return
-        # The first group is the default one (init_process_group's): its rank is the global one.
+        backend = _backend_name(backend)
+        timeout_ms = _timeout_ms(timeout)
         default = c10d._get_default_group() if c10d.is_initialized() else group
-        recorder.claim(default.rank(), default.size(), _backend_name(backend), _timeout_ms(timeout))
-        recorder.raise_timeout(_timeout_ms(timeout))
-        if recorder.writing and hooks is not None:
-            _hook_group(recorder, state, group, hooks)
+        if default is group:
+            if backend == "nccl":
+                probe.nccl_job = True
+                return
+            lane = recorder.claim(group.rank(), group.size(), backend, timeout_ms, _context(name))
+            probe.default_lane = lane
+        else:
+            if backend == "nccl":
+                return
+            recorder.raise_timeout(timeout_ms)
+            lane = recorder.open_lane(_context(name), group.rank(), group.size(), backend,
+                                      timeout_ms)
+        if lane is None:  # the page is not ours, or every lane is taken
+            return
+        if hooks is not None:
+            _hook_group(probe, group, lane, hooks)
             hooked.append(weakref.ref(group))
+        else:
+            probe.group_lanes[group] = lane
 
     helper = c10d._new_process_group_helper
     helper_signature = inspect.signature(helper)
@@ -582,7 +920,8 @@ def _watch_groups(recorder, state, dist, c10d):
             call = helper_signature.bind(*args, **kwargs)
             call.apply_defaults()
             group = result[0] if isinstance(result, tuple) else result  # 2.x: (group, store)
-            new_group(group, call.arguments["backend"], call.arguments.get("timeout"))
+            new_group(group, call.arguments["backend"], call.arguments.get("timeout"),
+                      _group_name(c10d, group, call.arguments.get("group_name")))
         except Exception as error:
             recorder.stop(error)
         return result
@@ -599,7 +938,9 @@ def _watch_groups(recorder, state, dist, c10d):
         group = split(*args, **kwargs)
         try:
             timeout = split_signature.bind(*args, **kwargs).arguments.get("timeout")
-            new_group(group, c10d.get_backend(group), timeout)
+            if isinstance(group, process_group):
+                new_group(group, c10d.get_backend(group), timeout,
+                          _group_name(c10d, group, None))
         except Exception as error:
             recorder.stop(error)
         return group
@@ -635,13 +976,14 @@ class _StepWatch:
     autograd final callback its end (queued from another final callback, so that it runs after
     DDP's own, which waits for the gradients' reduction)."""
 
-    def __init__(self, recorder, engine, step, begin_ns, gradients):
-        self._recorder = recorder
+    def __init__(self, probe, engine, step, begin_ns, gradients):
+        self._probe = probe
+        self._recorder = probe.recorder
         self._engine = engine
         self._step = step
         self._begin_ns = begin_ns
         self._ready_ns = 0
-        self._gradients = gradients  # (dtype, count, bytes) to record as Op 13, or None
+        self._gradients = gradients  # (lane, dtype, count, bytes) to record as Op 13, or None
         self._seq = 0  # the Op 13 collective, while it is open
         self.ended_ns = 0  # when backward ended: the next step begins there (0: not yet)
 
@@ -653,7 +995,8 @@ class _StepWatch:
             rec = self._recorder
             rec.step_time(self._step, S_READY_NS, self._begin_ns, now, COMPUTE_NS_TOTAL)
             if self._gradients is not None:
-                self._seq = rec.queue(GRADIENTS, *self._gradients)
+                lane, dtype, count, nbytes = self._gradients
+                self._seq = rec.queue(lane, GRADIENTS, dtype, count, nbytes)
             self._engine.queue_callback(self._after_others)
         except Exception as error:
             self._recorder.stop(error)
@@ -672,7 +1015,11 @@ class _StepWatch:
             rec = self._recorder
             rec.step_time(self._step, S_FINALIZED_NS, self._ready_ns, now, WAIT_NS_TOTAL)
             seq, self._seq = self._seq, 0
-            rec.finish(seq)
+            if seq:
+                rec.finish(self._gradients[0], seq)
+            works = self._probe.works
+            if works.open:  # DDP waited for its buckets: those without a future are done
+                works.sweep()
         except Exception as error:
             self._recorder.stop(error)
 
@@ -681,23 +1028,27 @@ class _StepWatch:
         Its Op 13 collective is closed as failed (the reduction never completed), lest
         `finished` stop there for good; the communicator is not known broken."""
         seq, self._seq = self._seq, 0
-        self._recorder.finish(seq, True, False)
+        if seq:
+            self._recorder.finish(self._gradients[0], seq, True, False)
 
 
-def _gradient_size(module, sizes):
-    """(dtype, count, bytes) of the parameters of a DDP module that require grad, cached."""
+def _gradients(probe, module, sizes):
+    """(lane, dtype, count, bytes) of the parameters of a DDP module that require grad (cached),
+    in the lane of its process group; None when that group is not recorded."""
     size = sizes.get(module)
     if size is None:
         size = sizes[module] = _measure([p for p in module.parameters() if p.requires_grad])
-    return size
+    lane = probe.lane_of(getattr(module, "process_group", None))
+    return None if lane is None else (lane,) + size
 
 
-def _watch_steps(recorder, state, torch, ddp_class, with_gradients):
+def _watch_steps(probe, torch, ddp_class, with_gradients):
     """Wraps DistributedDataParallel.forward: a forward that will reduce gradients (grad enabled,
     outside no_sync) begins a step."""
     import functools
     import weakref
 
+    recorder, state = probe.recorder, probe.state
     forward = ddp_class.forward
     is_grad_enabled = torch.is_grad_enabled
     engine = torch.autograd.Variable._execution_engine
@@ -726,8 +1077,8 @@ def _watch_steps(recorder, state, torch, ddp_class, with_gradients):
         try:
             tensor = _first_tensor_requiring_grad(output) if step else None
             if tensor is not None:
-                gradients = _gradient_size(self, sizes) if with_gradients else None
-                state.last_step = watch = _StepWatch(recorder, engine, step, begin_ns, gradients)
+                gradients = _gradients(probe, self, sizes) if with_gradients else None
+                state.last_step = watch = _StepWatch(probe, engine, step, begin_ns, gradients)
                 tensor.register_hook(watch.backward_began)
         except Exception as error:
             recorder.stop(error)
@@ -785,8 +1136,27 @@ class _Probe:
     def __init__(self, recorder):
         self.recorder = recorder
         self.state = _ThreadState()
+        self.works = _OpenWorks(recorder)
         self.hooks = False  # the process groups have pre/post hooks (PyTorch 2.x)
         self.distributed = False  # torch.distributed is available and instrumented
+        self.nccl_job = False  # the default group is NCCL's: the plugin records, not us
+        self.default_lane = None  # the default group's lane (lane 0), once claimed
+        self.group_lanes = {}  # 1.13: process group -> its lane (the recorded ones)
+
+    def lane_of(self, group):
+        """The lane a call on `group` (None: the default group) records in; None: none."""
+        if group is None:
+            return self.default_lane
+        try:
+            return self.group_lanes.get(group)
+        except TypeError:  # not hashable: not a group of ours
+            return None
+
+    def done_callback(self, lane, seq):
+        """A future's done callback that finishes `lane`'s collective `seq`."""
+        import functools
+
+        return functools.partial(self.recorder.future_done, lane, seq)
 
     def on_distributed(self, dist):
         try:
@@ -795,9 +1165,10 @@ class _Probe:
                 return
             c10d = sys.modules["torch.distributed.distributed_c10d"]
             self.hooks = hasattr(dist.ProcessGroup, "register_pre_hook")
-            _watch_groups(self.recorder, self.state, dist, c10d)
+            _watch_groups(self, dist, c10d)
             if not self.hooks:
-                _wrap_functions(self.recorder, self.state, dist, c10d)
+                _wrap_functions(self, dist, c10d)
+            _wrap_work_wait(sys.modules["torch._C._distributed_c10d"].Work, self.works)
             self.distributed = True
         except Exception as error:
             self.recorder.stop(error)
@@ -817,8 +1188,7 @@ class _Probe:
         try:
             if self.distributed:
                 torch = sys.modules["torch"]
-                _watch_steps(self.recorder, self.state, torch, module.DistributedDataParallel,
-                             not self.hooks)
+                _watch_steps(self, torch, module.DistributedDataParallel, not self.hooks)
         except Exception as error:
             self.recorder.stop(error)
 

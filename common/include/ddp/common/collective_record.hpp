@@ -18,8 +18,12 @@
 //   destroyed (kClosed: what it left unfinished recorded as failed; the agent still reads a
 //   closed lane); a later communicator on that lane goes on with its numbering. The first claim
 //   fills the rest of the header and publishes it by storing kRecordMagic last. ddprun's
-//   Python probe (launcher/python/_ddprun_probe.py) claims the page by pid when the first
-//   process group is made and writes lane 0 only. A worker that does neither (a program
+//   Python probe (launcher/python/_ddprun_probe.py) claims the page by pid when the default
+//   process group is made and records it in lane 0; each other process group of which the
+//   rank is a member takes a free lane (up to kExtraLanes; later ones are not recorded), its
+//   `context` the group's c10d name + 1 (names count the groups every rank makes, members or
+//   not, so a group's context is the same on every rank while its lane may differ): readers
+//   match lanes across ranks by context. A worker that does neither (a program
 //   without libddp, a Python worker with the probe off) leaves magic at 0: the agent knows
 //   nothing of its collectives.
 // - Writes on the hot path are relaxed atomic stores of 64-bit words: no syscall, no lock,
@@ -138,6 +142,7 @@ inline std::string unpack_name(std::uint64_t word) {
 }
 
 inline constexpr std::uint64_t kNoBucket = ~0ull;
+inline constexpr std::uint64_t kNoPeer = ~0ull;  // a recv from any source
 
 // One collective. Slot seq % kCollectiveSlots holds collective `seq` (1, 2, ...).
 struct CollectiveSlot {
@@ -186,7 +191,11 @@ struct LaneHeader {
   std::atomic<std::uint64_t> finished;
   std::atomic<std::uint64_t> last_finished_ns;
   std::atomic<std::uint64_t> failed;
-  std::atomic<std::uint64_t> reserved[5];
+  std::atomic<std::uint64_t> unrecorded;  // as in RecordPage
+  std::atomic<std::uint64_t> p2p_since_ns;
+  std::atomic<std::uint64_t> p2p_op;
+  std::atomic<std::uint64_t> p2p_bytes;
+  std::atomic<std::uint64_t> p2p_peer;
 };
 static_assert(sizeof(LaneHeader) == 128);
 
@@ -232,13 +241,25 @@ struct RecordPage {
   std::atomic<std::uint64_t> context;
   // The Context whose Reducer records its steps in `step_slots` (the first to begin one).
   std::atomic<std::uint64_t> step_context;
-  std::atomic<std::uint64_t> reserved[11];
+  std::atomic<std::uint64_t> reserved[6];
+  // Written by ddprun's Python probe (the other writers leave them 0), per lane: collectives
+  // left unrecorded (issued by a signal handler while its thread was recording: this rank's
+  // numbers then lag behind its group's), and the oldest send or recv a thread of the process
+  // waits in now (p2p ops have no collective number: a send meets one recv, and ranks send
+  // and receive unevenly), since when (0: none), which Op, how many bytes, to or from which
+  // rank of the group (kNoPeer: any).
+  std::atomic<std::uint64_t> unrecorded;
+  std::atomic<std::uint64_t> p2p_since_ns;
+  std::atomic<std::uint64_t> p2p_op;
+  std::atomic<std::uint64_t> p2p_bytes;
+  std::atomic<std::uint64_t> p2p_peer;
   CollectiveSlot collectives[kCollectiveSlots];
   StepSlot step_slots[kStepSlots];
   CommunicatorLane lanes[kExtraLanes];  // lanes 1, 2, ...
 };
 static_assert(sizeof(RecordPage) % 64 == 0);
 static_assert(offsetof(RecordPage, collectives) == 32 * 8);  // the probe's HEADER_WORDS
+static_assert(offsetof(RecordPage, unrecorded) == 27 * 8);   // the probe's LANE0_EXTRA
 static_assert(kExtraLanes == kCommunicatorLanes - 1);
 
 // Writer side of a slot's seqlock: call begin, store the fields (relaxed), call end. begin
@@ -289,6 +310,11 @@ struct BasicLane {
   Word* finished;
   Word* last_finished_ns;
   Word* failed;
+  Word* unrecorded;
+  Word* p2p_since_ns;
+  Word* p2p_op;
+  Word* p2p_bytes;
+  Word* p2p_peer;
   Slot* collectives;  // kCollectiveSlots of them
 };
 using Lane = BasicLane<std::atomic<std::uint64_t>, CollectiveSlot>;
@@ -297,15 +323,18 @@ using ConstLane = BasicLane<const std::atomic<std::uint64_t>, const CollectiveSl
 template <typename L, typename Page>
 inline L lane_in(Page& page, std::uint32_t index) {
   if (index == 0) {
-    return {&page.lane_state, &page.context,          &page.backend, &page.rank,
-            &page.world_size, &page.timeout_ms,       &page.queued,  &page.started,
-            &page.finished,   &page.last_finished_ns, &page.failed,  page.collectives};
+    return {&page.lane_state,   &page.context,          &page.backend,   &page.rank,
+            &page.world_size,   &page.timeout_ms,       &page.queued,    &page.started,
+            &page.finished,     &page.last_finished_ns, &page.failed,    &page.unrecorded,
+            &page.p2p_since_ns, &page.p2p_op,           &page.p2p_bytes, &page.p2p_peer,
+            page.collectives};
   }
   auto& lane = page.lanes[index - 1];
   auto& h = lane.header;
-  return {&h.state,      &h.context,          &h.backend, &h.rank,
-          &h.world_size, &h.timeout_ms,       &h.queued,  &h.started,
-          &h.finished,   &h.last_finished_ns, &h.failed,  lane.collectives};
+  return {&h.state,      &h.context,      &h.backend,      &h.rank,     &h.world_size,
+          &h.timeout_ms, &h.queued,       &h.started,      &h.finished, &h.last_finished_ns,
+          &h.failed,     &h.unrecorded,   &h.p2p_since_ns, &h.p2p_op,   &h.p2p_bytes,
+          &h.p2p_peer,   lane.collectives};
 }
 // Lane `index` (< kCommunicatorLanes) of `page`.
 inline Lane lane_of(RecordPage& page, std::uint32_t index) { return lane_in<Lane>(page, index); }

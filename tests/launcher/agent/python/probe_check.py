@@ -68,7 +68,12 @@ HEADER_WORDS = LAYOUT["page_words"] - COLLECTIVES_WORDS - STEPS_WORDS - LANES_WO
 HEADER_NAMES = ["magic", "version", "pid", "rank", "world_size", "backend", "queued", "started",
                 "finished", "last_finished_ns", "failed", "steps", "compute_ns_total",
                 "wait_ns_total", "stop_requested", "writer", "stack_signal", "timeout_ms",
-                "lane_state", "context"]
+                "lane_state", "context", "step_context"] + ["reserved"] * 6 + [
+                "unrecorded", "p2p_since_ns", "p2p_op", "p2p_bytes", "p2p_peer"]
+LANE_NAMES = ["state", "context", "backend", "rank", "world_size", "timeout_ms", "queued",
+              "started", "finished", "last_finished_ns", "failed", "unrecorded", "p2p_since_ns",
+              "p2p_op", "p2p_bytes", "p2p_peer"]
+LANES_BASE = HEADER_WORDS + COLLECTIVES_WORDS + STEPS_WORDS
 COLLECTIVE_NAMES = ["version", "seq", "op", "dtype", "count", "bytes", "bucket", "queued_ns",
                     "started_ns", "finished_ns", "failed"]
 STEP_NAMES = ["version", "step", "begin_ns", "ready_ns", "finalized_ns"]
@@ -91,9 +96,20 @@ class Page:
     def header(self):
         return dict(zip(HEADER_NAMES, self.words()))
 
-    def collectives(self):
-        """The used collective slots, by seq."""
-        return self._slots(HEADER_WORDS, "collective", COLLECTIVE_NAMES, "seq")
+    def collectives(self, lane=0):
+        """The used collective slots of lane `lane`, by seq."""
+        base = HEADER_WORDS if lane == 0 else LANES_BASE + (lane - 1) * LAYOUT["lane_words"] + 16
+        return self._slots(base, "collective", COLLECTIVE_NAMES, "seq")
+
+    def lanes(self):
+        """Lanes 1.. that a process group took: {context: (lane index, header)}."""
+        w, found = self.words(), {}
+        for index in range(1, LAYOUT["extra_lanes"] + 1):
+            base = LANES_BASE + (index - 1) * LAYOUT["lane_words"]
+            header = dict(zip(LANE_NAMES, w[base:base + 16]))
+            if header["state"]:
+                found[header["context"]] = (index, header)
+        return found
 
     def steps(self):
         """The used step slots, by step."""
@@ -134,11 +150,11 @@ def worker_env(page, stacks, python_path=PROBE_FOLDER, **extra):
     return env
 
 
-def start(args, page, stacks, python_flags=(), **env):
+def start(args, page, stacks, python_flags=(), stdin=None, **env):
     """A python with `args`, inheriting the page's and the stacks' descriptors."""
     fds = [fd for fd in (page.fd if page else None, stacks) if fd is not None]
     return subprocess.Popen([sys.executable, *python_flags, *args],
-                            env=worker_env(page, stacks, **env), pass_fds=fds,
+                            env=worker_env(page, stacks, **env), pass_fds=fds, stdin=stdin,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
@@ -194,7 +210,8 @@ def hooks_version():
 
 def expected_ops(hooks):
     """The collectives the job worker issues, in order, as this PyTorch shows them."""
-    user = ["all_reduce", "all_reduce", "broadcast", "barrier", "all_reduce", "all_reduce",
+    # The all_reduce on the new group is in that group's lane.
+    user = ["all_reduce", "all_reduce", "broadcast", "barrier", "all_reduce",
             "all_gather", "all_gather"]  # ... the last two: all_gather_object
     if not hooks:  # DDP's own collectives are C++ calls: one gradient reduction per step
         return user + ["gradients"] * 3
@@ -264,6 +281,15 @@ def check_job_rank(checks, hooks, name, rank, pid, page, out, err):
                       == ("float32", parameters), name + ": gradient reduction: every parameter",
                       gradients)
 
+    lanes = page.lanes()
+    index, lane = lanes.get(3, (0, {}))  # the group's name is "2": new_group([0]) was "1"
+    checks.expect(sorted(lanes) == ([2, 3] if rank == 0 else [3]) and lane["rank"] == rank and lane["world_size"] == 2
+                  and lane["timeout_ms"] == 90000 and unpack_name(lane["backend"]) == "gloo"
+                  and lane["queued"] == lane["finished"] == 1,
+                  name + ": the new group in a lane of its own (context 3)", lanes)
+    group_ops = [OPS.get(s["op"]) for s in page.collectives(index)] if index else []
+    checks.expect(group_ops == ["all_reduce"], name + ": its all_reduce there", group_ops)
+
     steps = page.steps()
     checks.expect(h["steps"] == 3 and [s["step"] for s in steps] == [1, 2, 3],
                   name + ": 3 steps (the no_grad forward is none)", (h["steps"], steps))
@@ -326,6 +352,94 @@ def check_failures(checks):
                   "internal error: one line", err)
     checks.expect(page.header()["magic"] == 0, "internal error: the page is unpublished",
                   page.header())
+
+
+def check_subgroups(checks, hooks):
+    """Ranks that use groups unevenly: each group numbered on its own, in its own lane, matched
+    across ranks by context; sends and receives and uneven all_to_all splits are no numbered
+    collectives of the default group (their order differs between ranks)."""
+    port = str(free_port())
+    pages = [Page(), Page()]
+    processes = [start([__file__, "--worker", "subgroups", str(rank), port], pages[rank],
+                       stack_memfd()) for rank in range(2)]
+    results = [finish(p) for p in processes]
+    if not checks.expect(all(rc == 0 for rc, _, _ in results), "subgroups: both exit 0",
+                         results):
+        return
+    lanes = [page.lanes() for page in pages]
+    checks.expect(sorted(lanes[0]) == [2, 3] and sorted(lanes[1]) == [3],
+                  "subgroups: rank 0 has groups 1 and 2 (contexts 2, 3), rank 1 only group 2",
+                  lanes)
+    solo = lanes[0].get(2, (0, {}))
+    checks.expect(solo[1].get("world_size") == 1 and solo[1].get("queued") == 2
+                  and solo[1].get("finished") == 2, "subgroups: rank 0's own group: 2 calls",
+                  solo)
+    pair = [lane.get(3, (0, {})) for lane in lanes]
+    checks.expect(all(p[1].get("queued") == p[1].get("finished") == 1 for p in pair)
+                  and pair[0][0] == 2 and pair[1][0] == 1,
+                  "subgroups: the shared group numbered alike in different lanes", pair)
+    default_ops = ["all_to_all", "barrier"] + (["all_gather", "reduce_scatter"] if hooks else [])
+    for rank, page in enumerate(pages):
+        h = page.header()
+        ops = [OPS.get(slot["op"]) for slot in page.collectives()]
+        checks.expect(ops == default_ops and h["queued"] == h["finished"] == len(ops)
+                      and h["p2p_since_ns"] == 0,
+                      "subgroups rank %d: the default group's collectives, no send or recv"
+                      % rank, (ops, h))
+        slots = page.collectives()
+        counts = [slot["count"] for slot in slots]
+        expected = [2 if rank == 0 else 6, 0] + ([4, 2] if hooks else [])
+        checks.expect(counts == expected,
+                      "subgroups rank %d: counts (uneven all_to_all, all_gather_into_tensor's "
+                      "input, reduce_scatter_tensor's output)" % rank, (counts, expected))
+
+
+def check_p2p_wait(checks):
+    """A thread blocked in a recv's wait (a Work without a future) shows in the page until the
+    send comes; then the page says no wait."""
+    port = str(free_port())
+    pages = [Page(), Page()]
+    sender = start([__file__, "--worker", "p2p", "0", port], pages[0], stack_memfd(),
+                   stdin=subprocess.PIPE)
+    receiver = start([__file__, "--worker", "p2p", "1", port], pages[1], stack_memfd())
+    waiting = receiver.stdout.readline().strip()
+    deadline = time.monotonic() + 30
+    h = pages[1].header()
+    while h["p2p_since_ns"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.05)  # polls the page the worker writes: nothing to wait on otherwise
+        h = pages[1].header()
+    checks.expect(waiting == "waiting" and h["p2p_since_ns"] > 0
+                  and (OPS.get(h["p2p_op"]), h["p2p_bytes"], h["p2p_peer"]) == ("recv", 16, 0),
+                  "p2p: the receiver waits in recv from rank 0, 16 bytes", (waiting, h))
+    sender.stdin.write("go\n")
+    sender.stdin.flush()
+    results = [finish(sender), finish(receiver)]
+    checks.expect(all(rc == 0 for rc, _, _ in results), "p2p: both exit 0", results)
+    for rank, page in enumerate(pages):
+        h = page.header()
+        checks.expect(h["p2p_since_ns"] == 0 and h["queued"] == h["finished"] == 1,
+                      "p2p rank %d: no wait left, only the barrier numbered" % rank, h)
+
+
+def check_signal_reentry(checks):
+    """A collective in a signal handler that runs while the probe records: it is left
+    unrecorded (counted), and nothing waits; a repeating timer whose handler issues
+    collectives while the program does too runs to its end."""
+    page = Page()
+    process = start([__file__, "--worker", "reentry", str(free_port())], page, stack_memfd())
+    try:
+        out, err = process.communicate(timeout=60)
+        rc = process.returncode
+    except subprocess.TimeoutExpired:
+        process.kill()
+        out, err = process.communicate()
+        rc, err = None, err + "\n(killed after 60 s: a deadlock)"
+    report = report_of(out)
+    h = page.header()
+    checks.expect(rc == 0 and report.get("handler_calls") == 1 and report.get("ticks", 0) > 0,
+                  "signal handler: its collective inside the probe's write completes", (rc, err))
+    checks.expect(h["unrecorded"] >= 1 and h["queued"] == h["finished"],
+                  "signal handler: its collective counted as unrecorded", h)
 
 
 def check_stack_signal(checks):
@@ -427,6 +541,9 @@ def main():
     check_stack_signal(checks)
     check_world_of_one(checks, hooks)
     check_failures(checks)
+    check_signal_reentry(checks)
+    check_subgroups(checks, hooks)
+    check_p2p_wait(checks)
     check_job(checks, hooks)
     print("%d failed" % checks.failed if checks.failed else "all passed")
     return 1 if checks.failed else 0
@@ -470,6 +587,7 @@ def worker_job(rank, port):
     dist.broadcast(t, 0)
     dist.barrier()
     dist.all_reduce(t, async_op=True).wait()
+    dist.new_group([0], timeout=timedelta(seconds=90))  # rank 0 alone, unused: no lane on 1
     group = dist.new_group([0, 1], timeout=timedelta(seconds=90))
     dist.all_reduce(t, group=group)
     gathered = [None, None]
@@ -543,6 +661,91 @@ def worker_probe_breaks(port):
     dist.destroy_process_group()
 
 
+def worker_subgroups(rank, port):
+    import torch
+    import torch.distributed as dist
+
+    init(dist, port, rank, 2)
+    solo = dist.new_group([0])
+    pair = dist.new_group([0, 1])
+    t = torch.ones(4)
+    if rank == "0":
+        dist.all_reduce(t, group=solo)
+        dist.all_reduce(t, group=solo, async_op=True).wait()
+        dist.send(t, 1)
+    else:
+        dist.recv(t, 0)
+    dist.all_reduce(t, group=pair)
+    # Uneven splits: rank 0 sends 1 + 1, rank 1 sends 3 + 3; each receives 1 + 3.
+    sent = torch.ones(2 if rank == "0" else 6)
+    dist.all_to_all_single(torch.empty(4), sent, [1, 3], [1, 1] if rank == "0" else [3, 3])
+    dist.barrier()
+    if hasattr(dist.ProcessGroup, "register_pre_hook"):  # Gloo has these in 2.x only
+        dist.all_gather_into_tensor(torch.empty(8), t)
+        dist.reduce_scatter_tensor(torch.empty(2), t)  # a Work without a future
+    report()
+    dist.destroy_process_group()
+
+
+def worker_p2p(rank, port):
+    import torch
+    import torch.distributed as dist
+
+    init(dist, port, rank, 2)
+    t = torch.ones(4)
+    if rank == "0":
+        sys.stdin.readline()  # the checker saw rank 1 wait
+        dist.send(t, 1)
+    else:
+        work = dist.irecv(t, 0)
+        print("waiting", flush=True)
+        work.wait()
+    dist.barrier()
+    report()
+    dist.destroy_process_group()
+
+
+def worker_reentry(port):
+    import signal
+
+    import torch
+    import torch.distributed as dist
+
+    init(dist, port, 0, 1)
+    calls = []
+
+    def handler(signum, frame):
+        dist.barrier()  # a SIGTERM handler that saves a checkpoint behind a barrier, say
+        calls.append(signum)
+
+    signal.signal(signal.SIGUSR1, handler)
+    probe = sys.modules["_ddprun_probe"]
+
+    class SignalInWrite:  # sends the signal once while the probe writes a record
+        def __init__(self, real):
+            self.real, self.armed = real, True
+
+        def pack_into(self, *args):
+            self.real.pack_into(*args)
+            if self.armed:
+                self.armed = False
+                os.kill(os.getpid(), signal.SIGUSR1)
+
+    real = probe._SLOT_FIELDS
+    probe._SLOT_FIELDS = SignalInWrite(real)
+    t = torch.ones(1)
+    dist.all_reduce(t)  # its handler runs inside the probe's write of this record
+    probe._SLOT_FIELDS = real
+    ticks = []
+    signal.signal(signal.SIGALRM, lambda *_: ticks.append(dist.all_reduce(torch.ones(1))))
+    signal.setitimer(signal.ITIMER_REAL, 0.001, 0.001)
+    for _ in range(300):
+        dist.all_reduce(t)
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    report(handler_calls=len(calls), ticks=len(ticks))
+    dist.destroy_process_group()
+
+
 def sleeping_thread():
     time.sleep(2)
 
@@ -559,6 +762,7 @@ def worker_sleep():
 
 WORKERS = {"job": worker_job, "world1": worker_world1, "sleep": worker_sleep,
            "peer_dies": worker_peer_dies, "probe_breaks": worker_probe_breaks,
+           "subgroups": worker_subgroups, "p2p": worker_p2p, "reentry": worker_reentry,
            "plain": report}
 
 if __name__ == "__main__":
