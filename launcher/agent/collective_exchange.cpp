@@ -19,12 +19,18 @@ double seconds_between(Clock::time_point from, Clock::time_point to) {
 
 // What a node's views say, ages aside: while only their ages change, nothing is written (the
 // others age what they have).
-std::string content_of(std::vector<RankView> views) {
+void zero_ages(std::vector<RankView>& views) {
   for (RankView& v : views) {
     if (v.since_finished_s) v.since_finished_s = 0.0;
     if (v.pending) v.pending->age_s = 0;
     if (v.last) v.last->age_s = 0;
+    if (v.p2p) v.p2p->age_s = 0;
+    zero_ages(v.lanes);
   }
+}
+
+std::string content_of(std::vector<RankView> views) {
+  zero_ages(views);
   return encode_views(views, false);
 }
 

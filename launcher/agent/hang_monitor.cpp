@@ -79,6 +79,7 @@ HangAction decide_hang(const CollectiveDiagnosis& diagnosis, const std::vector<R
     if (view.running && view.pending && !view.pending->finished) {
       waited = std::max(waited, view.pending->age_s);
     }
+    if (view.running && view.p2p) waited = std::max(waited, view.p2p->age_s);
   }
   if (waited >= limit_s) {
     return {true, "ddprun stops the job now: the ranks have waited " + duration_text(waited) +

@@ -20,6 +20,14 @@ std::string signature_text(const CollectiveInfo& c) {
   return c.op + " of " + std::to_string(c.count) + " " + c.dtype + " (" + byte_text(c.bytes) + ")";
 }
 
+// "recv from rank 0 (16 B) for 8.0 s"
+std::string p2p_text(const P2pWait& w) {
+  std::string text = w.op;
+  if (w.peer) text += (w.op == "send" ? " to rank " : " from rank ") + std::to_string(*w.peer);
+  if (!w.peer && w.op == "recv") text += " from any rank";
+  return text + " (" + byte_text(w.bytes) + ") for " + duration_text(w.age_s);
+}
+
 std::string plural_ranks(const std::vector<int>& ranks) {
   return (ranks.size() == 1 ? "rank " : "ranks ") + rank_list(ranks);
 }
@@ -43,6 +51,11 @@ std::string rank_line(const RankView& r, std::uint64_t k) {
     line += "finished collective " + std::to_string(r.finished);
     if (r.since_finished_s) line += " " + duration_text(*r.since_finished_s) + " ago";
     line += "; not in a collective";
+  }
+  if (r.p2p) line += " [waiting in " + p2p_text(*r.p2p) + "]";
+  if (r.unrecorded > 0) {
+    line += " [" + std::to_string(r.unrecorded) + " collective" + (r.unrecorded == 1 ? "" : "s") +
+            " unrecorded: issued from a signal handler while it recorded]";
   }
   if (!r.running) line += " [exited: " + r.exit_text + "]";
   if (r.failed) line += " [a collective failed]";
@@ -162,6 +175,30 @@ CollectiveDiagnosis diagnose_failed(const std::vector<RankView>& ranks, Collecti
   return d;
 }
 
+// No rank waits in a collective, and some wait in a send or recv: who waits for whom. A peer
+// is blamed (one that exited is then a certain hang) where the peer's number is a rank of the
+// job: in the default group (lane 0).
+CollectiveDiagnosis diagnose_p2p(const std::vector<RankView>& ranks, CollectiveDiagnosis d) {
+  d.collective.reset();
+  std::string text;
+  std::size_t shown = 0, more = 0;
+  for (const RankView& r : ranks) {
+    if (!r.attached || !r.p2p) continue;
+    if (shown == kAbsentRanksDescribed) {
+      ++more;
+      continue;
+    }
+    text += (text.empty() ? "" : "; ") + rank_who(r) + " has waited in " + p2p_text(*r.p2p);
+    ++shown;
+    if (r.lane == 0 && r.p2p->peer && *r.p2p->peer < static_cast<std::uint64_t>(ranks.size())) {
+      d.blamed.push_back(static_cast<int>(*r.p2p->peer));
+    }
+  }
+  if (more > 0) text += "; " + std::to_string(more) + " more ranks wait in a send or recv";
+  d.headline = capped("a point-to-point wait: " + text);
+  return d;
+}
+
 }  // namespace
 
 std::string rank_list(std::vector<int> ranks, std::size_t max_runs) {
@@ -249,8 +286,25 @@ CollectiveDiagnosis diagnose(std::vector<RankView> ranks) {
     add_call(*r.pending, r.rank);
   }
   const std::string at = "collective " + std::to_string(k);
-  if (waiting.empty()) return diagnose_failed(ranks, std::move(d));
-  if (calls.size() > 1) {
+  if (waiting.empty()) {
+    if (std::any_of(ranks.begin(), ranks.end(), [](const RankView& r) { return r.p2p; })) {
+      return diagnose_p2p(ranks, std::move(d));
+    }
+    return diagnose_failed(ranks, std::move(d));
+  }
+  std::vector<int> lagging;  // ranks whose numbers may lag: they left collectives unrecorded
+  for (const RankView& r : ranks) {
+    if (r.attached && r.unrecorded > 0) lagging.push_back(r.rank);
+  }
+  if (calls.size() > 1 && !lagging.empty()) {
+    // Not a desync that ddprun can be sure of: the odd calls may be the same call under
+    // another number.
+    d.headline = at + ": its ranks' records differ, but " + plural_ranks(lagging) +
+                 " left collectives unrecorded (issued from a signal handler), so " +
+                 (lagging.size() == 1 ? "its" : "their") + " numbers lag: not judged a desync; " +
+                 plural_ranks(waiting) + (waiting.size() == 1 ? " has" : " have") + " waited for " +
+                 duration_text(waited);
+  } else if (calls.size() > 1) {
     d.desync = true;
     d.headline = at + ": its ranks called it differently (a desync): " + desync_text(calls, d);
   } else {
@@ -280,6 +334,7 @@ std::optional<CollectiveDiagnosis> judge_lane(const std::vector<RankView>& ranks
     if (r.running && r.pending && !r.pending->finished && r.pending->age_s >= hang_timeout_s) {
       stuck = true;
     }
+    if (r.running && r.p2p && r.p2p->age_s >= hang_timeout_s) stuck = true;
   }
   if (!stuck) return std::nullopt;
   return diagnose(ranks);
@@ -302,8 +357,8 @@ std::optional<CollectiveDiagnosis> judge_hang(const std::vector<RankView>& ranks
     d->headline = capped("the job hung at " + d->headline);
     return d;
   }
-  for (int lane : extra_lanes(ranks)) {
-    const std::vector<RankView> views = lane_views(ranks, lane);
+  for (std::uint64_t key : extra_communicators(ranks)) {
+    const std::vector<RankView> views = communicator_views(ranks, key);
     if (auto d = judge_lane(views, hang_timeout_s)) {
       d->headline = capped("the job hung in " + lane_name(views) + " at " + d->headline);
       return d;
@@ -315,8 +370,8 @@ std::optional<CollectiveDiagnosis> judge_hang(const std::vector<RankView>& ranks
 std::vector<std::pair<std::string, CollectiveDiagnosis>> diagnose_lanes(
     const std::vector<RankView>& ranks) {
   std::vector<std::pair<std::string, CollectiveDiagnosis>> all;
-  for (int lane : extra_lanes(ranks)) {
-    std::vector<RankView> views = lane_views(ranks, lane);
+  for (std::uint64_t key : extra_communicators(ranks)) {
+    std::vector<RankView> views = communicator_views(ranks, key);
     std::string name = lane_name(views);
     all.emplace_back(std::move(name), diagnose(std::move(views)));
   }

@@ -3,6 +3,7 @@
 #include <time.h>
 
 #include <algorithm>
+#include <cstdio>
 
 namespace ddp::launcher {
 namespace {
@@ -69,6 +70,18 @@ void read_lane(const record::RecordPage& page, std::uint32_t lane, std::uint64_t
     view.pending = read_collective(page, view.finished + 1, now_ns, lane);
   }
   view.last = read_collective(page, view.finished, now_ns, lane);
+  view.unrecorded = words.unrecorded->load(kRelaxed);
+  if (const std::uint64_t since = words.p2p_since_ns->load(kRelaxed); since != 0) {
+    P2pWait wait;
+    wait.op = record::op_name(words.p2p_op->load(kRelaxed));
+    wait.bytes = words.p2p_bytes->load(kRelaxed);
+    if (const std::uint64_t peer = words.p2p_peer->load(kRelaxed); peer != record::kNoPeer) {
+      wait.peer = peer;
+    }
+    wait.age_s = age_s(now_ns, since);
+    // The thread may have returned between the reads: a wait that ended is no wait.
+    if (words.p2p_since_ns->load(kRelaxed) == since) view.p2p = wait;
+  }
 }
 
 }  // namespace
@@ -141,37 +154,58 @@ void read_record(const record::RecordPage& page, std::uint64_t now_ns, RankView&
   }
 }
 
-std::vector<int> extra_lanes(const std::vector<RankView>& ranks) {
-  std::vector<int> lanes;
-  for (const RankView& r : ranks) {
-    for (const RankView& l : r.lanes) {
-      if (std::find(lanes.begin(), lanes.end(), l.lane) == lanes.end()) lanes.push_back(l.lane);
-    }
-  }
-  std::sort(lanes.begin(), lanes.end());
-  return lanes;
+namespace {
+// Keys of lanes whose context is unknown: their index, above every context.
+constexpr std::uint64_t kLaneKey = 1ull << 63;
+}  // namespace
+
+std::uint64_t communicator_key(const RankView& lane_view) {
+  return lane_view.context != 0 ? lane_view.context
+                                : kLaneKey | static_cast<std::uint64_t>(lane_view.lane);
 }
 
-std::vector<RankView> lane_views(const std::vector<RankView>& ranks, int lane) {
-  if (lane == 0) return ranks;
+std::vector<std::uint64_t> extra_communicators(const std::vector<RankView>& ranks) {
+  std::vector<std::uint64_t> keys;
+  for (const RankView& r : ranks) {
+    for (const RankView& l : r.lanes) keys.push_back(communicator_key(l));
+  }
+  std::sort(keys.begin(), keys.end());
+  keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
+  return keys;
+}
+
+std::vector<RankView> communicator_views(const std::vector<RankView>& ranks, std::uint64_t key) {
   std::vector<RankView> views;
   for (const RankView& r : ranks) {
     auto it = std::find_if(r.lanes.begin(), r.lanes.end(),
-                           [lane](const RankView& l) { return l.lane == lane; });
+                           [key](const RankView& l) { return communicator_key(l) == key; });
     if (it != r.lanes.end()) {
       views.push_back(*it);
       continue;
     }
     RankView detached = identity_of(r);
-    detached.lane = lane;
+    detached.lane = -1;
+    if ((key & kLaneKey) == 0) detached.context = key;
     views.push_back(std::move(detached));
   }
   return views;
 }
 
 std::string communicator_name(const RankView& view) {
-  std::string name = view.context != 0 ? "communicator " + std::to_string(view.context)
-                                       : "lane " + std::to_string(view.lane);
+  std::string name;
+  if (view.python && view.context != 0) {
+    // The probe's context is the c10d group's name + 1, or a hash of a hashed name.
+    constexpr std::uint64_t kHashed = 1ull << 62;
+    char hashed[32];
+    std::snprintf(hashed, sizeof hashed, "%08llx",
+                  static_cast<unsigned long long>(view.context & (kHashed - 1)));
+    name = "process group " +
+           (view.context & kHashed ? std::string(hashed) : std::to_string(view.context - 1));
+  } else if (view.context != 0) {
+    name = "communicator " + std::to_string(view.context);
+  } else {
+    name = "lane " + std::to_string(view.lane);
+  }
   return view.backend.empty() ? name : name + " (" + view.backend + ")";
 }
 

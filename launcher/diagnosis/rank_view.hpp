@@ -27,10 +27,21 @@ struct CollectiveInfo {
   bool finished = false;
   bool failed = false;
 
-  // What ranks must agree on: op, dtype and count.
+  // What ranks must agree on: op, dtype and count (an all_to_all's count is the rank's own
+  // split, which may differ between ranks).
   bool same_call(const CollectiveInfo& other) const {
-    return op == other.op && dtype == other.dtype && count == other.count;
+    return op == other.op && dtype == other.dtype &&
+           (count == other.count || op == record::op_name(std::uint64_t(record::Op::kAllToAll)));
   }
+};
+
+// A send or recv a thread of the rank is blocked in (no collective number: the probe records
+// the oldest one a thread waits for).
+struct P2pWait {
+  std::string op;  // "send", "recv"
+  std::uint64_t bytes = 0;
+  std::optional<std::uint64_t> peer;  // the group's rank it sends to or receives from; unset: any
+  double age_s = 0;                   // since the thread began to wait
 };
 
 // One Reducer step.
@@ -66,6 +77,9 @@ struct RankView {
   double compute_s_total = 0;
   double wait_s_total = 0;
   std::vector<StepInfo> recent_steps;  // finished steps still in the ring, oldest first
+  std::optional<P2pWait> p2p;          // a send or recv it waits in now, if any
+  std::uint64_t unrecorded = 0;        // collectives it left unrecorded (a signal handler's, issued
+                                       // while it recorded): its numbers lag behind its group's
   int lane = 0;                        // the page's lane this view reads (0: the first)
   std::uint64_t context = 0;    // which communicator of the process: 1, 2, ... in the order the
                                 // program made them (the same on every rank); 0: unknown
@@ -82,13 +96,16 @@ void read_record(const record::RecordPage& page, std::uint64_t now_ns, RankView&
 std::optional<CollectiveInfo> read_collective(const record::RecordPage& page, std::uint64_t seq,
                                               std::uint64_t now_ns, std::uint32_t lane = 0);
 
-// The lanes (communicators) that some rank of `ranks` records in besides lane 0, ascending.
-std::vector<int> extra_lanes(const std::vector<RankView>& ranks);
-// Every rank's view of lane `lane` (0: the views themselves); a rank without that lane gives
-// a detached view (attached false) with its identity.
-std::vector<RankView> lane_views(const std::vector<RankView>& ranks, int lane);
-// "communicator 2 (nccl)": how reports name the communicator of `view` (its lane when the
-// Context is unknown).
+// Which communicator a lane records, the same on every rank: its context when known (libddp's
+// Context number, the probe's process group), else its lane index, told apart.
+std::uint64_t communicator_key(const RankView& lane_view);
+// The communicators that some rank of `ranks` records in besides lane 0 (its keys), ascending.
+std::vector<std::uint64_t> extra_communicators(const std::vector<RankView>& ranks);
+// Every rank's view of the communicator `key` names, whichever lane each rank holds it in; a
+// rank without it gives a detached view (attached false) with its identity.
+std::vector<RankView> communicator_views(const std::vector<RankView>& ranks, std::uint64_t key);
+// "communicator 2 (nccl)", "process group 1 (gloo)": how reports name the communicator of
+// `view` (its lane when the context is unknown).
 
 std::string communicator_name(const RankView& view);
 

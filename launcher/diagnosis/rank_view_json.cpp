@@ -62,6 +62,11 @@ json view_json(const RankView& v, bool with_steps) {
     }
     j["recent_steps"] = std::move(steps);
   }
+  if (v.p2p) {
+    j["p2p"] = {{"op", v.p2p->op}, {"bytes", v.p2p->bytes}, {"age_s", ms(v.p2p->age_s)}};
+    if (v.p2p->peer) j["p2p"]["peer"] = *v.p2p->peer;
+  }
+  if (v.unrecorded > 0) j["unrecorded"] = v.unrecorded;
   if (v.lane != 0) j["lane"] = v.lane;
   if (v.context != 0) j["context"] = v.context;
   if (!v.lanes.empty()) {
@@ -108,6 +113,16 @@ RankView view_of(const json& j) {
     v.recent_steps.push_back(
         {s.at(0).get<std::uint64_t>(), s.at(1).get<double>(), s.at(2).get<double>()});
   }
+  if (j.contains("p2p")) {
+    const json& w = j["p2p"];
+    P2pWait wait;
+    wait.op = w.at("op").get<std::string>();
+    wait.bytes = w.at("bytes").get<std::uint64_t>();
+    wait.age_s = w.at("age_s").get<double>();
+    if (w.contains("peer")) wait.peer = w["peer"].get<std::uint64_t>();
+    v.p2p = wait;
+  }
+  v.unrecorded = j.value("unrecorded", std::uint64_t{0});
   v.lane = j.value("lane", 0);
   v.context = j.value("context", std::uint64_t{0});
   if (j.contains("lanes")) {
@@ -133,6 +148,7 @@ void age_views(std::vector<RankView>& views, double seconds) {
     if (v.since_finished_s) *v.since_finished_s += seconds;
     if (v.pending) v.pending->age_s += seconds;
     if (v.last) v.last->age_s += seconds;
+    if (v.p2p) v.p2p->age_s += seconds;
     age_views(v.lanes, seconds);
   }
 }

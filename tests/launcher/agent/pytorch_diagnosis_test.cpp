@@ -131,6 +131,45 @@ TEST_CASE(
   CHECK_THAT(result.out, !Catch::Contains("done rank"));
 }
 
+// Issue 28: the probe once numbered every group's collectives in one sequence, and called
+// this healthy job a desync ("rank 0 called barrier; rank 1 called all_reduce") and stopped it.
+TEST_CASE(
+    "PyTorch: rank 0's collective on a group of its own, then slow: a wait named, no desync, "
+    "the job exits 0",
+    "[torch]") {
+  if (!torch_available())
+    return skip(torch_python() + " cannot import torch.distributed with Gloo");
+  TempDir logs;
+  const ProcessResult result = run_process(
+      ddprun(logs.path(), {"--hang_timeout=3"}, {script("uneven_groups.py"), "subgroup"}),
+      python_env(), {}, milliseconds(90000));
+  INFO("stderr:\n" << result.err << "\nstdout:\n" << result.out);
+  CHECK(result.status == 0);
+  CHECK_THAT(result.out, Catch::Contains("done rank 0") && Catch::Contains("done rank 1"));
+  CHECK_THAT(result.err, Catch::Contains("ddprun: warning: the job hung at collective"));
+  CHECK_THAT(result.err, Catch::Contains("rank 0 (") && Catch::Contains("never entered it"));
+  CHECK_THAT(result.err, !Catch::Contains("desync"));
+  CHECK_THAT(result.err, !Catch::Contains("ddprun stops the job now"));
+}
+
+// Issue 28: Gloo's irecv has no future; the probe marked it finished when issued, and a rank
+// blocked in its wait went unseen.
+TEST_CASE("PyTorch: a rank blocked in irecv().wait() is named with its peer at --hang_timeout",
+          "[torch]") {
+  if (!torch_available())
+    return skip(torch_python() + " cannot import torch.distributed with Gloo");
+  TempDir logs;
+  const ProcessResult result =
+      run_process(ddprun(logs.path(), {"--hang_timeout=3"}, {script("uneven_groups.py"), "recv"}),
+                  python_env(), {}, milliseconds(90000));
+  INFO("stderr:\n" << result.err << "\nstdout:\n" << result.out);
+  CHECK(result.status == 0);
+  CHECK_THAT(result.err, Catch::Contains("ddprun: warning: the job hung at a point-to-point "
+                                         "wait: rank 1 (") &&
+                             Catch::Contains("has waited in recv from rank 0 (16 B) for"));
+  CHECK_THAT(result.err, !Catch::Contains("ddprun stops the job now"));
+}
+
 TEST_CASE("PyTorch: a rank that calls all_reduce with another shape is a desync, both named",
           "[torch]") {
   if (!torch_available())

@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 #include <memory>
 
+#include "diagnosis/rank_view_json.hpp"
 #include "diagnosis/stack_capture.hpp"
 
 using namespace ddp::launcher;
@@ -235,8 +236,8 @@ TEST_CASE("a hang in a process's second communicator is found and named") {
     gloo.lanes.push_back(nccl);
     views.push_back(gloo);
   }
-  CHECK(extra_lanes(views) == std::vector<int>{1});
-  CHECK(lane_views(views, 1).at(1).finished == 40);
+  CHECK(extra_communicators(views) == std::vector<std::uint64_t>{2});
+  CHECK(communicator_views(views, 2).at(1).finished == 40);
   auto hung = judge_hang(views, 60);
   REQUIRE(hung);
   CHECK_THAT(hung->headline,
@@ -247,7 +248,89 @@ TEST_CASE("a hang in a process's second communicator is found and named") {
   CHECK(others[0].first == "communicator 2 (nccl)");
   // A rank without that lane reads as unrecorded there.
   views[1].lanes.clear();
-  CHECK_FALSE(lane_views(views, 1).at(1).attached);
+  CHECK_FALSE(communicator_views(views, 2).at(1).attached);
+}
+
+// Issue 28: ranks that use process groups unevenly hold a group in different lanes (rank 0
+// made a group of its own first); the views of one group are matched by context, and a
+// rank that is no member of a group is not judged in it.
+TEST_CASE("a process group is matched across ranks by context, whatever its lane") {
+  std::vector<RankView> views;
+  for (int r = 0; r < 2; ++r) {
+    RankView world = rank(r, 10, 1);
+    world.python = true;
+    world.context = 1;
+    RankView pair = rank(r, 5, 90, r == 0 ? 90 : -1);  // rank 1 never entered collective 6
+    pair.python = true;
+    pair.context = 3;
+    pair.backend = "gloo";
+    pair.lane = r == 0 ? 2 : 1;
+    if (r == 0) {
+      RankView solo = rank(0, 7, 2);  // rank 0's own group: busy, fine
+      solo.python = true;
+      solo.context = 2;
+      solo.lane = 1;
+      world.lanes.push_back(solo);
+    }
+    world.lanes.push_back(pair);
+    views.push_back(world);
+  }
+  CHECK(extra_communicators(views) == std::vector<std::uint64_t>{2, 3});
+  const auto pair_views = communicator_views(views, 3);
+  CHECK(pair_views.at(0).finished == 5);
+  CHECK(pair_views.at(1).finished == 5);
+  CHECK_FALSE(communicator_views(views, 2).at(1).attached);  // rank 1 is no member
+  auto hung = judge_hang(views, 60);
+  REQUIRE(hung);
+  CHECK_THAT(hung->headline,
+             Catch::StartsWith("the job hung in process group 2 (gloo) at collective 6"));
+  CHECK(hung->blamed == std::vector<int>{1});
+  CHECK_FALSE(hung->desync);
+}
+
+TEST_CASE("an all_to_all with uneven splits is no desync; other counts are") {
+  std::vector<RankView> views = {rank(0, 4, 90, 90, 2), rank(1, 4, 90, 90, 6)};
+  for (RankView& v : views) v.pending->op = "all_to_all";
+  auto d = judge_hang(views, 60);
+  REQUIRE(d);
+  CHECK_FALSE(d->desync);
+  for (RankView& v : views) v.pending->op = "all_reduce";
+  d = judge_hang(views, 60);
+  REQUIRE(d);
+  CHECK(d->desync);
+}
+
+TEST_CASE("a rank that left collectives unrecorded is not judged a desync") {
+  std::vector<RankView> views = {rank(0, 4, 90, 90, 2), rank(1, 4, 90, 90, 6)};
+  views[0].unrecorded = 1;  // a signal handler's barrier went unnumbered
+  auto d = judge_hang(views, 60);
+  REQUIRE(d);
+  CHECK_FALSE(d->desync);
+  CHECK_THAT(d->headline, Catch::Contains("rank 0 left collectives unrecorded"));
+  CHECK_THAT(d->ranks.at(0), Catch::Contains("1 collective unrecorded"));
+}
+
+TEST_CASE("a rank blocked in a recv is a hang, named with its peer; a dead peer is blamed") {
+  std::vector<RankView> views = {rank(0, 4, 90), rank(1, 4, 90)};
+  P2pWait wait;
+  wait.op = "recv";
+  wait.bytes = 16;
+  wait.peer = 0;
+  wait.age_s = 8;
+  views[1].p2p = wait;
+  CHECK_FALSE(judge_hang(views, 10));  // not yet
+  auto d = judge_hang(views, 3);
+  REQUIRE(d);
+  CHECK(d->headline ==
+        "the job hung at a point-to-point wait: rank 1 (host node-a, pid 1001) has waited in "
+        "recv from rank 0 (16 B) for 8.0 s");
+  CHECK(d->blamed == std::vector<int>{0});
+  CHECK_THAT(d->ranks.at(1), Catch::Contains("[waiting in recv from rank 0 (16 B) for 8.0 s]"));
+  // The JSON the agents share keeps the wait.
+  const auto decoded = decode_views(encode_views(views, false));
+  REQUIRE(decoded.at(1).p2p);
+  CHECK(decoded.at(1).p2p->peer == 0u);
+  CHECK(decoded.at(1).p2p->op == "recv");
 }
 
 TEST_CASE("read_record reads a page's used lanes as the process's other communicators") {
