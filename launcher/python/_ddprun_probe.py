@@ -567,17 +567,58 @@ class _OpenWorks:
             self._recorder.stop(error)
 
 
-def _wrap_work_wait(work_class, works):
-    """Work.wait through works.wait while any Work is open; otherwise the method itself."""
-    original = work_class.wait
+    def future_taken(self, work, future):
+        """The program took an open Work's future (to wait on it, or chain it): the collective
+        is finished when the future completes."""
+        entry = self.open.get(id(work))
+        if entry is None or entry[0] is not work or future is None:
+            return
+        _, lane, seq, p2p = entry
 
-    def wait(self, *args, **kwargs):
+        def done(future):
+            try:
+                failed = future.exception() is not None if hasattr(future, "exception") else False
+            except Exception:
+                failed = True
+            self._finished(work, lane, seq, failed)
+
+        future.add_done_callback(done)
+
+    def completed(self, work):
+        """The program saw an open Work completed (is_completed() returned True)."""
+        entry = self.open.get(id(work))
+        if entry is not None and entry[0] is work:
+            self._finished(work, entry[1], entry[2], False)
+
+
+def _wrap_work(work_class, works):
+    """Work.wait, get_future and is_completed: through `works` while any Work is open;
+    otherwise the methods themselves (one test of a dict)."""
+    wait, get_future, is_completed = (work_class.wait, work_class.get_future,
+                                      work_class.is_completed)
+
+    def wait_recorded(self, *args, **kwargs):
         if not works.open:
-            return original(self, *args, **kwargs)
-        return works.wait(original, self, args, kwargs)
+            return wait(self, *args, **kwargs)
+        return works.wait(wait, self, args, kwargs)
 
-    wait.__doc__ = original.__doc__
-    work_class.wait = wait
+    def get_future_recorded(self):
+        future = get_future(self)
+        if works.open:
+            works.future_taken(self, future)
+        return future
+
+    def is_completed_recorded(self):
+        done = is_completed(self)
+        if done and works.open:
+            works.completed(self)
+        return done
+
+    for name, method, original in (("wait", wait_recorded, wait),
+                                   ("get_future", get_future_recorded, get_future),
+                                   ("is_completed", is_completed_recorded, is_completed)):
+        method.__doc__ = original.__doc__
+        setattr(work_class, name, method)
 
 
 # --- PyTorch 2.14: the process groups' own hooks ---------------------------------------------
@@ -609,11 +650,21 @@ def _op_of(name):
     return OTHER
 
 
-def _finish_when_done(probe, lane, seq, work):
+_C10D_MODULE = "torch.distributed.distributed_c10d"
+
+
+def _finish_when_done(probe, lane, seq, work, waited_in_python=False):
     """`lane`'s collective seq is finished when work's future completes (its callback runs on
     the backend's thread); when there is no future (Gloo's reduce_scatter: "not implemented"),
-    once Python sees the work completed (_OpenWorks); at once when there is no work."""
+    or when the Work goes back to Python code (waited_in_python: c10d's own functions, which
+    wait for a synchronous call at once and hand an asynchronous one's Work to the program),
+    once Python sees it complete (_OpenWorks: its wait, its future, the next collective); at
+    once when there is no work. A future's callback costs a hand-over of the GIL to the
+    backend's thread for every collective: Works that Python waits for need none."""
     future = None
+    if work is not None and waited_in_python:
+        probe.works.add(work, lane, seq)
+        return
     if work is not None:
         try:
             future = work.get_future()
@@ -686,7 +737,14 @@ def _hook_group(probe, group, lane, hook_op_name):
                 if args.work is not None:
                     works.add(args.work, lane, 0, p2p)
             elif seq:
-                _finish_when_done(probe, lane, seq, args.work)
+                # Called by c10d's Python functions (the program's collectives), not from C++
+                # (DDP's buckets, its construction): Python sees the Work's wait.
+                try:
+                    caller = sys._getframe(1)
+                except ValueError:  # no Python below: a thread of C++'s (autograd's)
+                    caller = None
+                from_c10d = caller is not None and caller.f_globals.get("__name__") == _C10D_MODULE
+                _finish_when_done(probe, lane, seq, args.work, from_c10d)
         except Exception as error:
             recorder.stop(error)
 
@@ -808,8 +866,8 @@ def _wrap_collective(probe, function, op, tensor_name, non_member):
             if p2p is not None:
                 if is_async and result is not None:
                     works.add(result, lane, 0, p2p)
-            elif seq:
-                _finish_when_done(probe, lane, seq, result if is_async else None)
+            elif seq:  # an asynchronous call's Work goes to the program: Python sees it
+                _finish_when_done(probe, lane, seq, result if is_async else None, True)
         except Exception as error:
             recorder.stop(error)
         return result
@@ -1168,7 +1226,7 @@ class _Probe:
             _watch_groups(self, dist, c10d)
             if not self.hooks:
                 _wrap_functions(self, dist, c10d)
-            _wrap_work_wait(sys.modules["torch._C._distributed_c10d"].Work, self.works)
+            _wrap_work(sys.modules["torch._C._distributed_c10d"].Work, self.works)
             self.distributed = True
         except Exception as error:
             self.recorder.stop(error)

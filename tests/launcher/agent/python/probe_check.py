@@ -442,6 +442,21 @@ def check_signal_reentry(checks):
                   "signal handler: its collective counted as unrecorded", h)
 
 
+def check_async(checks):
+    """Asynchronous collectives finish when the program sees them complete: through wait(),
+    through the Work's future, through is_completed(); one it never waits for, at its next
+    collective."""
+    page = Page()
+    rc, out, err = worker("async", str(free_port()), page=page, stacks=stack_memfd())
+    report = report_of(out)
+    checks.expect(rc == 0 and report.get("finished") == [1, 2, 3, 3, 5],
+                  "async: finished through wait, future, is_completed; a dropped one at the "
+                  "next collective", (rc, report, err))
+    h = page.header()
+    checks.expect(h["queued"] == h["finished"] == 5 and h["failed"] == 0,
+                  "async: every one finished", h)
+
+
 def check_stack_signal(checks):
     """A worker that never imports torch: the signal dumps its stacks and it goes on; the page
     holds nothing but stack_signal."""
@@ -544,6 +559,7 @@ def main():
     check_signal_reentry(checks)
     check_subgroups(checks, hooks)
     check_p2p_wait(checks)
+    check_async(checks)
     check_job(checks, hooks)
     print("%d failed" % checks.failed if checks.failed else "all passed")
     return 1 if checks.failed else 0
@@ -705,6 +721,33 @@ def worker_p2p(rank, port):
     dist.destroy_process_group()
 
 
+def worker_async(port):
+    import torch
+    import torch.distributed as dist
+
+    def finished():  # the page's finished word, as the agent reads it
+        return struct.unpack("<Q", os.pread(int(os.environ["DDPRUN_RECORD_FD"]), 8, 8 * 8))[0]
+
+    init(dist, port, 0, 1)
+    t = torch.ones(2)
+    seen = []
+    dist.all_reduce(t, async_op=True).wait()
+    seen.append(finished())
+    dist.all_reduce(t, async_op=True).get_future().wait()
+    seen.append(finished())
+    work = dist.all_reduce(t, async_op=True)
+    while not work.is_completed():
+        pass
+    seen.append(finished())
+    dropped = dist.all_reduce(t, async_op=True)
+    del dropped
+    seen.append(finished())  # not seen yet (it may well have completed)
+    dist.barrier()  # the next collective finds it completed
+    seen.append(finished())
+    report(finished=seen)
+    dist.destroy_process_group()
+
+
 def worker_reentry(port):
     import signal
 
@@ -763,6 +806,7 @@ def worker_sleep():
 WORKERS = {"job": worker_job, "world1": worker_world1, "sleep": worker_sleep,
            "peer_dies": worker_peer_dies, "probe_breaks": worker_probe_breaks,
            "subgroups": worker_subgroups, "p2p": worker_p2p, "reentry": worker_reentry,
+           "async": worker_async,
            "plain": report}
 
 if __name__ == "__main__":
