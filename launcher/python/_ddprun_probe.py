@@ -11,13 +11,24 @@ The contract with the agent (the page's layout is common/include/ddp/common/coll
 - DDPRUN_STACK_FD, DDPRUN_STACK_SIGNAL: on that signal faulthandler writes every thread's stack
   into that descriptor. Registered at start-up, so that it works before torch is imported; the
   page's stack_signal word is set once it is.
-- The page is claimed (pid word 0 -> our pid) when the first process group is made, then
+- The page is claimed (pid word 0 -> our pid) when the default process group is made, then
   published by writing magic last. A page another process claimed (libddp in this process, the
   worker that exec'd us with its descriptors) is left alone, and a forked child (DataLoader
   workers) never writes. On an internal error the probe unpublishes the page (magic 0) rather
   than leave a frozen record that would read as a hang.
+- Each process group is numbered on its own: the default one in lane 0, each other group this
+  rank is a member of in a free lane (up to 3), its context its c10d name + 1 (c10d names
+  groups by a counter every rank advances, members or not), so the agent matches a group
+  across ranks whatever lane it holds. Sends and receives are not numbered (a send meets one
+  recv, ranks send unevenly): a thread blocked in one's wait is written to the lane's p2p
+  words while it waits.
+- NCCL groups are not recorded here: a NCCL Work's future completes at enqueue, which says
+  nothing of a hang; a job whose default group is NCCL is left to ddprun's NCCL profiler
+  plugin, which claims the page itself.
 - Writes are 64-bit stores through a memoryview under one lock (future callbacks run on the
-  backends' threads); each slot is a seqlock, as in the header.
+  backends' threads); each slot is a seqlock, as in the header. A thread never waits for the
+  lock it holds: a Python signal handler that runs while its thread records and issues a
+  collective leaves that one unrecorded (the lane's unrecorded word counts it).
 
 What PyTorch lets us see, checked with two Gloo processes on 127.0.0.1:
 - PyTorch 2.14 has ProcessGroup.register_pre_hook / register_post_hook(hook_id, hook); one id
@@ -32,8 +43,13 @@ What PyTorch lets us see, checked with two Gloo processes on 127.0.0.1:
   flat bucket as input, issued from the autograd thread during backward in bucket order; so do
   its construction-time all_gather and broadcasts and, in step 2, the rebuilt buckets'
   broadcasts. The bucket index is not passed, so slots carry kNoBucket.
-- Gloo's reduce_scatter Work has no future (get_future raises "not implemented"): recorded as
-  finished when issued. monitored_barrier bypasses the hooks.
+- Gloo's reduce_scatter, send and recv Works have no future (get_future raises "not
+  implemented"). A Work that goes back to Python (every call of c10d's own functions: they
+  wait() at once for a synchronous call and hand an asynchronous one's Work to the program) is
+  finished when Python sees it complete: Work.wait, get_future and is_completed are wrapped,
+  and the open Works are checked at the thread's next collective and at a DDP step's end.
+  Only Works that C++ waits for (DDP's buckets and start-up calls) get a future callback,
+  which costs a GIL hand-over to the backend's thread. monitored_barrier bypasses the hooks.
 - input_tensors are what the rank sends, except for SCATTER (the root's whole list) and
   REDUCE_SCATTER (the whole input): the count is taken from output_tensors for those and RECV.
 - A hook that raises raises into the user's call, so every hook here catches everything.
@@ -47,13 +63,11 @@ What PyTorch lets us see, checked with two Gloo processes on 127.0.0.1:
   recorded as one collective (Op 13) from the start to the end of backward.
 - Both: a callback queued with the autograd engine's queue_callback from inside a final callback
   runs after DDP's own finalize callback, once the gradients are averaged: that is a step's end.
-- Not checked (no GPU here): NCCL. Its futures complete when the work is enqueued on the
-  stream, so there `finished` means handed to the GPU, not done.
+- 2.14's HookOpName has SPLIT and NEW_WINDOW, which are no collectives: not recorded.
 
-Cost, measured with Gloo in a world of 1, 1-element all_reduce, on a loaded 2-core machine:
-1.13 +5 us per collective (9 -> 14 us), 2.14 +18 us (15 -> 33 us): PyTorch's hook dispatch
-about 1.5 us, the future's done callback (run on Gloo's thread: a GIL hand-off) most of the
-rest, the recording itself about 1.5 us. Start-up: about 1 ms, with this module's .pyc cached.
+Cost (scripts/bench-probe's per-collective figures in docs/benchmarks.md): a few us of CPU
+per collective, synchronous or async_op=True. Start-up: about 1 ms, with this module's .pyc
+cached.
 """
 
 import _thread
@@ -78,8 +92,8 @@ COLLECTIVE_WORDS = 16
 STEP_SLOTS = 64
 STEP_WORDS = 8
 STEP_BASE = HEADER_WORDS + COLLECTIVE_SLOTS * COLLECTIVE_WORDS
-# libddp's other communicators (lanes 1..3: a 16-word header and a ring each); the probe
-# writes lane 0 only.
+# Lanes 1..3 (a 16-word header and a ring each): libddp's other communicators, the probe's
+# other process groups.
 EXTRA_LANES = 3
 LANE_WORDS = 16 + COLLECTIVE_SLOTS * COLLECTIVE_WORDS
 PAGE_BYTES = (STEP_BASE + STEP_SLOTS * STEP_WORDS + EXTRA_LANES * LANE_WORDS) * 8  # 135808
