@@ -109,7 +109,7 @@ QUEUED, STARTED, FINISHED, LAST_FINISHED_NS, FAILED = 6, 7, 8, 9, 10
 STEPS, COMPUTE_NS_TOTAL, WAIT_NS_TOTAL = 11, 12, 13
 WRITER, STACK_SIGNAL, TIMEOUT_MS = 15, 16, 17
 LANE_STATE, CONTEXT = 18, 19  # lane 0's state and which process group it records
-LANE0_EXTRA = 27  # lane 0's unrecorded and p2p words (X_*): the header's last five
+LANE0_EXTRA = 26  # lane 0's unrecorded and p2p words (X_*): header words 26-30
 # Lanes 1..: a 16-word header (LaneHeader) and a ring each, after the steps.
 LANES_BASE = STEP_BASE + STEP_SLOTS * STEP_WORDS
 L_STATE, L_CONTEXT, L_BACKEND, L_RANK, L_WORLD_SIZE, L_TIMEOUT_MS = 0, 1, 2, 3, 4, 5
@@ -571,6 +571,8 @@ class _OpenWorks:
                     recorder.stop(error)
         if result is not False:  # False: wait(timeout) timed out
             self._finished(work, lane, seq, False)
+        if self.open:  # time passed: others may have completed meanwhile
+            self.sweep()
         return result
 
     def _finished(self, work, lane, seq, failed):

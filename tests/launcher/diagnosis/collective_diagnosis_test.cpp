@@ -288,7 +288,7 @@ TEST_CASE("a process group is matched across ranks by context, whatever its lane
   CHECK_FALSE(hung->desync);
 }
 
-TEST_CASE("an all_to_all with uneven splits is no desync; other counts are") {
+TEST_CASE("an all_to_all with uneven splits is no desync, while other counts are") {
   std::vector<RankView> views = {rank(0, 4, 90, 90, 2), rank(1, 4, 90, 90, 6)};
   for (RankView& v : views) v.pending->op = "all_to_all";
   auto d = judge_hang(views, 60);
@@ -310,7 +310,7 @@ TEST_CASE("a rank that left collectives unrecorded is not judged a desync") {
   CHECK_THAT(d->ranks.at(0), Catch::Contains("1 collective unrecorded"));
 }
 
-TEST_CASE("a rank blocked in a recv is a hang, named with its peer; a dead peer is blamed") {
+TEST_CASE("a rank blocked in a recv is a hang named with its peer, and a dead peer is blamed") {
   std::vector<RankView> views = {rank(0, 4, 90), rank(1, 4, 90)};
   P2pWait wait;
   wait.op = "recv";

@@ -241,7 +241,7 @@ struct RecordPage {
   std::atomic<std::uint64_t> context;
   // The Context whose Reducer records its steps in `step_slots` (the first to begin one).
   std::atomic<std::uint64_t> step_context;
-  std::atomic<std::uint64_t> reserved[6];
+  std::atomic<std::uint64_t> reserved[5];
   // Written by ddprun's Python probe (the other writers leave them 0), per lane: collectives
   // left unrecorded (issued by a signal handler while its thread was recording: this rank's
   // numbers then lag behind its group's), and the oldest send or recv a thread of the process
@@ -259,7 +259,7 @@ struct RecordPage {
 };
 static_assert(sizeof(RecordPage) % 64 == 0);
 static_assert(offsetof(RecordPage, collectives) == 32 * 8);  // the probe's HEADER_WORDS
-static_assert(offsetof(RecordPage, unrecorded) == 27 * 8);   // the probe's LANE0_EXTRA
+static_assert(offsetof(RecordPage, unrecorded) == 26 * 8);   // the probe's LANE0_EXTRA
 static_assert(kExtraLanes == kCommunicatorLanes - 1);
 
 // Writer side of a slot's seqlock: call begin, store the fields (relaxed), call end. begin

@@ -68,7 +68,7 @@ HEADER_WORDS = LAYOUT["page_words"] - COLLECTIVES_WORDS - STEPS_WORDS - LANES_WO
 HEADER_NAMES = ["magic", "version", "pid", "rank", "world_size", "backend", "queued", "started",
                 "finished", "last_finished_ns", "failed", "steps", "compute_ns_total",
                 "wait_ns_total", "stop_requested", "writer", "stack_signal", "timeout_ms",
-                "lane_state", "context", "step_context"] + ["reserved"] * 6 + [
+                "lane_state", "context", "step_context"] + ["reserved"] * 5 + [
                 "unrecorded", "p2p_since_ns", "p2p_op", "p2p_bytes", "p2p_peer"]
 LANE_NAMES = ["state", "context", "backend", "rank", "world_size", "timeout_ms", "queued",
               "started", "finished", "last_finished_ns", "failed", "unrecorded", "p2p_since_ns",
@@ -403,7 +403,7 @@ def check_p2p_wait(checks):
                    stdin=subprocess.PIPE)
     receiver = start([__file__, "--worker", "p2p", "1", port], pages[1], stack_memfd())
     waiting = receiver.stdout.readline().strip()
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 90
     h = pages[1].header()
     while h["p2p_since_ns"] == 0 and time.monotonic() < deadline:
         time.sleep(0.05)  # polls the page the worker writes: nothing to wait on otherwise
@@ -453,7 +453,7 @@ def check_async(checks):
                   "async: finished through wait, future, is_completed; a dropped one at the "
                   "next collective", (rc, report, err))
     h = page.header()
-    checks.expect(h["queued"] == h["finished"] == 5 and h["failed"] == 0,
+    checks.expect(h["queued"] == h["finished"] >= 5 and h["failed"] == 0,
                   "async: every one finished", h)
 
 
@@ -742,8 +742,15 @@ def worker_async(port):
     dropped = dist.all_reduce(t, async_op=True)
     del dropped
     seen.append(finished())  # not seen yet (it may well have completed)
-    dist.barrier()  # the next collective finds it completed
-    seen.append(finished())
+    # The next collective finds it completed: Gloo may still be running it when the barrier
+    # is issued, so barriers follow until it is seen (each checks the open Works).
+    deadline, barriers = time.monotonic() + 60, 0
+    while time.monotonic() < deadline:
+        dist.barrier()
+        barriers += 1
+        if finished() == 4 + barriers:
+            break
+    seen.append(finished() - barriers + 1)
     report(finished=seen)
     dist.destroy_process_group()
 
