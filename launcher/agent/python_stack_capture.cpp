@@ -13,7 +13,8 @@ namespace {
 // Why the worker must not be sent its stack signal now, "" when it may: it catches the signal
 // (a program that exec'd another, or set the signal's action, would be killed by it), and the
 // descriptor its probe registered still is ddprun's stack file (else faulthandler would write
-// into whatever file the program opened there).
+// into whatever file the program opened there). (A worker that execs in the microseconds
+// between these reads and the signal is not covered: no signal can be sent conditionally.)
 std::string refusal(const PythonStackCapture::Target& target, int signal) {
   if (!catches_signal(target.pid, signal)) {
     return "it no longer handles the stack signal (it exec'd another program or set the "
