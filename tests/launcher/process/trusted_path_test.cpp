@@ -65,7 +65,8 @@ TEST_CASE("trusted path: the file itself group- or world-writable is refused") {
   CHECK(untrusted->path == tree.file);
 }
 
-TEST_CASE("trusted path: a part owned by another user is refused, and trusted when run as that user") {
+TEST_CASE(
+    "trusted path: a part owned by another user is refused, and trusted when run as that user") {
   if (::geteuid() != 0) return ddp::test::skip("chown to another user needs root");
   Tree tree;
   REQUIRE(::chown(tree.b.c_str(), kOtherUser, static_cast<gid_t>(-1)) == 0);
