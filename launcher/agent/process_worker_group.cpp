@@ -14,6 +14,7 @@
 #include "../diagnosis/stack_capture.hpp"
 #include "../diagnosis/tool_run.hpp"
 #include "../process/nccl_profiler_lookup.hpp"
+#include "../process/python_probe.hpp"
 #include "ddp/common/host_name.hpp"
 #include "ddp/launcher/output_tee.hpp"
 #include "ddp/launcher/process_setup.hpp"
@@ -190,7 +191,8 @@ void ProcessWorkerGroup::start_worker(int local_rank, const fs::path& dir, ExitH
   std::erase_if(spawn.env, [](const std::string& entry) {  // those of an outer ddprun
     return entry.starts_with(std::string(record::kRecordFdVariable) + "=") ||
            entry.starts_with(std::string(record::kStackFdVariable) + "=") ||
-           entry.starts_with(std::string(record::kStackSignalVariable) + "=");
+           entry.starts_with(std::string(record::kStackSignalVariable) + "=") ||
+           entry.starts_with(std::string(kUserPythonPathVariable) + "=");
   });
   spawn.env.push_back(record->variable());
   spawn.inherit_fds = {record->fd()};
@@ -228,17 +230,7 @@ void ProcessWorkerGroup::add_nccl_profiler(std::vector<std::string>& env) const 
 }
 
 void ProcessWorkerGroup::add_python_probe(std::vector<std::string>& env) const {
-  const std::string path_key = "PYTHONPATH=";
-  auto path = std::find_if(env.begin(), env.end(),
-                           [&](const std::string& e) { return e.starts_with(path_key); });
-  const std::string probe = options_.python_probe_dir.string();
-  if (path == env.end()) {
-    env.push_back(path_key + probe);
-  } else if (path->size() == path_key.size()) {
-    *path = path_key + probe;
-  } else {
-    *path = path_key + probe + ":" + path->substr(path_key.size());
-  }
+  add_python_probe_path(env, options_.python_probe_dir);
   env.push_back(std::string(record::kStackSignalVariable) + "=" +
                 std::to_string(python_stack_signal()));
 }

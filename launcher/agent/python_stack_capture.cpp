@@ -2,9 +2,34 @@
 
 #include <csignal>
 
+#include "../process/process_status.hpp"
+
 namespace ddp::launcher {
 
 int python_stack_signal() { return SIGRTMIN + 6; }
+
+namespace {
+
+// Why the worker must not be sent its stack signal now, "" when it may: it catches the signal
+// (a program that exec'd another, or set the signal's action, would be killed by it), and the
+// descriptor its probe registered still is ddprun's stack file (else faulthandler would write
+// into whatever file the program opened there). (A worker that execs in the microseconds
+// between these reads and the signal is not covered: no signal can be sent conditionally.)
+std::string refusal(const PythonStackCapture::Target& target, int signal) {
+  if (!catches_signal(target.pid, signal)) {
+    return "it no longer handles the stack signal (it exec'd another program or set the "
+           "signal's action itself), so ddprun sent it none";
+  }
+  const int fd = target.record->worker_stack_fd();
+  if (!holds_same_file(target.pid, fd, target.record->stack_fd())) {
+    return "its stack file is no longer the one ddprun gave it (the program closed or reused "
+           "descriptor " +
+           std::to_string(fd) + "), so ddprun sent it no signal";
+  }
+  return "";
+}
+
+}  // namespace
 
 PythonStackCapture::PythonStackCapture(boost::asio::io_context& io) : timer_(io) {}
 
@@ -21,7 +46,8 @@ int PythonStackCapture::capture(std::vector<Target> targets, Done done) {
     dump.target = std::move(target);
     dump.changed = now;
     const int signal = dump.target.record ? dump.target.record->stack_signal() : 0;
-    if (signal != 0 && dump.target.running()) {
+    if (signal != 0 && dump.target.running()) dump.refused = refusal(dump.target, signal);
+    if (signal != 0 && dump.target.running() && dump.refused.empty()) {
       dump.offset = dump.target.record->stack_size();
       dump.last_size = dump.offset;
       dump.signalled = ::kill(dump.target.pid, signal) == 0;  // the process only
@@ -76,6 +102,8 @@ void PythonStackCapture::finish() {
       stack.error =
           "ddprun's Python probe is not loaded in it (DDPRUN_PYTHON_PROBE=0, "
           "--skip_python_probe, python -I, or it failed to load: its stderr says why)";
+    } else if (!dump.refused.empty()) {
+      stack.error = dump.refused;
     } else if (!dump.signalled) {
       stack.error = "it had exited";
     } else {

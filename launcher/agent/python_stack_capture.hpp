@@ -3,9 +3,10 @@
 // Python probe registered a stack signal (RecordPage::stack_signal) is sent that signal, and
 // faulthandler in the worker writes every thread's stack into the worker's stack file
 // (RecordMapping::stacks_since), never onto its stderr. A worker that asked for no signal is
-// sent none. Done once every dump has ended: its file stopped growing for kQuiet after it
-// grew, the worker exited, or kTimeout passed. Internal to the launcher; runs on the agent's
-// loop.
+// sent none, nor one that no longer catches it (it exec'd another program) or whose registered
+// descriptor (RecordPage::stack_fd) is no longer the stack file: its PythonStack says why. Done
+// once every dump has ended: its file stopped growing for kQuiet after it grew, the worker exited,
+// or kTimeout passed. Internal to the launcher; runs on the agent's loop.
 
 #include <sys/types.h>
 
@@ -15,6 +16,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "../diagnosis/python_stacks.hpp"
@@ -62,6 +64,7 @@ class PythonStackCapture {
     std::uint64_t offset = 0;                       // the file's size before the signal
     std::uint64_t last_size = 0;                    // at the last look
     std::chrono::steady_clock::time_point changed;  // when it last grew
+    std::string refused;  // why it was not signalled though its probe asked ("": it was)
     bool signalled = false;
     bool ended = false;
   };

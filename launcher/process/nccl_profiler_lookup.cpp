@@ -1,9 +1,11 @@
 #include "nccl_profiler_lookup.hpp"
 
-#include <sys/stat.h>
+#include <unistd.h>
 
 #include <system_error>
 #include <vector>
+
+#include "trusted_path.hpp"
 
 namespace ddp::launcher {
 namespace fs = std::filesystem;
@@ -18,15 +20,10 @@ inline constexpr const char* kInstallLibDir = DDP_INSTALL_LIBDIR;
 inline constexpr const char* kInstallLibDir = "lib";
 #endif
 
-bool world_writable(const fs::path& path) {
-  struct stat info {};
-  return ::stat(path.c_str(), &info) == 0 && (info.st_mode & S_IWOTH) != 0;
-}
-
 }  // namespace
 
 NcclProfilerPlugin find_nccl_profiler(const fs::path& program,
-                                      const std::map<std::string, std::string>& env) {
+                                      const std::map<std::string, std::string>& env, uid_t user) {
   if (env.contains(kNcclProfilerPluginVariable)) return {};  // the user's choice
   const auto off = env.find(kNcclProfilerVariable);
   if (off != env.end() && off->second == "0") return {};
@@ -38,15 +35,14 @@ NcclProfilerPlugin find_nccl_profiler(const fs::path& program,
   std::error_code ec;
   for (const fs::path& plugin : candidates) {
     if (!fs::is_regular_file(plugin, ec)) continue;
-    for (const fs::path& path : {plugin.parent_path(), plugin}) {
-      if (world_writable(path)) {
-        return {{},
-                "ddprun: the NCCL profiler plugin is off: " + path.string() +
-                    " is writable by every user, and NCCL would load a library from there "
-                    "into every worker; make it writable by its owner only (chmod o-w)"};
-      }
+    if (const auto untrusted = untrusted_path(plugin, user)) {
+      return {{},
+              "ddprun: the NCCL profiler plugin is off: " + untrusted->path.string() + " " +
+                  untrusted->why + ", so another user could replace the library that NCCL " +
+                  "would load into every worker; " + untrusted->fix +
+                  ", or install ddprun where only root can write"};
     }
-    return {plugin, ""};
+    return {fs::canonical(plugin, ec), ""};
   }
   return {{},
           "ddprun: the NCCL profiler plugin is off: " + candidates.back().string() +
@@ -58,7 +54,7 @@ NcclProfilerPlugin find_nccl_profiler(const std::map<std::string, std::string>& 
   std::error_code ec;
   const fs::path program = fs::read_symlink("/proc/self/exe", ec);
   if (ec) return {{}, "ddprun: the NCCL profiler plugin is off: cannot tell where ddprun is"};
-  return find_nccl_profiler(program, env);
+  return find_nccl_profiler(program, env, ::geteuid());
 }
 
 }  // namespace ddp::launcher

@@ -4,8 +4,10 @@
 // ddprun (<prefix>/<libdir>, or build/lib beside build/bin/ddprun) and records any NCCL
 // program's collectives in its record page; ddprun names it in the workers'
 // NCCL_PROFILER_PLUGIN unless the user named a plugin there (theirs wins). NCCL loads it into
-// every worker, so ddprun takes it only from its own installation, never from a file or
-// folder every user may write. Internal to the launcher.
+// every worker, so ddprun takes it only from its own installation, and only where no user but
+// root and the one running ddprun can change it. Internal to the launcher.
+
+#include <sys/types.h>
 
 #include <filesystem>
 #include <map>
@@ -24,12 +26,12 @@ struct NcclProfilerPlugin {
 };
 
 // The plugin beside `program` (ddprun's own path): <program's folder>/../lib or
-// ../<install libdir>. Empty, silently, when env names a plugin already or has
-// DDPRUN_NCCL_PROFILER=0; empty with a notice when it is missing or writable by every user
-// (the file or its folder).
+// ../<install libdir>, canonical. Empty, silently, when env names a plugin already or has
+// DDPRUN_NCCL_PROFILER=0; empty with a notice when it is missing or untrusted for `user`
+// (trusted_path.hpp: the file, or a folder on the way to it, could be changed by another user).
 NcclProfilerPlugin find_nccl_profiler(const std::filesystem::path& program,
-                                      const std::map<std::string, std::string>& env);
-// The same beside the running ddprun (/proc/self/exe).
+                                      const std::map<std::string, std::string>& env, uid_t user);
+// The same beside the running ddprun (/proc/self/exe), for its effective user.
 NcclProfilerPlugin find_nccl_profiler(const std::map<std::string, std::string>& env);
 
 }  // namespace ddp::launcher

@@ -25,7 +25,7 @@ RecordMapping::RecordMapping() {
     throw std::system_error(errno, std::generic_category(), "mmap (collective record)");
   }
   page_ = static_cast<record::RecordPage*>(address);
-  stack_fd_ = UniqueFd(::memfd_create("ddprun-python-stacks", MFD_CLOEXEC));
+  stack_fd_ = UniqueFd(::memfd_create(record::kStackFileName, MFD_CLOEXEC));
   if (!stack_fd_.valid()) {
     throw std::system_error(errno, std::generic_category(), "memfd_create (Python stacks)");
   }
@@ -61,6 +61,11 @@ std::string RecordMapping::stacks_since(std::uint64_t offset) const {
 int RecordMapping::stack_signal() const {
   const std::uint64_t signal = page_->stack_signal.load(std::memory_order_acquire);
   return signal > 0 && signal < static_cast<std::uint64_t>(NSIG) ? static_cast<int>(signal) : 0;
+}
+
+int RecordMapping::worker_stack_fd() const {
+  const std::uint64_t fd = page_->stack_fd.load(std::memory_order_acquire);
+  return fd > 0 && fd < (1u << 30) ? static_cast<int>(fd) : -1;
 }
 
 bool RecordMapping::attached() const {

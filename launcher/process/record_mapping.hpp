@@ -37,6 +37,10 @@ class RecordMapping {
   // The signal on which the worker dumps its Python stacks, 0 when it has registered none
   // (no probe): ddprun sends no worker a signal it has not asked for.
   int stack_signal() const;
+  // The descriptor of the worker on which its probe registered the stack file (the page's
+  // stack_fd: a copy of stack_fd() the probe made where programs do not reach it); -1 when
+  // none is said. Check that the worker still holds the stack file there before signalling.
+  int worker_stack_fd() const;
   // The page as the worker writes it; read it with record::read_stable and atomics.
   const record::RecordPage& page() const { return *page_; }
   // True once a libddp communicator attached to the page.

@@ -1283,15 +1283,56 @@ def _drop_old_flight_recorder_names(version):
             os.environ.pop(name, None)
 
 
+# Header word 31 (the reserved area's last): the descriptor faulthandler writes stacks into.
+STACK_FD = 31
+# The stack file (DDPRUN_STACK_FD) as /proc/self/fd shows the agent's, and the highest number
+# its private copy takes (_private_stack_fd).
+STACK_FILE_LINK = "/memfd:ddprun-python-stacks"
+STACK_FD_CEILING = 1024
+
+
+def _private_stack_fd(fd):
+    """A copy of the agent's stack file `fd` where the program does not reach it, and `fd`
+    closed; None when `fd` is not the agent's stack file in this process (not inherited: an
+    exec'd program's, or a number the program reused).
+
+    faulthandler keeps a descriptor's number, not the file: a program that closes its
+    descriptors (os.closerange(3, 64)) and opens its checkpoint would get that number, and the
+    next dump would land in the checkpoint. So the copy is high-numbered (programs take the
+    lowest free number; ranges they close start low), below the process's descriptor limit and
+    at most about 1000 (the kernel sizes a process's descriptor table by its highest number),
+    and close-on-exec (a program exec'd from here has no probe to dump into it). The agent
+    checks that this number still holds its file before each signal (the page's stack_fd)."""
+    try:
+        if not os.readlink("/proc/self/fd/%d" % fd).startswith(STACK_FILE_LINK):
+            return None
+    except OSError:
+        return None
+    import fcntl  # built into Debian's Pythons; elsewhere in lib-dynload
+
+    limit = os.sysconf("SC_OPEN_MAX")  # RLIMIT_NOFILE's soft limit; -1: none
+    if limit <= 0:
+        limit = STACK_FD_CEILING
+    floor = max(3, min(limit, STACK_FD_CEILING) - 16)
+    private = fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, floor)
+    os.close(fd)
+    return private
+
+
 def _register_stack_signal(words):
-    """faulthandler dumps every thread's stack into DDPRUN_STACK_FD on DDPRUN_STACK_SIGNAL."""
+    """faulthandler dumps every thread's stack into the agent's stack file (DDPRUN_STACK_FD,
+    through a private copy) on DDPRUN_STACK_SIGNAL; the page says on which descriptor, then
+    which signal."""
     signal_text = os.environ.get("DDPRUN_STACK_SIGNAL")
     fd_text = os.environ.get("DDPRUN_STACK_FD")
     if not signal_text or not fd_text:
         return
-    signal_number, fd = int(signal_text), int(fd_text)
-    os.fstat(fd)  # raises if it was not inherited
+    signal_number = int(signal_text)
+    fd = _private_stack_fd(int(fd_text))
+    if fd is None:
+        return
     faulthandler.register(signal_number, file=fd, all_threads=True, chain=False)
+    words[STACK_FD] = fd
     words[STACK_SIGNAL] = signal_number
 
 

@@ -2,8 +2,9 @@
 site.py imports this module at start-up, in place of the user's sitecustomize.
 
 It leaves the worker as torchrun would have started it, then starts ddprun's probe:
-1. drops this folder from sys.path and PYTHONPATH (the program and its children see what they
-   would see under torchrun; an emptied PYTHONPATH is unset);
+1. drops this folder from sys.path and gives PYTHONPATH back the user's value (ddprun keeps it
+   in DDPRUN_PYTHONPATH, or leaves that unset when PYTHONPATH was): the program and its
+   children see what they would see under torchrun;
 2. runs the user's own sitecustomize, if one is further on sys.path (Debian ships one), as
    site.py would: an error in it is printed as site.py prints it, and start-up goes on. Then
    sys.modules["sitecustomize"] is the user's module, or absent when there is none;
@@ -17,11 +18,18 @@ import sys
 
 
 def _drop_folder(folder):
-    """Removes `folder` from sys.path and PYTHONPATH."""
+    """Removes `folder` from sys.path, and gives PYTHONPATH back the user's value: exactly the
+    one ddprun kept in DDPRUN_PYTHONPATH ("" and ":" included: an empty entry is the current
+    folder for a child), else (the user's was unset, or ddprun did not start us) PYTHONPATH
+    without `folder`, unset when nothing is left."""
     def is_folder(entry):
         return bool(entry) and os.path.realpath(os.path.abspath(entry)) == folder
 
     sys.path[:] = [entry for entry in sys.path if not is_folder(entry)]
+    users = os.environ.pop("DDPRUN_PYTHONPATH", None)
+    if users is not None:
+        os.environ["PYTHONPATH"] = users
+        return
     python_path = os.environ.get("PYTHONPATH")
     if python_path is None:
         return

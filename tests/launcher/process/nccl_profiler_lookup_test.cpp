@@ -1,10 +1,13 @@
 // Where ddprun finds its NCCL profiler plugin, and when it refuses it or leaves it out.
 #include "process/nccl_profiler_lookup.hpp"
 
+#include <unistd.h>
+
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
 
+#include "skip.hpp"
 #include "test_support.hpp"
 
 using namespace ddp::launcher;
@@ -20,9 +23,11 @@ struct Installation {
   Installation() {
     fs::create_directories(program.parent_path());
     fs::create_directories(plugin.parent_path());
-    fs::permissions(plugin.parent_path(), fs::perms::others_write, fs::perm_options::remove);
+    for (const fs::path& p : {dir.path(), plugin.parent_path()}) {
+      fs::permissions(p, fs::perms(0755));
+    }
     std::ofstream(plugin) << "not really a library";
-    fs::permissions(plugin, fs::perms::others_write, fs::perm_options::remove);
+    fs::permissions(plugin, fs::perms(0644));
   }
 };
 
@@ -30,7 +35,7 @@ struct Installation {
 
 TEST_CASE("nccl profiler lookup: the plugin in the lib dir beside ddprun") {
   Installation install;
-  const NcclProfilerPlugin found = find_nccl_profiler(install.program, {});
+  const NcclProfilerPlugin found = find_nccl_profiler(install.program, {}, ::geteuid());
   CHECK(found.path == install.plugin);
   CHECK(found.notice.empty());
 }
@@ -43,10 +48,32 @@ TEST_CASE("nccl profiler lookup: a plugin every user may write is refused, with 
   SECTION("its folder") {
     fs::permissions(install.plugin.parent_path(), fs::perms::others_write, fs::perm_options::add);
   }
-  const NcclProfilerPlugin found = find_nccl_profiler(install.program, {});
+  const NcclProfilerPlugin found = find_nccl_profiler(install.program, {}, ::geteuid());
   CHECK(found.path.empty());
   CHECK(found.notice.find("writable by every user") != std::string::npos);
   CHECK(found.notice.find("chmod o-w") != std::string::npos);
+}
+
+TEST_CASE(
+    "nccl profiler lookup: a plugin another user could change is refused: a group-writable "
+    "folder on the way, or a file owned by another user") {
+  Installation install;
+  fs::path at_fault;
+  SECTION("a group-writable folder above it") {
+    at_fault = install.dir.path();
+    fs::permissions(at_fault, fs::perms::group_write, fs::perm_options::add);
+  }
+  SECTION("the file owned by another user") {
+    if (::geteuid() != 0) return ddp::test::skip("chown to another user needs root");
+    at_fault = install.plugin;
+    REQUIRE(::chown(at_fault.c_str(), 4242, static_cast<gid_t>(-1)) == 0);
+  }
+  const NcclProfilerPlugin found = find_nccl_profiler(install.program, {}, ::geteuid());
+  CHECK(found.path.empty());
+  CHECK_THAT(
+      found.notice,
+      Catch::StartsWith("ddprun: the NCCL profiler plugin is off: " + at_fault.string() + " is "));
+  CHECK_THAT(found.notice, Catch::Contains("NCCL would load into every worker"));
 }
 
 TEST_CASE(
@@ -57,7 +84,7 @@ TEST_CASE(
        std::vector<std::map<std::string, std::string>>{{{"NCCL_PROFILER_PLUGIN", "/opt/theirs.so"}},
                                                        {{"NCCL_PROFILER_PLUGIN", "none"}},
                                                        {{"DDPRUN_NCCL_PROFILER", "0"}}}) {
-    const NcclProfilerPlugin found = find_nccl_profiler(install.program, env);
+    const NcclProfilerPlugin found = find_nccl_profiler(install.program, env, ::geteuid());
     CHECK(found.path.empty());
     CHECK(found.notice.empty());
   }
@@ -66,7 +93,7 @@ TEST_CASE(
 TEST_CASE("nccl profiler lookup: a missing plugin is said once") {
   Installation install;
   fs::remove(install.plugin);
-  const NcclProfilerPlugin found = find_nccl_profiler(install.program, {});
+  const NcclProfilerPlugin found = find_nccl_profiler(install.program, {}, ::geteuid());
   CHECK(found.path.empty());
   CHECK(found.notice.find("is missing") != std::string::npos);
 }

@@ -53,6 +53,9 @@ inline constexpr const char* kRecordFdVariable = "DDPRUN_RECORD_FD";
 // register for that (RecordPage::stack_signal says it did).
 inline constexpr const char* kStackFdVariable = "DDPRUN_STACK_FD";
 inline constexpr const char* kStackSignalVariable = "DDPRUN_STACK_SIGNAL";
+// The stack file's memfd name: the probe takes DDPRUN_STACK_FD only when it names this file
+// (/proc/self/fd/N reads "/memfd:ddprun-python-stacks (deleted)").
+inline constexpr const char* kStackFileName = "ddprun-python-stacks";
 
 inline constexpr std::uint64_t kRecordMagic = 0x31304345'52504444ull;  // "DDPREC01"
 inline constexpr std::uint64_t kRecordVersion = 2;                     // 2: communicator lanes
@@ -228,8 +231,10 @@ struct RecordPage {
   // Written by ddprun's Python probe (launcher/python), 0 where no probe runs:
   std::atomic<std::uint64_t> writer;        // pack_name("torch") when the probe writes the page
   std::atomic<std::uint64_t> stack_signal;  // the signal on which the worker dumps every
-                                            // thread's Python stack into DDPRUN_STACK_FD
-                                            // (faulthandler); ddprun sends no other
+                                            // thread's Python stack into the stack file
+                                            // (faulthandler, on `stack_fd` below); ddprun
+                                            // sends no other, and only while the worker
+                                            // catches it
   // Written by whoever claims the page: the job's own collective timeout (the process group's,
   // libddp's InitOptions::timeout), after which ddprun stops a hang it is not sure of; 0:
   // unknown.
@@ -253,6 +258,10 @@ struct RecordPage {
   std::atomic<std::uint64_t> p2p_op;
   std::atomic<std::uint64_t> p2p_bytes;
   std::atomic<std::uint64_t> p2p_peer;
+  // Written by ddprun's Python probe before stack_signal: the descriptor its faulthandler
+  // writes stacks into (its own high, close-on-exec copy of DDPRUN_STACK_FD). ddprun sends
+  // stack_signal only while that descriptor of the worker still is the stack file it made.
+  std::atomic<std::uint64_t> stack_fd;
   CollectiveSlot collectives[kCollectiveSlots];
   StepSlot step_slots[kStepSlots];
   CommunicatorLane lanes[kExtraLanes];  // lanes 1, 2, ...
@@ -260,6 +269,7 @@ struct RecordPage {
 static_assert(sizeof(RecordPage) % 64 == 0);
 static_assert(offsetof(RecordPage, collectives) == 32 * 8);  // the probe's HEADER_WORDS
 static_assert(offsetof(RecordPage, unrecorded) == 26 * 8);   // the probe's LANE0_EXTRA
+static_assert(offsetof(RecordPage, stack_fd) == 31 * 8);     // the probe's STACK_FD
 static_assert(kExtraLanes == kCommunicatorLanes - 1);
 
 // Writer side of a slot's seqlock: call begin, store the fields (relaxed), call end. begin

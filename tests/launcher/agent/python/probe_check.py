@@ -69,7 +69,7 @@ HEADER_NAMES = ["magic", "version", "pid", "rank", "world_size", "backend", "que
                 "finished", "last_finished_ns", "failed", "steps", "compute_ns_total",
                 "wait_ns_total", "stop_requested", "writer", "stack_signal", "timeout_ms",
                 "lane_state", "context", "step_context"] + ["reserved"] * 5 + [
-                "unrecorded", "p2p_since_ns", "p2p_op", "p2p_bytes", "p2p_peer"]
+                "unrecorded", "p2p_since_ns", "p2p_op", "p2p_bytes", "p2p_peer", "stack_fd"]
 LANE_NAMES = ["state", "context", "backend", "rank", "world_size", "timeout_ms", "queued",
               "started", "finished", "last_finished_ns", "failed", "unrecorded", "p2p_since_ns",
               "p2p_op", "p2p_bytes", "p2p_peer"]
@@ -123,7 +123,7 @@ class Page:
 
 
 def stack_memfd():
-    return os.memfd_create("ddprun-stacks")
+    return os.memfd_create("ddprun-python-stacks")  # the probe takes no other file
 
 
 def read_all(fd):
@@ -476,8 +476,14 @@ def check_stack_signal(checks):
     checks.expect(report_of(out).get("torch_imported") is False,
                   "no torch: the probe imports none")
     words = list(page.words())
-    checks.expect(words[16] == STACK_SIGNAL and not any(words[:16] + words[17:]),
-                  "no torch: the page holds only stack_signal", page.header())
+    checks.expect(words[16] == STACK_SIGNAL and not any(words[:16] + words[17:31] + words[32:]),
+                  "no torch: the page holds only stack_signal and stack_fd", page.header())
+    # The probe's own copy of the stack file: high (programs close and reuse low numbers), the
+    # inherited one closed (the worker reports its descriptors).
+    checks.expect(words[31] >= 900 and words[31] != stacks
+                  and report_of(out).get("stack_fds") == [words[31]],
+                  "stack file: on a high descriptor of the probe's, the inherited one closed",
+                  (words[31], stacks, report_of(out).get("stack_fds")))
 
 
 def check_user_sitecustomize(checks):
@@ -568,9 +574,22 @@ def main():
 # --- Worker side ----------------------------------------------------------------------------------
 
 
+def stack_fds():
+    """This process's descriptors on a stack file."""
+    found = []
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink("/proc/self/fd/" + name).startswith("/memfd:ddprun-python-stacks"):
+                found.append(int(name))
+        except OSError:
+            pass
+    return sorted(found)
+
+
 def report(**fields):
     """One `report {json}` line: what the worker saw of its start-up, and `fields`."""
     fields.update(
+        stack_fds=stack_fds(),
         launcher_on_path=[p for p in sys.path if os.path.realpath(p or ".") == PROBE_FOLDER],
         pythonpath=os.environ.get("PYTHONPATH"),
         sitecustomize=getattr(sys.modules.get("sitecustomize"), "__file__", None),

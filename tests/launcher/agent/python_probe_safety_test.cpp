@@ -1,0 +1,166 @@
+// ddprun's Python probe does no harm in a worker (issue 28): the stack signal is sent only to a
+// worker that still handles it with the stack file ddprun gave it, a stack dump never lands in
+// the program's own files, and the worker and its children see the PYTHONPATH the user gave,
+// exactly. Python workers that never import torch, run with the Python of DDP_TEST_PYTHON, so
+// that each case runs against both interpreters.
+
+#include <catch2/catch.hpp>
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "process_harness.hpp"
+#include "test_support.hpp"
+
+using namespace ddp::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+std::string script(const std::string& name) {
+  return source_path("tests/launcher/agent/python/" + name).string();
+}
+
+std::string read_file(const fs::path& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// stack_file_safety.py <mode> under ddprun with two workers: once both are set up,
+// kill -USR1 <ddprun>; once ddprun printed the stacks, the workers may finish.
+ProcessResult usr1_after(const std::string& mode, const fs::path& folder) {
+  TempDir logs;
+  ChildProcess job(
+      {bin_path("ddprun").string(), "--nproc_per_node=2", "--log_dir=" + logs.path().string(),
+       script("stack_file_safety.py"), mode, folder.string()},
+      {{"PYTHON_EXEC", torch_python()}});
+  job.wait_for_stdout_lines("ready rank", 2, milliseconds(60000));
+  job.signal(SIGUSR1);
+  job.wait_for_stderr("where each Python worker is:", milliseconds(20000));
+  std::ofstream(folder / "go") << "go\n";
+  return job.wait(milliseconds(60000));
+}
+
+}  // namespace
+
+TEST_CASE(
+    "kill -USR1 sends no stack signal to a worker that re-exec'd Python or took the signal "
+    "back: both go on and exit 0",
+    "[torch]") {
+  TempDir folder;
+  const ProcessResult result = usr1_after("handler", folder.path());
+  INFO("stderr:\n" << result.err << "\nstdout:\n" << result.out);
+  CHECK(result.status == 0);
+  CHECK_THAT(result.out, Catch::Contains("done rank 0") && Catch::Contains("done rank 1"));
+  CHECK_THAT(result.err, Catch::Contains("rank 0: no stack: it no longer handles"));
+  CHECK_THAT(result.err, Catch::Contains("rank 1: no stack: it no longer handles"));
+  CHECK_THAT(result.err, !Catch::Contains("FAILED"));
+}
+
+TEST_CASE(
+    "kill -USR1 never writes a stack into the program's own file: not after it closed its "
+    "descriptors and reopened the stack file's number, nor onto the descriptor the probe "
+    "registered",
+    "[torch]") {
+  TempDir folder;
+  const ProcessResult result = usr1_after("reuse", folder.path());
+  INFO("stderr:\n" << result.err << "\nstdout:\n" << result.out);
+  CHECK(result.status == 0);
+  CHECK(read_file(folder.path() / "checkpoint0") == "checkpoint\n");
+  CHECK(read_file(folder.path() / "checkpoint1") == "checkpoint\n");
+  // Rank 0's probe keeps its stack file out of the program's reach: its stack is taken.
+  CHECK_THAT(result.err, Catch::Contains("1 rank (rank 0): in ") &&
+                             Catch::Contains("stack_file_safety.py\", line ") &&
+                             !Catch::Contains("rank 0: no stack"));
+  // Rank 1 put its checkpoint on the very descriptor: ddprun sees it is not its file.
+  CHECK_THAT(result.err,
+             Catch::Contains("rank 1: no stack: its stack file is no longer the one ddprun gave"));
+}
+
+TEST_CASE("kill -USR1 takes the stack of a worker that left the probe's set-up alone", "[torch]") {
+  TempDir folder;
+  const ProcessResult result = usr1_after("plain", folder.path());
+  INFO("stderr:\n" << result.err << "\nstdout:\n" << result.out);
+  CHECK(result.status == 0);
+  // Each rank's stack (the two may differ by a frame: the signal follows "ready" closely).
+  CHECK_THAT(result.err, Catch::Contains("in wait_for_go") && !Catch::Contains("no stack"));
+}
+
+TEST_CASE(
+    "ddprun installed under a group-writable folder loads neither its Python probe nor its NCCL "
+    "plugin, says so in one line each, and the job runs",
+    "[torch]") {
+  // A copy of the installation: <temp>/shared/prefix/{bin/ddprun, share/ddprun/python, lib}.
+  TempDir dir;
+  const fs::path shared = dir.path() / "shared", prefix = shared / "prefix";
+  fs::create_directories(prefix / "bin");
+  fs::create_directories(prefix / "lib");
+  fs::copy(bin_path("ddprun"), prefix / "bin" / "ddprun");
+  fs::copy(bin_path("ddprun").parent_path().parent_path() / "share", prefix / "share",
+           fs::copy_options::recursive);
+  const fs::path plugin =
+      bin_path("ddprun").parent_path().parent_path() / "lib" / "libddprun-nccl-profiler.so";
+  if (fs::exists(plugin)) fs::copy(plugin, prefix / "lib" / plugin.filename());
+  fs::permissions(dir.path(), fs::perms(0755));
+  fs::permissions(shared, fs::perms(0775));  // a shared project folder
+  TempDir logs;
+  const ProcessResult result =
+      run_process({(prefix / "bin" / "ddprun").string(), "--nproc_per_node=1",
+                   "--log_dir=" + logs.path().string(), script("python_path_report.py")},
+                  {{"PYTHON_EXEC", torch_python()}}, {"PYTHONPATH"}, milliseconds(60000));
+  INFO("stderr:\n" << result.err << "\nstdout:\n" << result.out);
+  CHECK(result.status == 0);
+  const std::string why = shared.string() + " is writable by its group";
+  CHECK_THAT(result.err, Catch::Contains("ddprun: the Python probe is off: " + why));
+  CHECK_THAT(result.err, Catch::Contains("(chmod g-w " + shared.string() + ")"));
+  if (fs::exists(plugin)) {
+    CHECK_THAT(result.err, Catch::Contains("ddprun: the NCCL profiler plugin is off: " + why));
+  }
+  // The worker ran without the probe: nothing of ddprun's on its PYTHONPATH.
+  CHECK_THAT(result.out, Catch::Contains("paths {\"pythonpath\": null"));
+  CHECK_THAT(result.out, !Catch::Contains(prefix.string()));
+}
+
+TEST_CASE(
+    "a Python worker and its children see the PYTHONPATH they see under a plain python: "
+    "unset, empty, \":\", \"a:b\"",
+    "[torch]") {
+  auto paths_of = [](const std::string& output) {
+    const auto at = output.find("paths {");
+    REQUIRE(at != std::string::npos);
+    const auto end = output.find('\n', at);
+    return nlohmann::json::parse(output.substr(at + 6, end - at - 6));
+  };
+  for (const char* value : {"<unset>", "", ":", "a:b"}) {
+    const bool unset = std::string(value) == "<unset>";
+    std::map<std::string, std::string> env;
+    std::vector<std::string> drop;
+    if (unset) {
+      drop.push_back("PYTHONPATH");
+    } else {
+      env["PYTHONPATH"] = value;
+    }
+    const ProcessResult plain =
+        run_process({torch_python(), script("python_path_report.py")}, env, drop);
+    TempDir logs;
+    env["PYTHON_EXEC"] = torch_python();
+    const ProcessResult under_ddprun =
+        run_process({bin_path("ddprun").string(), "--nproc_per_node=1",
+                     "--log_dir=" + logs.path().string(), script("python_path_report.py")},
+                    env, drop, milliseconds(60000));
+    INFO("PYTHONPATH " << value << "\nplain:\n"
+                       << plain.out << plain.err << "\nunder ddprun:\n"
+                       << under_ddprun.out << under_ddprun.err);
+    REQUIRE(plain.status == 0);
+    REQUIRE(under_ddprun.status == 0);
+    const nlohmann::json expected = paths_of(plain.out);
+    const nlohmann::json seen = paths_of(under_ddprun.out);
+    CHECK(seen["pythonpath"] == expected["pythonpath"]);
+    CHECK(seen["sys_path"] == expected["sys_path"]);
+    CHECK(seen["child"] == expected["child"]);
+  }
+}
