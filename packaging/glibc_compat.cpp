@@ -51,28 +51,75 @@ __attribute__((visibility("hidden"))) char __libc_single_threaded = 0;
 }
 #endif
 
-#if !__GLIBC_PREREQ(2, 36)
+#include <fcntl.h>
+#include <poll.h>
 #include <sys/random.h>
+#include <unistd.h>
 
 #include <cerrno>
-#include <cstdint>
+#include <cstddef>
 #include <cstdlib>
 
-// glibc 2.36+: std::random_device's source in libstdc++. The same contract: random bits from
-// the kernel (getrandom, glibc 2.25+, which waits only until the kernel's pool is first
-// seeded), and no failure to return: without entropy the process aborts, as glibc's does.
-extern "C" __attribute__((visibility("hidden"))) std::uint32_t arc4random() {
-  std::uint32_t value;
-  auto* bytes = reinterpret_cast<char*>(&value);
+namespace {
+
+// Reads all of `size` bytes from `path`; false when it cannot be opened or read.
+bool read_device(const char* path, char* bytes, std::size_t size) {
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC | O_NOCTTY);
+  if (fd < 0) return false;
   std::size_t got = 0;
-  while (got < sizeof value) {
-    ssize_t n = getrandom(bytes + got, sizeof value - got, 0);
+  while (got < size) {
+    const ssize_t n = ::read(fd, bytes + got, size - got);
     if (n > 0) {
       got += static_cast<std::size_t>(n);
-    } else if (errno != EINTR) {
+    } else if (n == 0 || errno != EINTR) {
+      break;
+    }
+  }
+  ::close(fd);
+  return got == size;
+}
+
+// Without getrandom, /dev/urandom gives bytes before the kernel's pool is seeded: wait until
+// /dev/random is readable first (once it is, it stays so), as getrandom itself would wait.
+void wait_until_seeded() {
+  const int fd = ::open("/dev/random", O_RDONLY | O_CLOEXEC | O_NOCTTY);
+  if (fd < 0) return;
+  pollfd ready{fd, POLLIN, 0};
+  while (::poll(&ready, 1, -1) < 0 && errno == EINTR) {
+  }
+  ::close(fd);
+}
+
+}  // namespace
+
+extern "C" __attribute__((visibility("hidden"))) void ddp_compat_random_bytes(
+    void* buffer, std::size_t size) noexcept {
+  auto* bytes = static_cast<char*>(buffer);
+  std::size_t got = 0;
+  while (got < size) {
+    const ssize_t n = getrandom(bytes + got, size - got, 0);
+    if (n > 0) {
+      got += static_cast<std::size_t>(n);
+    } else if (n < 0 && errno == ENOSYS) {  // a kernel before 3.17, or a seccomp filter
+      wait_until_seeded();
+      if (!read_device("/dev/urandom", bytes + got, size - got)) std::abort();
+      return;
+    } else if (n == 0 || errno != EINTR) {
       std::abort();
     }
   }
+}
+
+#if !__GLIBC_PREREQ(2, 36)
+#include <cstdint>
+
+// glibc 2.36+: std::random_device's source in libstdc++. The same contract: random bits from
+// the kernel (ddp_compat_random_bytes: getrandom, or /dev/urandom where the getrandom system
+// call is missing, as glibc falls back), and no failure to return: without entropy the process
+// aborts, as glibc's does.
+extern "C" __attribute__((visibility("hidden"))) std::uint32_t arc4random() {
+  std::uint32_t value;
+  ddp_compat_random_bytes(&value, sizeof value);
   return value;
 }
 #endif

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <features.h>
+#include <stddef.h>
 #include <sys/syscall.h>
 #if __has_include(<linux/close_range.h>)
 #include <linux/close_range.h>
@@ -21,3 +22,10 @@ extern "C" const char* sigabbrev_np(int signal) noexcept;
 #ifndef CLOSE_RANGE_CLOEXEC
 #define CLOSE_RANGE_CLOEXEC (1U << 2)  // Linux 5.11: mark close-on-exec instead of closing
 #endif
+
+// Fills `size` bytes with random bits from the kernel: getrandom, or /dev/urandom (once the
+// kernel's pool is seeded) where the getrandom system call is missing (ENOSYS: Linux before
+// 3.17, or a seccomp filter that does not know it), as glibc's arc4random does. Never fails:
+// aborts without a source. Defined in glibc_compat.cpp, for its arc4random (and its test).
+extern "C" __attribute__((visibility("hidden"))) void ddp_compat_random_bytes(void* buffer,
+                                                                              size_t size) noexcept;

@@ -211,11 +211,14 @@ void ProcessWorkerGroup::start_worker(int local_rank, const fs::path& dir, ExitH
   }
   spawn.stdout_fd = streams.child_out.valid() ? streams.child_out.get() : -1;
   spawn.stderr_fd = streams.child_err.valid() ? streams.child_err.get() : -1;
+  // The worker tells the guard its group itself, before its program runs (and so before it
+  // can start children of its own): a kill -9 of ddprun just after the spawn leaves none.
+  spawn.group_guard_fd = reaper_.channel();
 
   auto worker = std::make_shared<Worker>(io_, local_rank);
   worker->start(spawn, [on_exit](Worker& w) { on_exit(w.local_rank(), *w.exit()); });
   workers_.push_back(worker);
-  reaper_.watch(worker->pid());
+  reaper_.watch(worker->pid());  // again, should the worker's own message have been lost
   error_files_[static_cast<std::size_t>(local_rank)] = identity.error_file;
   records_.push_back(std::move(record));
   tee_output(local_rank, streams);

@@ -109,7 +109,9 @@ void PythonStackCapture::finish() {
     } else {
       stack.dump = faulthandler_threads(dump.target.record->stacks_since(dump.offset));
       if (stack.dump.empty()) {
-        stack.error = "it wrote no stack within " + std::to_string(kTimeout.count()) + " ms";
+        stack.error = !dump.target.running()
+                          ? kExitedNoFrame
+                          : "it wrote no stack within " + std::to_string(kTimeout.count()) + " ms";
       }
     }
     stacks.push_back(std::move(stack));

@@ -16,8 +16,20 @@ bool is_thread_header(const std::string& line) {
          line.ends_with("(most recent call first):");
 }
 
+bool is_python_frame(const std::string& line) { return line.starts_with("  File \""); }
+
 bool is_frame(const std::string& line) {
-  return line.starts_with("  File \"") || line == "  <no Python frame>";
+  return is_python_frame(line) || line == "  <no Python frame>";
+}
+
+// True when some thread of the dump was in Python code.
+bool has_python_frame(const std::string& dump) {
+  std::istringstream lines(dump);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (is_python_frame(line)) return true;
+  }
+  return false;
 }
 
 // "Thread 0x00007f00aa (most recent call first):" -> "Thread (most recent call first):"
@@ -64,6 +76,10 @@ std::string group_python_stacks(const std::vector<PythonStack>& stacks) {
   for (const PythonStack& s : stacks) {
     if (s.dump.empty()) {
       missing.push_back("rank " + std::to_string(s.rank) + ": no stack: " + s.error);
+      continue;
+    }
+    if (!has_python_frame(s.dump)) {  // every thread "<no Python frame>": its Python had ended
+      missing.push_back("rank " + std::to_string(s.rank) + ": no stack: " + kExitedNoFrame);
       continue;
     }
     std::istringstream lines(s.dump);

@@ -26,9 +26,13 @@ std::string faulthandler_threads(std::string_view text);
 // last), as "f (file.py:12)"; "" when the dump has no frame.
 std::string innermost_frame(std::string_view dump);
 
+// Why a rank has no stack when it had exited, or was exiting with no Python code left to run.
+inline constexpr const char* kExitedNoFrame = "it had exited (no Python frame was left)";
+
 // Groups ranks by identical dumps (thread ids aside), largest group first:
 //   "1 rank (rank 1): in main (train.py:42)" then the dump's threads, indented;
-// a rank without a dump is listed with why.
+// a rank without a dump is listed with why; so is one whose dump has no Python frame at all
+// (faulthandler's "<no Python frame>" in every thread: it was exiting), as kExitedNoFrame.
 std::string group_python_stacks(const std::vector<PythonStack>& stacks);
 
 }  // namespace ddp::launcher

@@ -129,8 +129,10 @@ DDP_GUARD_CODE bool read_message(int fd, std::int32_t& value) {
   std::size_t count = 0;
   std::int32_t value = 0;
   while (read_message(3, value)) {
-    if (value > 0 && count < kMaxGroups) {
-      groups[count++] = value;
+    if (value > 0) {  // a group may come twice: from its worker, then from the agent
+      bool known = false;
+      for (std::size_t i = 0; i < count && !known; ++i) known = groups[i] == value;
+      if (!known && count < kMaxGroups) groups[count++] = value;
     } else if (value < 0) {
       for (std::size_t i = 0; i < count; ++i) {
         if (groups[i] == -value) {

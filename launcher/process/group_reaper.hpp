@@ -34,6 +34,10 @@ class GroupReaper {
   void forget(pid_t pgid);
 
   pid_t pid() const { return pid_; }
+  // The agent's end of the channel, for a worker to announce its own group before it execs
+  // (SpawnOptions::group_guard_fd; a message is a pgid as int32, as watch() sends); -1 once
+  // the guard has gone. Close-on-exec.
+  int channel() const { return channel_.valid() ? channel_.get() : -1; }
 
  private:
   void send(pid_t value);

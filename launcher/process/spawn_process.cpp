@@ -6,10 +6,12 @@
 #include <sched.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <csignal>
+#include <cstdint>
 #include <cstring>
 #include <memory>
 
@@ -38,16 +40,65 @@ std::vector<char*> c_strings(const std::vector<std::string>& strings) {
 // few kilobytes.
 constexpr std::size_t kChildStackBytes = 64 * 1024;
 
+// getdents64's record (<dirent.h> declares no such struct before glibc 2.30).
+struct LinuxDirent64 {
+  std::uint64_t inode;
+  std::int64_t offset;
+  unsigned short length;
+  unsigned char type;
+  char name[1];  // NUL-terminated, `length` bounds the record
+};
+
+// The descriptor a /proc/self/fd entry names; -1 for "." and "..".
+DDP_CHILD_OF_VFORK int descriptor_of(const char* name) {
+  if (*name < '0' || *name > '9') return -1;
+  int fd = 0;
+  for (; *name >= '0' && *name <= '9'; ++name) fd = fd * 10 + (*name - '0');
+  return fd;
+}
+
+// Kernels before 5.11 (no CLOSE_RANGE_CLOEXEC): one fcntl per descriptor open, as listed in
+// /proc/self/fd, read with open and getdents64 (async-signal-safe, no allocation; opendir and
+// readdir allocate). False when /proc cannot be read.
+DDP_CHILD_OF_VFORK bool cloexec_open_ones_from_3() {
+  const int dir = ::open("/proc/self/fd", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir < 0) return false;
+  alignas(LinuxDirent64) char buffer[2048];
+  long n;
+  while ((n = ::syscall(SYS_getdents64, dir, buffer, sizeof buffer)) > 0) {
+    for (long at = 0; at < n;) {
+      const auto* entry = reinterpret_cast<const LinuxDirent64*>(buffer + at);
+      at += entry->length;
+      const int fd = descriptor_of(entry->name);
+      if (fd >= 3 && fd != dir) ::fcntl(fd, F_SETFD, FD_CLOEXEC);
+    }
+  }
+  ::close(dir);
+  return n == 0;
+}
+
 // Marks every descriptor from 3 up close-on-exec, so that a worker inherits only its standard
 // streams (as torchrun's close_fds=True subprocesses do): sockets of the agent's store
 // server, which Asio opens without SOCK_CLOEXEC, must not leak into workers. Async-signal-safe.
+// Its time is bounded by the descriptors open, not by RLIMIT_NOFILE (container runtimes set
+// 2^30: one fcntl per possible descriptor took minutes).
 DDP_CHILD_OF_VFORK void cloexec_from_3() {
   if (::syscall(SYS_close_range, 3U, ~0U, CLOSE_RANGE_CLOEXEC) == 0) return;
-  rlimit limit{};  // kernels before 5.11: one fcntl per possible descriptor
+  if (cloexec_open_ones_from_3()) return;
+  rlimit limit{};  // no /proc either: one fcntl per possible descriptor
   const rlim_t max = ::getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY
                          ? limit.rlim_cur
                          : 65536;
   for (rlim_t fd = 3; fd < max; ++fd) ::fcntl(static_cast<int>(fd), F_SETFD, FD_CLOEXEC);
+}
+
+// Tells the group guard (GroupReaper) this child's process group, before the program runs:
+// from then on a kill -9 of the agent takes the group with it. Best effort: the agent sends the
+// same after spawn_process returns.
+DDP_CHILD_OF_VFORK void announce_group(int guard_fd) {
+  if (guard_fd < 0) return;
+  const std::int32_t group = ::getpid();  // after setsid: the group's id too
+  [[maybe_unused]] ssize_t n = ::send(guard_fd, &group, sizeof group, MSG_DONTWAIT | MSG_NOSIGNAL);
 }
 
 // In the child, between clone and exec, on its own stack but in the agent's memory (the agent
@@ -68,6 +119,7 @@ DDP_CHILD_OF_VFORK [[noreturn]] void exec_child(const SpawnOptions& options, cha
   if (::setsid() < 0) fail();
   if (::prctl(PR_SET_PDEATHSIG, SIGKILL) != 0) fail();
   if (::getppid() != agent) ::_exit(128 + SIGKILL);  // the agent died before prctl took hold
+  announce_group(options.group_guard_fd);
   if (options.stdout_fd >= 0 && ::dup2(options.stdout_fd, STDOUT_FILENO) < 0) fail();
   if (options.stderr_fd >= 0 && ::dup2(options.stderr_fd, STDERR_FILENO) < 0) fail();
   if (cpus && ::sched_setaffinity(0, sizeof(cpu_set_t), cpus) != 0) fail();

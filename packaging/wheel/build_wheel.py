@@ -4,13 +4,13 @@
 ddprun's Python probe is taken from beside the programs (<bin-dir>/../share/ddprun/python, where
 the build puts it) and installed where ddprun looks for it: <prefix>/share/ddprun/python.
 
-The platform tag is read from the programs themselves, so that it is never a claim they do not
-meet: manylinux_2_NN_x86_64 (PEP 600) when every shared library they load is one the manylinux
-policy lets a wheel take from the host (glibc's own: libc, libm, libpthread, libdl, librt, the
-loader), NN being the newest glibc they need (packaging/glibc_floor.py: the version
-references, GLIBC_2.NN and GLIBC_ABI_DT_RELR); linux_x86_64 otherwise (a build without
-DDP_PORTABLE=ON links libstdc++ and OpenSSL dynamically). Needs objdump (binutils) and Debian's
-python3-setuptools and python3-wheel."""
+The platform tag is read from every ELF file the wheel ships (the programs and the NCCL profiler
+plugin), so that it is never a claim they do not meet: manylinux_2_NN_x86_64 (PEP 600) when
+every shared library they load is glibc's own (libc, libm, libpthread, libdl, librt, the loader:
+what any system with that glibc has), NN being the newest glibc they need
+(packaging/glibc_floor.py: the version references, GLIBC_2.NN and GLIBC_ABI_DT_RELR);
+linux_x86_64 otherwise (a build without DDP_PORTABLE=ON links libstdc++ and OpenSSL
+dynamically). Needs objdump (binutils) and Debian's python3-setuptools and python3-wheel."""
 import argparse
 import os
 import platform
@@ -21,32 +21,38 @@ import sys
 import tempfile
 
 PROGRAMS = ("ddprun", "ddpstore")
-GLIBC_LIBRARIES = {"libc.so.6", "libm.so.6", "libpthread.so.0", "libdl.so.2", "librt.so.1",
-                   "ld-linux-x86-64.so.2"}
+PLUGIN = "libddprun-nccl-profiler.so"  # in <bin-dir>/../lib, when it was built
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
-from glibc_floor import glibc_floor  # noqa: E402 (packaging/glibc_floor.py)
+from glibc_floor import GLIBC_LIBRARIES, Needs  # noqa: E402 (packaging/glibc_floor.py)
 
 
-def objdump(flag, path):
-    return subprocess.run(["objdump", flag, path], check=True, capture_output=True,
-                          text=True).stdout
+def plugin_path(bin_dir):
+    """ddprun's NCCL profiler plugin beside the programs, or None when it was not built."""
+    path = os.path.join(bin_dir, "..", "lib", PLUGIN)
+    return path if os.path.isfile(path) else None
 
 
-def platform_tag(programs):
-    """manylinux_2_NN_<arch> if the programs qualify, else linux_<arch>; prints why."""
+def shipped_elf_files(bin_dir):
+    """Every ELF file the wheel ships: the programs, and the plugin when it was built."""
+    plugin = plugin_path(bin_dir)
+    return [os.path.join(bin_dir, name) for name in PROGRAMS] + ([plugin] if plugin else [])
+
+
+def platform_tag(files):
+    """manylinux_2_NN_<arch> if the files qualify, else linux_<arch>; prints why."""
     arch = platform.machine()
     newest = (2, 17)  # the oldest manylinux (manylinux2014)
-    for path in programs:
-        needed = set(re.findall(r"^\s*NEEDED\s+(\S+)", objdump("-p", path), re.M))
-        others = sorted(needed - GLIBC_LIBRARIES)
+    for path in files:
+        needs = Needs(path)
+        others = sorted(set(needs.libraries) - GLIBC_LIBRARIES)
         if others:
             print(f"build_wheel: {os.path.basename(path)} loads {', '.join(others)} from the host: "
                   f"tagged linux_{arch} (build with -DDDP_PORTABLE=ON for a manylinux wheel)")
             return f"linux_{arch}"
-        floor, _ = glibc_floor(path)
+        floor, _ = needs.newest("GLIBC")
         newest = max(newest, floor or newest)
-    print(f"build_wheel: the programs need only glibc >= {newest[0]}.{newest[1]}")
+    print(f"build_wheel: the programs and the plugin need only glibc >= {newest[0]}.{newest[1]}")
     return f"manylinux_{newest[0]}_{newest[1]}_{arch}"
 
 
@@ -68,7 +74,7 @@ def main():
         if os.path.isdir(probe_dir) else []
     if "sitecustomize.py" not in probe:
         sys.exit(f"build_wheel: ddprun's Python probe is not in {probe_dir} (build ddprun first)")
-    tag = platform_tag(programs)
+    tag = platform_tag(shipped_elf_files(args.bin_dir))
     dist_dir = os.path.abspath(args.dist_dir)
     os.makedirs(dist_dir, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="ddprun-wheel-") as stage:
@@ -82,8 +88,8 @@ def main():
                 subprocess.run(["strip", "--strip-unneeded", staged], check=True)
         # ddprun's NCCL profiler plugin, beside the programs in <bin-dir>/../lib, goes to
         # <prefix>/lib, where ddprun looks for it (../lib from its own place).
-        plugin = os.path.join(args.bin_dir, "..", "lib", "libddprun-nccl-profiler.so")
-        if os.path.isfile(plugin):
+        plugin = plugin_path(args.bin_dir)
+        if plugin:
             os.mkdir(os.path.join(stage, "plugin"))
             staged = os.path.join(stage, "plugin", os.path.basename(plugin))
             shutil.copy(plugin, staged)

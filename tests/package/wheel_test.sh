@@ -44,11 +44,15 @@ shopt -s nullglob
 wheels=("$scratch"/dist/ddprun-"$version"-py3-none-*.whl)
 ((${#wheels[@]} == 1)) || fail "expected one ddprun-$version-py3-none-*.whl, got: $(ls "$scratch/dist")"
 wheel=${wheels[0]}
-# The tag is honest: manylinux only when the programs load nothing but glibc.
+# The tag is honest: manylinux only when the programs and the plugin load nothing but glibc.
 if [[ $wheel == *manylinux* ]]; then
-  needed=$(objdump -p "$build/bin/ddprun" | awk '$1 == "NEEDED" {print $2}' | sort -u | tr '\n' ' ')
-  grep -q 'libstdc++\|libssl\|libcrypto\|libgcc_s' <<<"$needed" &&
-    fail "tagged manylinux while ddprun loads: $needed"
+  for elf in "$build/bin/ddprun" "$build/bin/ddpstore" "$build/lib/libddprun-nccl-profiler.so"; do
+    [[ -f $elf ]] || continue
+    needed=$(objdump -p "$elf" | awk '$1 == "NEEDED" {print $2}' | sort -u | tr '\n' ' ')
+    if grep -q 'libstdc++\|libssl\|libcrypto\|libgcc_s' <<<"$needed"; then
+      fail "tagged manylinux while ${elf##*/} loads: $needed"
+    fi
+  done
 fi
 
 "$python" -m venv --system-site-packages "$scratch/venv" >"$scratch/venv.log" 2>&1 ||

@@ -50,3 +50,17 @@ TEST_CASE("ranks with the same Python stack are one group, whatever their thread
   CHECK_THAT(text, Catch::Contains("rank 4: no stack: its stderr is a terminal\n"));
   CHECK_THAT(text, !Catch::Contains("0x0"));
 }
+
+TEST_CASE("a rank whose dump has no Python frame had exited, and reads so") {
+  // What faulthandler writes for a process whose Python code has ended (it is exiting).
+  const std::string exiting =
+      "Current thread 0x00007f0000000003 (most recent call first):\n  <no Python frame>\n";
+  std::vector<PythonStack> stacks;
+  stacks.push_back({0, 0, faulthandler_threads(dump_at("train.py", 42, "0x01")), ""});
+  stacks.push_back({1, 1, faulthandler_threads(exiting), ""});
+  const std::string text = group_python_stacks(stacks);
+  INFO(text);
+  CHECK_THAT(text, Catch::StartsWith("1 rank (rank 0): in step (train.py:42)\n"));
+  CHECK_THAT(text, Catch::Contains("rank 1: no stack: it had exited"));
+  CHECK_THAT(text, !Catch::Contains("<no Python frame>"));
+}

@@ -23,6 +23,9 @@ struct SpawnOptions {
   std::vector<int> inherit_fds;   // stay open in the child under their own numbers (the
                                   // collective record page, the Python stack file)
   std::vector<int> cpus;          // the CPUs the child may run on (--numa_binding); empty: all
+  int group_guard_fd = -1;        // the group guard's channel (GroupReaper::channel()): the
+                                  // child sends it its process group before it execs, so that
+                                  // no code of the program runs unguarded; -1: none
 };
 
 // The program could not be started (clone failed, or execve failed in the child).

@@ -753,6 +753,10 @@ def worker_async(port):
     dist.all_reduce(t, async_op=True).wait()
     seen.append(finished())
     dist.all_reduce(t, async_op=True).get_future().wait()
+    # The future's callbacks run on Gloo's thread, which may be just behind this one.
+    deadline = time.monotonic() + 60
+    while finished() < 2 and time.monotonic() < deadline:
+        time.sleep(0.001)  # hands the GIL to that thread: nothing to wait on from here
     seen.append(finished())
     work = dist.all_reduce(t, async_op=True)
     while not work.is_completed():
