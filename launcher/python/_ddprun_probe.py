@@ -530,6 +530,7 @@ class _OpenWorks:
     def __init__(self, recorder):
         self._recorder = recorder
         self.open = {}  # id(work) -> (work, lane, seq (0: a send or recv), p2p or None)
+        self.is_completed = None  # Work.is_completed as PyTorch has it (_wrap_work sets it)
 
     def add(self, work, lane, seq, p2p=None):
         if len(self.open) >= _OPEN_WORKS_MAX:
@@ -540,7 +541,7 @@ class _OpenWorks:
         """Finishes the completed ones (force: every one)."""
         for key, (work, lane, seq, _) in list(self.open.items()):
             try:
-                done = force or work.is_completed()
+                done = force or (self.is_completed or type(work).is_completed)(work)
             except Exception:
                 done = True
             if done and self._recorder.finish(lane, seq):
@@ -582,7 +583,6 @@ class _OpenWorks:
         except Exception as error:
             self._recorder.stop(error)
 
-
     def future_taken(self, work, future):
         """The program took an open Work's future (to wait on it, or chain it): the collective
         is finished when the future completes."""
@@ -592,8 +592,9 @@ class _OpenWorks:
         _, lane, seq, p2p = entry
 
         def done(future):
+            failed = False
             try:
-                failed = future.exception() is not None if hasattr(future, "exception") else False
+                future.value()  # raises the collective's error
             except Exception:
                 failed = True
             self._finished(work, lane, seq, failed)
@@ -612,6 +613,7 @@ def _wrap_work(work_class, works):
     otherwise the methods themselves (one test of a dict)."""
     wait, get_future, is_completed = (work_class.wait, work_class.get_future,
                                       work_class.is_completed)
+    works.is_completed = is_completed
 
     def wait_recorded(self, *args, **kwargs):
         if not works.open:
@@ -661,9 +663,7 @@ _P2P = (SEND, RECV)
 def _op_of(name):
     """The Op of a HookOpName member's name: ours, or OTHER for one we do not know; None for a
     call that is no collective. Coalesced variants are the op they coalesce."""
-    if name in _HOOK_OPS:
-        return _HOOK_OPS[name]
-    return OTHER
+    return _HOOK_OPS.get(name, OTHER)
 
 
 _C10D_MODULE = "torch.distributed.distributed_c10d"
