@@ -33,8 +33,8 @@ endforeach()
 if(TARGET ddprun_nccl_profiler)
   install(TARGETS ddprun_nccl_profiler LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT ddprun)
 endif()
-# ddprun's Python probe (launcher/CMakeLists.txt), read-only for all but its owner.
-list(TRANSFORM DDP_PYTHON_PROBE_FILES PREPEND launcher/ OUTPUT_VARIABLE _ddp_probe_sources)
+# ddprun's Python probe (worker/CMakeLists.txt), read-only for all but its owner.
+list(TRANSFORM DDP_PYTHON_PROBE_FILES PREPEND worker/ OUTPUT_VARIABLE _ddp_probe_sources)
 install(FILES ${_ddp_probe_sources} DESTINATION ${CMAKE_INSTALL_DATADIR}/ddprun/python
   PERMISSIONS OWNER_READ OWNER_WRITE GROUP_READ WORLD_READ COMPONENT ddprun)
 

@@ -1,6 +1,6 @@
 #pragma once
 // Where ddprun's NCCL profiler plugin is, and whether to hand it to the workers. The plugin
-// (launcher/nccl_profiler: libddprun-nccl-profiler.so) is installed in the lib dir beside
+// (worker/nccl_profiler: libddprun-nccl-profiler.so) is installed in the lib dir beside
 // ddprun (<prefix>/<libdir>, or build/lib beside build/bin/ddprun) and records any NCCL
 // program's collectives in its record page; ddprun names it in the workers'
 // NCCL_PROFILER_PLUGIN unless the user named a plugin there (theirs wins). NCCL loads it into

@@ -1,5 +1,5 @@
 #pragma once
-// Where ddprun's Python probe is, and whether to load it. The probe (launcher/python in the
+// Where ddprun's Python probe is, and whether to load it. The probe (worker/python in the
 // source tree: sitecustomize.py and _ddprun_probe.py) is installed beside ddprun, in
 // <prefix>/share/ddprun/python, and ddprun puts that folder first on Python workers'
 // PYTHONPATH. A sitecustomize runs in every Python that sees it, so ddprun loads it only from

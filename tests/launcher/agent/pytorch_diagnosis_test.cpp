@@ -1,4 +1,4 @@
-// PyTorch jobs under ddprun, with its Python probe (launcher/python): a hang is seen and
+// PyTorch jobs under ddprun, with its Python probe (worker/python): a hang is seen and
 // named with the stuck rank's Python stack, a desync is stopped at once, a slow rank is only
 // warned about, a failure stops the others with SIGTERM so that their handlers run, output
 // is never dropped, the probe can be turned off, and the timeline has every rank's

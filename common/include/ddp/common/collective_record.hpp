@@ -18,7 +18,7 @@
 //   destroyed (kClosed: what it left unfinished recorded as failed; the agent still reads a
 //   closed lane); a later communicator on that lane goes on with its numbering. The first claim
 //   fills the rest of the header and publishes it by storing kRecordMagic last. ddprun's
-//   Python probe (launcher/python/_ddprun_probe.py) claims the page by pid when the default
+//   Python probe (worker/python/_ddprun_probe.py) claims the page by pid when the default
 //   process group is made and records it in lane 0; each other process group of which the
 //   rank is a member takes a free lane (up to kExtraLanes; later ones are not recorded), its
 //   `context` the group's c10d name + 1 (names count the groups every rank makes, members or
@@ -228,7 +228,7 @@ struct RecordPage {
   // aborts its NCCL communicators, so that ranks stuck in a collective fail with a reason
   // and exit on their own (an older libddp ignores it).
   std::atomic<std::uint64_t> stop_requested;
-  // Written by ddprun's Python probe (launcher/python), 0 where no probe runs:
+  // Written by ddprun's Python probe (worker/python), 0 where no probe runs:
   std::atomic<std::uint64_t> writer;        // pack_name("torch") when the probe writes the page
   std::atomic<std::uint64_t> stack_signal;  // the signal on which the worker dumps every
                                             // thread's Python stack into the stack file

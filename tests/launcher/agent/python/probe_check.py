@@ -1,4 +1,4 @@
-"""Checks ddprun's Python probe (launcher/python: sitecustomize.py, _ddprun_probe.py) without
+"""Checks ddprun's Python probe (worker/python: sitecustomize.py, _ddprun_probe.py) without
 ddprun: this script plays the agent, making each worker's record page and stack memfd, and reads
 them back once the workers exited. Run it with each PyTorch:
     /usr/bin/python3 tests/launcher/agent/python/probe_check.py
@@ -18,7 +18,7 @@ import tempfile
 import time
 
 CHECKOUT = os.path.realpath(os.path.join(os.path.dirname(__file__), "..", "..", "..", ".."))
-PROBE_FOLDER = os.path.join(CHECKOUT, "launcher", "python")
+PROBE_FOLDER = os.path.join(CHECKOUT, "worker", "python")
 HEADER = os.path.join(CHECKOUT, "common", "include", "ddp", "common", "collective_record.hpp")
 STACK_SIGNAL = signal.SIGRTMIN + 5
 TIMEOUT_S = 120  # per worker: a hang fails the check instead of the run
@@ -238,7 +238,7 @@ def check_job(checks, hooks):
 def check_job_rank(checks, hooks, name, rank, pid, page, out, err):
     checks.expect(not probe_lines(err), name + " says nothing", err)
     report = report_of(out)
-    checks.expect(report["launcher_on_path"] == [], name + ": sys.path holds no launcher/python",
+    checks.expect(report["launcher_on_path"] == [], name + ": sys.path holds no worker/python",
                   report["launcher_on_path"])
     checks.expect(report["pythonpath"] is None, name + ": PYTHONPATH is unset",
                   report["pythonpath"])
@@ -501,7 +501,7 @@ def check_user_sitecustomize(checks):
         checks.expect(report.get("sitecustomize") == user_file,
                       "sys.modules['sitecustomize'] is the user's", report)
         checks.expect(report.get("pythonpath") == folder and report.get("launcher_on_path") == [],
-                      "PYTHONPATH and sys.path without launcher/python", report)
+                      "PYTHONPATH and sys.path without worker/python", report)
 
         with open(user_file, "w") as f:
             f.write("raise ValueError('user bug')\n")
@@ -525,7 +525,7 @@ def check_start_up(checks):
                   "without a user's: sitecustomize as under a plain python", (out, plain.stdout))
 
     # No sitecustomize at all: site.py's own execsitecustomize, with a sys.path holding only
-    # launcher/python (and the modules the probe needs imported before).
+    # worker/python (and the modules the probe needs imported before).
     code = ("import atexit, faulthandler, functools, importlib.util, mmap, site, struct, sys\n"
             "import threading, weakref\n"
             "sys.path[:] = [%r]\n"
