@@ -1,4 +1,4 @@
-"""Checks ddprun's Python probe (worker/python: sitecustomize.py, _ddprun_probe.py) without
+"""Checks ddprun's Python probe (worker/python: sitecustomize.py, _ddprun_probe.py, _ddprun_record.py) without
 ddprun: this script plays the agent, making each worker's record page and stack memfd, and reads
 them back once the workers exited. Run it with each PyTorch:
     /usr/bin/python3 tests/launcher/agent/python/probe_check.py
@@ -688,7 +688,7 @@ def worker_probe_breaks(port):
     sums = []
     for i in range(3):
         if i == 1:  # the probe's slot writer breaks: its next record fails
-            sys.modules["_ddprun_probe"]._SLOT_FIELDS = Broken()
+            sys.modules["_ddprun_record"]._SLOT_FIELDS = Broken()
         t = torch.ones(1)
         dist.all_reduce(t)
         sums.append(t.item())
@@ -792,7 +792,7 @@ def worker_reentry(port):
         calls.append(signum)
 
     signal.signal(signal.SIGUSR1, handler)
-    probe = sys.modules["_ddprun_probe"]
+    probe = sys.modules["_ddprun_record"]  # the page writer
 
     class SignalInWrite:  # sends the signal once while the probe writes a record
         def __init__(self, real):
