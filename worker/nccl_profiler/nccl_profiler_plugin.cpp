@@ -28,6 +28,7 @@
 #include <pthread.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -53,15 +54,22 @@ struct Comm {
   bool refused = false;  // not the page's communicator
 };
 
-// A recorded collective; its address is the handle NCCL keeps, and the parent of its kernel
-// channels' events. Entries live as long as the plugin (never freed, so that a late event
-// never touches freed memory) and are reused by number, like the page's slots.
+// A followed collective or send/receive; its address is the handle NCCL keeps, and the parent
+// of its kernel channels' events. Entries live as long as the plugin (never freed, so that a
+// late event never touches freed memory) and are reused by issue order.
 struct CollEvent {
-  std::uint64_t seq = 0;  // page number; 0: free
-  unsigned expected = 0;  // kernel channels to wait for (0: unknown, any)
-  unsigned seen = 0;      // kernel channels that started
-  unsigned open = 0;      // events still open: the collective's own and its channels'
+  std::uint64_t order = 0;  // issue order among the followed events (1, 2, ...); 0: free
+  std::uint64_t seq = 0;    // the page's collective number; 0: a send or recv (not numbered)
+  unsigned expected = 0;    // kernel channels to wait for (0: unknown, any)
+  unsigned seen = 0;        // kernel channels that started
+  unsigned open = 0;        // events still open: its own and its channels'
   bool started = false;
+  bool no_channels = false;  // NCCL gives it no channel events: done when its own event ends
+  // A send or recv's, for the page's p2p words while it is the oldest not done.
+  Op op = Op::kNone;
+  std::uint64_t bytes = 0;
+  std::uint64_t peer = record::kNoPeer;
+  std::uint64_t queued_ns = 0;
 };
 
 inline constexpr std::uint64_t kEvents = 4 * record::kCollectiveSlots;
@@ -115,6 +123,12 @@ Collective describe(const char* func, const char* datatype, std::size_t count) {
   return c;
 }
 
+std::uint64_t record_now_ns() {
+  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                        std::chrono::steady_clock::now().time_since_epoch())
+                                        .count());
+}
+
 // True in a child forked after the plugin loaded (a data loader worker): the page is the
 // parent's, and the lock may have been copied held, so the child records nothing.
 std::atomic<bool> forked{false};
@@ -126,6 +140,8 @@ class Plugin {
   // The first init opens the page (or finds there is none); later ones reuse the answer.
   bool active() {
     std::call_once(opened_, [this] {
+      job_rank_ = env_int("RANK");
+      job_world_ = env_int("WORLD_SIZE");
       std::string problem;
       if (auto opened = PageWriter::open_from_environment(problem)) {
         writer_.emplace(std::move(*opened));
@@ -140,17 +156,27 @@ class Plugin {
     return writer_.has_value();
   }
 
-  // A collective or p2p began; returns its handle, nullptr when it is not recorded.
-  void* start_collective(Comm& comm, int rank, const Collective& c, unsigned channels) {
+  // A collective or send/receive began (its task was handed to NCCL's stream); returns its
+  // handle, nullptr when it is not followed. A send or recv is not numbered; no_channels: NCCL
+  // will report no kernel channel for it (a send or recv to this rank itself, an empty part):
+  // it is done when its own event ends.
+  void* start_task(Comm& comm, int rank, const Collective& c, unsigned channels, bool p2p,
+                   std::uint64_t peer, bool no_channels) {
     if (forked.load(std::memory_order_relaxed)) return nullptr;
     std::lock_guard lock(mutex_);
     if (comm.refused || !may_record(comm, rank)) return nullptr;
-    const std::uint64_t seq = writer_->on_queued(c.op, c.dtype, c.count, c.bytes);
-    CollEvent& event = events_[seq % kEvents];
-    // kEvents collectives in flight: this one is counted but not followed; `finished` passes
-    // it when a later one finishes.
-    if (event.seq != 0) return nullptr;
-    event = CollEvent{seq, channels, 0, 1, false};
+    const std::uint64_t order = ++issued_;
+    const std::uint64_t seq = p2p ? 0 : writer_->on_queued(c.op, c.dtype, c.count, c.bytes);
+    CollEvent& event = events_[order % kEvents];
+    // kEvents events in flight: this one is counted but not followed; it is done when a later
+    // one is (done_through).
+    if (event.order != 0) return nullptr;
+    event = CollEvent{order, seq, channels, 0, 1, false, no_channels, c.op, c.bytes, peer, 0};
+    if (p2p) {
+      event.queued_ns = record_now_ns();
+      if (p2p_open_ == 0) writer_->on_p2p(event.queued_ns, c.op, c.bytes, peer);
+      ++p2p_open_;
+    }
     return &event;
   }
 
@@ -160,10 +186,10 @@ class Plugin {
     if (forked.load(std::memory_order_relaxed)) return nullptr;
     std::lock_guard lock(mutex_);
     auto& event = *static_cast<CollEvent*>(parent);
-    if (event.seq == 0) return nullptr;
+    if (event.order == 0) return nullptr;
     if (!event.started) {
       event.started = true;
-      writer_->on_started(event.seq);
+      if (event.seq != 0) writer_->on_started(event.seq);
     }
     ++event.seen;
     ++event.open;
@@ -183,17 +209,56 @@ class Plugin {
     std::lock_guard lock(mutex_);
     auto& event =
         *reinterpret_cast<CollEvent*>(reinterpret_cast<std::uintptr_t>(handle) & ~kChannelTag);
-    if (event.seq == 0 || event.open == 0) return;
+    if (event.order == 0 || event.open == 0) return;
     --event.open;
     const bool every_channel =
-        event.seen > 0 && (event.expected == 0 || event.seen >= event.expected);
-    if (event.open == 0 && every_channel) {
-      writer_->on_finished(event.seq);
-      event = CollEvent{};
-    }
+        event.no_channels ||
+        (event.seen > 0 && (event.expected == 0 || event.seen >= event.expected));
+    if (event.open == 0 && every_channel) done_through(event.order);
+  }
+
+  // NCCL's activation mask (init's `eActivationMask`: NCCL reads it at every plan, so
+  // setting it to 0 turns NCCL's profiler path off from then on).
+  void watch_mask(int* mask) {
+    std::lock_guard lock(mutex_);
+    mask_ = mask;
+  }
+
+  // Whether this process's page belongs to another writer (libddp, the Python probe): then no
+  // communicator here records, and NCCL need report nothing.
+  bool page_elsewhere() {
+    std::lock_guard lock(mutex_);
+    return writer_->owned_elsewhere();
   }
 
  private:
+  // Event `order` is done, and so is every earlier one still followed: a communicator's kernels
+  // run in the order NCCL launched them, so one that never reports its end (NCCL has no proxy
+  // work for it) is freed by the next that does. The mutex is held.
+  void done_through(std::uint64_t order) {
+    for (; oldest_ <= order; ++oldest_) {
+      CollEvent& event = events_[oldest_ % kEvents];
+      if (event.order != oldest_) continue;  // not followed, or done already
+      if (event.seq != 0) {
+        if (!event.started) writer_->on_started(event.seq);
+        writer_->on_finished(event.seq);
+      } else if (--p2p_open_ == 0) {
+        writer_->on_p2p(0, Op::kNone, 0, record::kNoPeer);
+      }
+      event = CollEvent{};
+    }
+    // The oldest send or recv still open is the one the page names.
+    if (p2p_open_ > 0) {
+      for (std::uint64_t next = oldest_; next <= issued_; ++next) {
+        const CollEvent& open = events_[next % kEvents];
+        if (open.order == next && open.seq == 0) {
+          writer_->on_p2p(open.queued_ns, open.op, open.bytes, open.peer);
+          break;
+        }
+      }
+    }
+  }
+
   static bool is_channel(void* handle) {
     return (reinterpret_cast<std::uintptr_t>(handle) & kChannelTag) != 0;
   }
@@ -215,16 +280,15 @@ class Plugin {
       return false;
     }
     const int rank = comm.rank >= 0 ? comm.rank : descr_rank;
-    const int world = comm.nranks > 0 ? comm.nranks : env_int("WORLD_SIZE");
-    const int job_rank = env_int("RANK");
-    const int job_world = env_int("WORLD_SIZE");
-    if (comm.nranks > 0 && job_world > 0 && (comm.nranks != job_world || rank != job_rank)) {
+    const int world = comm.nranks > 0 ? comm.nranks : job_world_;
+    if (comm.nranks > 0 && job_world_ > 0 && (comm.nranks != job_world_ || rank != job_rank_)) {
       comm.refused = true;  // a subgroup: wait for the job's communicator
       return false;
     }
     // (True again for the job's next communicator once the first was destroyed.)
     if (!writer_->claim(rank, world)) {
-      comm.refused = true;  // libddp, the probe or another process records here
+      comm.refused = true;  // libddp, the probe or another process records here:
+      if (mask_ != nullptr) __atomic_store_n(mask_, 0, __ATOMIC_RELAXED);  // ask NCCL for none
       return false;
     }
     owner_ = &comm;
@@ -238,8 +302,14 @@ class Plugin {
 
   std::once_flag opened_;
   std::optional<PageWriter> writer_;  // none: no page, the plugin does nothing
+  int job_rank_ = -1;                 // RANK and WORLD_SIZE, read once at the first init (not on
+  int job_world_ = -1;                // NCCL's threads, where a program may be writing environ)
   std::mutex mutex_;                  // every page write and event below
   const Comm* owner_ = nullptr;       // the communicator whose collectives are recorded
+  std::uint64_t issued_ = 0;          // events followed or counted, in issue order
+  std::uint64_t oldest_ = 1;          // every event before it is done
+  std::uint64_t p2p_open_ = 0;        // sends and receives followed and not done
+  int* mask_ = nullptr;               // NCCL's activation mask, once an init gave it
   CollEvent events_[kEvents];
 };
 
@@ -266,15 +336,34 @@ char group_event;
 // starts a group event (type kProfileGroup) around each kernel plan for any of them.
 constexpr int kMask = static_cast<int>(kProfileColl | kProfileP2p | kProfileKernelCh);
 
+// Every entry point NCCL calls: an exception (bad_alloc, a lock's system_error) never leaves
+// the plugin into NCCL's C code; the event is then not recorded.
+template <typename F>
+Result guarded(F&& body) noexcept {
+  try {
+    body();
+  } catch (...) {
+  }
+  return kSuccess;
+}
+
+// NCCL's cost of asking for events falls on every communicator: proxy connections per
+// channel, a proxy operation per channel per collective, a host function in every CUDA-graph
+// plan. So the mask is 0 wherever the plugin will not record: no page (not under ddprun), or
+// a page another writer owns (libddp, the Python probe); and it is set to 0 as soon as the
+// page turns out to be another's.
 Result init_comm(void** context, int* mask, int nranks, int rank) {
   *context = nullptr;
   *mask = 0;
-  if (!plugin().active()) return kSuccess;
-  auto* comm = new (std::nothrow) Comm{rank, nranks, false};
-  if (comm == nullptr) return kSuccess;
-  *context = comm;
-  *mask = kMask;
-  return kSuccess;
+  return guarded([&] {
+    Plugin& p = plugin();
+    if (!p.active() || p.page_elsewhere()) return;
+    auto* comm = new (std::nothrow) Comm{rank, nranks, false};
+    if (comm == nullptr) return;
+    p.watch_mask(mask);
+    *context = comm;
+    *mask = kMask;
+  });
 }
 
 Result finalize(void* context) {
@@ -282,14 +371,13 @@ Result finalize(void* context) {
   // keeps naming this communicator's last collectives, as libddp's does after destroy.)
   if (context == nullptr) return kSuccess;
   auto* comm = static_cast<Comm*>(context);
-  plugin().forget(*comm);
+  guarded([&] { plugin().forget(*comm); });
   delete comm;
   return kSuccess;
 }
 
 Result stop_event(void* handle) {
-  plugin().stop(handle);
-  return kSuccess;
+  return guarded([&] { plugin().stop(handle); });
 }
 
 Result record_event_state(void*, int, EventStateArgs*) { return kSuccess; }
@@ -301,27 +389,34 @@ template <bool kCountsChannels, typename Descr>
 Result start_event(void* context, void** handle, Descr* descr) {
   *handle = nullptr;
   if (context == nullptr || descr == nullptr) return kSuccess;
-  auto& comm = *static_cast<Comm*>(context);
-  const auto type = static_cast<std::uint64_t>(descr->type);
-  if (type == kProfileColl) {
-    unsigned channels = 0;
-    if constexpr (kCountsChannels) channels = descr->coll.nChannels;
-    *handle = plugin().start_collective(
-        comm, descr->rank, describe(descr->coll.func, descr->coll.datatype, descr->coll.count),
-        channels);
-  } else if (type == kProfileP2p) {
-    unsigned channels = 0;
-    if constexpr (kCountsChannels) channels = descr->p2p.nChannels;
-    *handle = plugin().start_collective(
-        comm, descr->rank, describe(descr->p2p.func, descr->p2p.datatype, descr->p2p.count),
-        channels);
-  } else if (type == kProfileKernelCh) {
-    *handle = plugin().start_channel(descr->parentObj);
-  } else if (type == kProfileGroup) {
-    // NCCL 2.26 and 2.27 report a plan's collectives only under a group event with a handle.
-    *handle = &group_event;
-  }
-  return kSuccess;
+  return guarded([&] {
+    auto& comm = *static_cast<Comm*>(context);
+    const auto type = static_cast<std::uint64_t>(descr->type);
+    if (type == kProfileColl) {
+      unsigned channels = 0;
+      if constexpr (kCountsChannels) channels = descr->coll.nChannels;
+      *handle = plugin().start_task(
+          comm, descr->rank, describe(descr->coll.func, descr->coll.datatype, descr->coll.count),
+          channels, false, record::kNoPeer, false);
+    } else if (type == kProfileP2p) {
+      unsigned channels = 0;
+      if constexpr (kCountsChannels) channels = descr->p2p.nChannels;
+      // NCCL gives a send or recv to this rank itself no proxy work, nor an empty part (after
+      // its rounding): no kernel channel event will come for those.
+      const bool self = descr->p2p.peer == descr->rank;
+      const bool no_channels = self || descr->p2p.count == 0 || (kCountsChannels && channels == 0);
+      const std::uint64_t peer =
+          descr->p2p.peer >= 0 ? static_cast<std::uint64_t>(descr->p2p.peer) : record::kNoPeer;
+      *handle = plugin().start_task(
+          comm, descr->rank, describe(descr->p2p.func, descr->p2p.datatype, descr->p2p.count),
+          channels, true, peer, no_channels);
+    } else if (type == kProfileKernelCh) {
+      *handle = plugin().start_channel(descr->parentObj);
+    } else if (type == kProfileGroup) {
+      // NCCL 2.26 and 2.27 report a plan's collectives only under a group event with a handle.
+      *handle = &group_event;
+    }
+  });
 }
 
 Result init_v3(void** context, int* mask) { return init_comm(context, mask, 0, -1); }

@@ -153,4 +153,21 @@ void PageWriter::on_finished(std::uint64_t seq) {
   }
 }
 
+void PageWriter::on_p2p(std::uint64_t since_ns, Op op, std::uint64_t bytes, std::uint64_t peer) {
+  if (since_ns != 0) {
+    page_->p2p_op.store(static_cast<std::uint64_t>(op), std::memory_order_relaxed);
+    page_->p2p_bytes.store(bytes, std::memory_order_relaxed);
+    page_->p2p_peer.store(peer, std::memory_order_relaxed);
+  }
+  page_->p2p_since_ns.store(since_ns, std::memory_order_release);  // last: the reader's key
+}
+
+bool PageWriter::owned_elsewhere() const {
+  if (claimed_) return false;
+  const std::uint64_t owner = page_->pid.load(std::memory_order_acquire);
+  if (owner == 0) return false;
+  return owner != static_cast<std::uint64_t>(getpid()) ||
+         page_->writer.load(std::memory_order_relaxed) != pack_name(kWriterName);
+}
+
 }  // namespace ddp::nccl_profiler

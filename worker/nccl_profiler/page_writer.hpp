@@ -52,6 +52,14 @@ class PageWriter {
   void on_started(std::uint64_t seq);
   // Collective `seq` completed (its kernel finished on every channel).
   void on_finished(std::uint64_t seq);
+  // The oldest send or recv not yet done (sends and receives are not numbered: one rank's
+  // send meets one rank's recv, and ranks send and receive unevenly), issued at since_ns;
+  // since_ns 0: none.
+  void on_p2p(std::uint64_t since_ns, record::Op op, std::uint64_t bytes, std::uint64_t peer);
+
+  // Whether another writer (libddp, the Python probe, another process) owns the page: then
+  // no communicator of this process will record.
+  bool owned_elsewhere() const;
 
   const record::RecordPage& page() const { return *page_; }
 

@@ -221,7 +221,7 @@ TEST_CASE(
         for (std::size_t i = 0; i < kCollectives.size(); ++i) {
           // At most half the page in flight, so that every slot is written (a slot whose
           // collective has not finished is not reused).
-          const std::uint64_t issued = round * kCollectives.size() + i;
+          const std::uint64_t issued = round * kCollectives.size() + i;  // sends too
           while (issued >= mapping.page().finished.load() + kCollectiveSlots / 2) {
             std::this_thread::yield();
           }
@@ -251,13 +251,20 @@ TEST_CASE(
   CHECK(page.world_size.load() == 2);
   CHECK(unpack_name(page.backend.load()) == "nccl");
   CHECK(unpack_name(page.writer.load()) == "ncclprof");
-  const std::uint64_t total = kRounds * kCollectives.size();
+  // Sends and receives are not numbered (issue 28: ranks send and receive unevenly, which
+  // would set their collective numbers apart); every other one is.
+  std::vector<Expected> numbered;
+  for (const Expected& e : kCollectives) {
+    if (!is_p2p(e)) numbered.push_back(e);
+  }
+  const std::uint64_t total = kRounds * numbered.size();
   CHECK(page.queued.load() == total);
   CHECK(page.started.load() == total);
   CHECK(page.finished.load() == total);
+  CHECK(page.p2p_since_ns.load() == 0);  // every send and recv done
   // The last kCollectiveSlots collectives are on the page, each with its own slot.
   for (std::uint64_t seq = total - kCollectiveSlots + 1; seq <= total; ++seq) {
-    const Expected& e = kCollectives[(seq - 1) % kCollectives.size()];
+    const Expected& e = numbered[(seq - 1) % numbered.size()];
     const Slot s = slot_of(page, seq);
     INFO("collective " << seq << " (" << e.func << ")");
     CHECK(s.seq == seq);
@@ -420,8 +427,11 @@ TEST_CASE("nccl profiler: a page libddp or the Python probe claimed is left to t
   LoadedPlugin loaded;
   const auto& plugin = loaded.get<ProfilerV5>(kSymbolV5);
   void* context = nullptr;
-  int mask = 0;
+  int mask = -1;
   REQUIRE(plugin.init(&context, 1, &mask, "job", 1, 2, 0, nullptr) == kSuccess);
+  // Issue 28: asking NCCL for events turns on its profiler path in every communicator (proxy
+  // work per channel, per collective): not for a page the plugin will not write.
+  CHECK(mask == 0);
   EventDescrV5 descr = descr_v5(kCollectives[0], 0, 0, 1);
   void* handle = nullptr;
   REQUIRE(plugin.startEvent(context, &handle, &descr) == kSuccess);
@@ -499,4 +509,159 @@ TEST_CASE("nccl profiler: once the job's communicator is destroyed, its successo
     REQUIRE(plugin.finalize(context) == kSuccess);
   }
   CHECK(mapping.page().queued.load() == 2);
+}
+
+// Issue 28: the page is claimed by libddp or the probe after NCCL made the communicator (libddp
+// attaches right after ncclCommInitRank): the plugin's first collective finds it taken, and
+// turns NCCL's events off from then on.
+TEST_CASE("nccl profiler: a page claimed by another writer after init turns NCCL's events off") {
+  ddp::launcher::RecordMapping mapping;
+  WorkerEnvironment env(&mapping, 0, 2);
+  LoadedPlugin loaded;
+  const auto& plugin = loaded.get<ProfilerV5>(kSymbolV5);
+  void* context = nullptr;
+  int mask = 0;  // NCCL's global mask, which the plugin may change later
+  REQUIRE(plugin.init(&context, 1, &mask, "job", 1, 2, 0, nullptr) == kSuccess);
+  CHECK(mask != 0);
+  void* words =
+      mmap(nullptr, sizeof(RecordPage), PROT_READ | PROT_WRITE, MAP_SHARED, mapping.fd(), 0);
+  REQUIRE(words != MAP_FAILED);
+  static_cast<RecordPage*>(words)->pid.store(static_cast<std::uint64_t>(getpid()));
+  static_cast<RecordPage*>(words)->writer.store(pack_name("libddp"));
+  EventDescrV5 descr = descr_v5(kCollectives[0], 0, 0, 1);
+  void* handle = nullptr;
+  REQUIRE(plugin.startEvent(context, &handle, &descr) == kSuccess);
+  CHECK(handle == nullptr);
+  CHECK(mask == 0);
+  REQUIRE(plugin.finalize(context) == kSuccess);
+  munmap(words, sizeof(RecordPage));
+}
+
+namespace {
+
+// A send/recv pair to this rank itself, as PyTorch's all_to_all issues one per call: NCCL
+// reports the tasks but no kernel channel for them (it gives them no proxy work).
+void self_exchange(const ProfilerV5& plugin, void* context, int rank) {
+  for (const char* func : {"Send", "Recv"}) {
+    EventDescrV5 descr{};
+    descr.type = kProfileP2p;
+    descr.rank = rank;
+    descr.p2p.func = func;
+    descr.p2p.datatype = "ncclFloat32";
+    descr.p2p.count = 1024;
+    descr.p2p.peer = rank;
+    descr.p2p.nChannels = 1;
+    void* handle = nullptr;
+    REQUIRE(plugin.startEvent(context, &handle, &descr) == kSuccess);
+    REQUIRE(handle != nullptr);
+    REQUIRE(plugin.stopEvent(handle) == kSuccess);
+  }
+}
+
+// A collective whose kernel runs on `channels` channels, reported as NCCL's proxy thread does.
+void collective_with_channels(const ProfilerV5& plugin, void* context, int rank, int channels,
+                              bool end_channels = true) {
+  EventDescrV5 descr = descr_v5(kCollectives[0], rank, 0, static_cast<std::uint8_t>(channels));
+  void* handle = nullptr;
+  REQUIRE(plugin.startEvent(context, &handle, &descr) == kSuccess);
+  REQUIRE(plugin.stopEvent(handle) == kSuccess);
+  std::vector<void*> started;
+  for (int c = 0; c < channels; ++c) {
+    EventDescrV5 channel{};
+    channel.type = kProfileKernelCh;
+    channel.parentObj = handle;
+    void* channel_handle = nullptr;
+    REQUIRE(plugin.startEvent(context, &channel_handle, &channel) == kSuccess);
+    started.push_back(channel_handle);
+  }
+  if (!end_channels) return;
+  for (void* h : started) REQUIRE(plugin.stopEvent(h) == kSuccess);
+}
+
+}  // namespace
+
+// Issue 28: a send/recv to itself never got a channel event, so its record never finished and
+// its entry was never freed: after 1,024 of them the plugin followed nothing more, and
+// `finished` stopped while `queued` grew (a hang verdict on a healthy MoE job).
+TEST_CASE("nccl profiler: 5,000 steps of all_to_all to itself leave nothing open") {
+  ddp::launcher::RecordMapping mapping;
+  WorkerEnvironment env(&mapping, 0, 2);
+  LoadedPlugin loaded;
+  const auto& plugin = loaded.get<ProfilerV5>(kSymbolV5);
+  void* context = nullptr;
+  int mask = 0;
+  REQUIRE(plugin.init(&context, 1, &mask, "job", 1, 2, 0, nullptr) == kSuccess);
+  const RecordPage& page = mapping.page();
+  for (int step = 1; step <= 5000; ++step) {
+    self_exchange(plugin, context, 0);
+    collective_with_channels(plugin, context, 0, 2);
+    if (page.finished.load() != static_cast<std::uint64_t>(step)) {
+      FAIL("step " << step << ": queued " << page.queued.load() << ", finished "
+                   << page.finished.load());
+    }
+  }
+  CHECK(page.queued.load() == 5000);
+  CHECK(page.started.load() == 5000);
+  CHECK(page.p2p_since_ns.load() == 0);  // no send or recv open
+  REQUIRE(plugin.finalize(context) == kSuccess);
+}
+
+TEST_CASE("nccl profiler: an empty send part (0 elements) is done when NCCL stops it") {
+  ddp::launcher::RecordMapping mapping;
+  WorkerEnvironment env(&mapping, 0, 2);
+  LoadedPlugin loaded;
+  const auto& plugin = loaded.get<ProfilerV5>(kSymbolV5);
+  void* context = nullptr;
+  int mask = 0;
+  REQUIRE(plugin.init(&context, 1, &mask, "job", 1, 2, 0, nullptr) == kSuccess);
+  EventDescrV5 descr{};
+  descr.type = kProfileP2p;
+  descr.rank = 0;
+  descr.p2p.func = "Send";
+  descr.p2p.datatype = "ncclFloat32";
+  descr.p2p.count = 0;
+  descr.p2p.peer = 1;
+  descr.p2p.nChannels = 0;
+  void* handle = nullptr;
+  REQUIRE(plugin.startEvent(context, &handle, &descr) == kSuccess);
+  const RecordPage& page = mapping.page();
+  CHECK(page.p2p_since_ns.load() != 0);  // queued, not done
+  REQUIRE(plugin.stopEvent(handle) == kSuccess);
+  CHECK(page.p2p_since_ns.load() == 0);
+  CHECK(page.queued.load() == 0);  // not numbered
+  REQUIRE(plugin.finalize(context) == kSuccess);
+}
+
+TEST_CASE(
+    "nccl profiler: a send to a peer is named in the page while its kernel runs, not numbered, "
+    "and a later collective's end frees what came before") {
+  ddp::launcher::RecordMapping mapping;
+  WorkerEnvironment env(&mapping, 0, 2);
+  LoadedPlugin loaded;
+  const auto& plugin = loaded.get<ProfilerV5>(kSymbolV5);
+  void* context = nullptr;
+  int mask = 0;
+  REQUIRE(plugin.init(&context, 1, &mask, "job", 1, 2, 0, nullptr) == kSuccess);
+  const RecordPage& page = mapping.page();
+  EventDescrV5 send{};
+  send.type = kProfileP2p;
+  send.rank = 0;
+  send.p2p.func = "Send";
+  send.p2p.datatype = "ncclInt8";
+  send.p2p.count = 64;
+  send.p2p.peer = 1;
+  send.p2p.nChannels = 2;
+  void* handle = nullptr;
+  REQUIRE(plugin.startEvent(context, &handle, &send) == kSuccess);
+  REQUIRE(plugin.stopEvent(handle) == kSuccess);  // enqueued; its channels never report
+  CHECK(page.p2p_since_ns.load() != 0);
+  CHECK(page.p2p_op.load() == static_cast<std::uint64_t>(Op::kSend));
+  CHECK(page.p2p_bytes.load() == 64);
+  CHECK(page.p2p_peer.load() == 1);
+  CHECK(page.queued.load() == 0);
+  // The next collective's kernel ends: NCCL ran the send before it.
+  collective_with_channels(plugin, context, 0, 1);
+  CHECK(page.finished.load() == 1);
+  CHECK(page.p2p_since_ns.load() == 0);
+  REQUIRE(plugin.finalize(context) == kSuccess);
 }
