@@ -27,7 +27,9 @@ struct NcclProfilerPlugin {
 
 // The plugin beside `program` (ddprun's own path): <program's folder>/../lib or
 // ../<install libdir>, canonical. Empty, silently, when env names a plugin already or has
-// DDPRUN_NCCL_PROFILER=0; empty with a notice when it is missing or untrusted for `user`
+// DDPRUN_NCCL_PROFILER=0; empty with a notice when NCCL would load another profiler plugin
+// without NCCL_PROFILER_PLUGIN (a libnccl-profiler.so the worker's loader finds, or a net
+// plugin that exports one), or when ours is missing or untrusted for `user`
 // (trusted_path.hpp: the file, or a folder on the way to it, could be changed by another user).
 NcclProfilerPlugin find_nccl_profiler(const std::filesystem::path& program,
                                       const std::map<std::string, std::string>& env, uid_t user);

@@ -97,3 +97,33 @@ TEST_CASE("nccl profiler lookup: a missing plugin is said once") {
   CHECK(found.path.empty());
   CHECK(found.notice.find("is missing") != std::string::npos);
 }
+
+// Issue 28: with NCCL_PROFILER_PLUGIN unset NCCL loads libnccl-profiler.so, or a profiler the
+// net plugin exports; ddprun naming its own silently displaced the user's.
+TEST_CASE("nccl profiler lookup: a profiler NCCL would load without the variable is left alone") {
+  Installation install;
+  ddp::test::TempDir libs;
+  const std::string search = libs.path().string();
+  SECTION("a libnccl-profiler.so on LD_LIBRARY_PATH") {
+    std::ofstream(libs.path() / "libnccl-profiler.so") << "a profiler";
+    const auto found = find_nccl_profiler(install.program,
+                                          {{"LD_LIBRARY_PATH", "/nowhere:" + search}}, ::geteuid());
+    CHECK(found.path.empty());
+    CHECK_THAT(found.notice, Catch::Contains((libs.path() / "libnccl-profiler.so").string()) &&
+                                 Catch::Contains("leaves NCCL_PROFILER_PLUGIN unset"));
+  }
+  SECTION("a net plugin (NCCL_NET_PLUGIN) that exports ncclProfiler_v5") {
+    std::ofstream(libs.path() / "libnccl-net-ofi.so") << "...ncclNet_v9...ncclProfiler_v5...";
+    const auto found = find_nccl_profiler(
+        install.program, {{"LD_LIBRARY_PATH", search}, {"NCCL_NET_PLUGIN", "ofi"}}, ::geteuid());
+    CHECK(found.path.empty());
+    CHECK_THAT(found.notice, Catch::Contains("libnccl-net-ofi.so"));
+  }
+  SECTION("a net plugin without a profiler does not count") {
+    std::ofstream(libs.path() / "libnccl-net.so") << "...ncclNet_v9...";
+    const auto found =
+        find_nccl_profiler(install.program, {{"LD_LIBRARY_PATH", search}}, ::geteuid());
+    CHECK(found.path == install.plugin);
+    CHECK(found.notice.empty());
+  }
+}
