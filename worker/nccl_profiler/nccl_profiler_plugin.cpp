@@ -281,7 +281,9 @@ class Plugin {
     }
     const int rank = comm.rank >= 0 ? comm.rank : descr_rank;
     const int world = comm.nranks > 0 ? comm.nranks : job_world_;
-    if (comm.nranks > 0 && job_world_ > 0 && (comm.nranks != job_world_ || rank != job_rank_)) {
+    // v3 tells no communicator size: a rank other than the job's is a subgroup's at least.
+    if ((comm.nranks > 0 && job_world_ > 0 && comm.nranks != job_world_) ||
+        (job_rank_ >= 0 && rank != job_rank_)) {
       comm.refused = true;  // a subgroup: wait for the job's communicator
       return false;
     }

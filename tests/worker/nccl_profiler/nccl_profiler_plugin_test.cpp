@@ -371,6 +371,20 @@ TEST_CASE("nccl profiler: interface v4 and v3 record as v5 does") {
     const auto& plugin = loaded.get<ProfilerV3>(kSymbolV3);
     void* context = nullptr;
     int mask = 0;
+    // Issue 28: a subgroup's communicator, whose first collective comes first, once claimed
+    // the page with its own rank (1 of 2) as the job's.
+    void* subgroup = nullptr;
+    REQUIRE(plugin.init(&subgroup, &mask) == kSuccess);
+    EventDescrV3 sub{};
+    sub.type = kProfileColl;
+    sub.rank = 1;
+    sub.coll.func = "AllReduce";
+    sub.coll.datatype = "ncclFloat32";
+    sub.coll.count = 4;
+    void* sub_handle = nullptr;
+    REQUIRE(plugin.startEvent(subgroup, &sub_handle, &sub) == kSuccess);
+    CHECK(sub_handle == nullptr);
+    CHECK(mapping.page().magic.load() == 0);
     REQUIRE(plugin.init(&context, &mask) == kSuccess);
     EventDescrV3 descr{};
     descr.type = kProfileColl;
@@ -394,6 +408,7 @@ TEST_CASE("nccl profiler: interface v4 and v3 record as v5 does") {
     CHECK(page.finished.load() == 1);
     CHECK(slot_of(page, 1).op == static_cast<std::uint64_t>(Op::kBroadcast));
     REQUIRE(plugin.finalize(context) == kSuccess);
+    REQUIRE(plugin.finalize(subgroup) == kSuccess);
   }
 }
 
