@@ -28,7 +28,6 @@
 #include <pthread.h>
 
 #include <atomic>
-#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -123,12 +122,6 @@ Collective describe(const char* func, const char* datatype, std::size_t count) {
   return c;
 }
 
-std::uint64_t record_now_ns() {
-  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                        std::chrono::steady_clock::now().time_since_epoch())
-                                        .count());
-}
-
 // True in a child forked after the plugin loaded (a data loader worker): the page is the
 // parent's, and the lock may have been copied held, so the child records nothing.
 std::atomic<bool> forked{false};
@@ -173,7 +166,7 @@ class Plugin {
     if (event.order != 0) return nullptr;
     event = CollEvent{order, seq, channels, 0, 1, false, no_channels, c.op, c.bytes, peer, 0};
     if (p2p) {
-      event.queued_ns = record_now_ns();
+      event.queued_ns = record::now_ns();
       if (p2p_open_ == 0) writer_->on_p2p(event.queued_ns, c.op, c.bytes, peer);
       ++p2p_open_;
     }

@@ -16,15 +16,6 @@ namespace {
 
 using namespace ddp::record;
 
-static_assert(std::atomic<std::uint64_t>::is_always_lock_free,
-              "the record page is shared between processes: its atomics must be lock-free");
-
-std::uint64_t now_ns() {
-  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                        std::chrono::steady_clock::now().time_since_epoch())
-                                        .count());
-}
-
 }  // namespace
 
 std::optional<PageWriter> PageWriter::open_from_environment(std::string& problem) {

@@ -41,6 +41,7 @@
 // clock in every process of a node: the agent compares them with its own.
 
 #include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -142,6 +143,16 @@ inline std::string unpack_name(std::uint64_t word) {
     name += c;
   }
   return name;
+}
+
+// The page is shared between processes: its atomics must be lock-free.
+static_assert(std::atomic<std::uint64_t>::is_always_lock_free);
+
+// Now on the records' clock (CLOCK_MONOTONIC: std::chrono::steady_clock on Linux), in ns.
+inline std::uint64_t now_ns() {
+  return static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                        std::chrono::steady_clock::now().time_since_epoch())
+                                        .count());
 }
 
 inline constexpr std::uint64_t kNoBucket = ~0ull;
