@@ -457,6 +457,60 @@ def check_async(checks):
                   "async: every one finished", h)
 
 
+def check_nccl_left_to_plugin(checks):
+    """A job whose default group is NCCL is not the probe's (a NCCL Work's future completes at
+    enqueue: the NCCL profiler plugin records it, claiming the page itself); a Gloo job's NCCL
+    subgroup takes no lane. Driven through the probe's group watch with stand-ins for c10d
+    (no NCCL here)."""
+    import types
+
+    sys.path.insert(0, PROBE_FOLDER)
+    try:
+        import _ddprun_probe
+        import _ddprun_record
+    finally:
+        sys.path.remove(PROBE_FOLDER)
+
+    class Group:
+        def __init__(self, name, rank=0, size=2):
+            self.group_name, self._rank, self._size = name, rank, size
+
+        def rank(self):
+            return self._rank
+
+        def size(self):
+            return self._size
+
+    def run(backends):
+        """Makes one group per backend (the first the default); returns the page's words."""
+        page = Page()
+        probe = _ddprun_probe._Probe(_ddprun_record.Recorder(_ddprun_record._map_page(page.fd)))
+        made = []
+
+        def helper(group_size, group_rank, global_ranks_in_group, backend, store,
+                   group_name=None, backend_options=None, timeout=None):
+            made.append(Group(group_name))
+            return made[-1]
+
+        c10d = types.SimpleNamespace(
+            _new_process_group_helper=helper, is_initialized=lambda: bool(made[1:]),
+            _get_default_group=lambda: made[0])
+        dist = types.SimpleNamespace(ProcessGroup=Group)
+        _ddprun_probe._watch_groups(probe, dist, c10d)
+        for number, backend in enumerate(backends):
+            c10d._new_process_group_helper(2, 0, [0, 1], backend, None, group_name=str(number))
+        return page.header(), page.lanes()
+
+    h, lanes = run(["nccl", "gloo"])
+    checks.expect(h["pid"] == 0 and h["magic"] == 0 and not lanes,
+                  "a NCCL default group: the page is left to the NCCL plugin", (h, lanes))
+    h, lanes = run(["cpu:gloo,cuda:nccl"])
+    checks.expect(h["pid"] == 0, "cpu:gloo,cuda:nccl: the page is left to the NCCL plugin", h)
+    h, lanes = run(["gloo", "nccl", "gloo"])
+    checks.expect(h["pid"] == os.getpid() and sorted(lanes) == [3],
+                  "a Gloo job: its NCCL subgroup takes no lane, its Gloo one does", (h, lanes))
+
+
 def check_stack_signal(checks):
     """A worker that never imports torch: the signal dumps its stacks and it goes on; the page
     holds nothing but stack_signal."""
@@ -566,6 +620,7 @@ def main():
     check_subgroups(checks, hooks)
     check_p2p_wait(checks)
     check_async(checks)
+    check_nccl_left_to_plugin(checks)
     check_job(checks, hooks)
     print("%d failed" % checks.failed if checks.failed else "all passed")
     return 1 if checks.failed else 0
