@@ -10,6 +10,7 @@
 #include <csignal>
 #include <cstring>
 #include <fstream>
+#include <memory>
 #include <sstream>
 #include <stdexcept>
 
@@ -187,13 +188,21 @@ bool wait_for_process_exit(pid_t pid, milliseconds timeout) {
 
 std::vector<pid_t> live_processes_in_group(pid_t pgid) {
   std::vector<pid_t> pids;
-  DIR* proc = ::opendir("/proc");
+  std::unique_ptr<DIR, int (*)(DIR*)> proc(::opendir("/proc"), ::closedir);
   if (!proc) return pids;
-  while (dirent* entry = ::readdir(proc)) {
+  while (dirent* entry = ::readdir(proc.get())) {
     pid_t pid = static_cast<pid_t>(std::atoi(entry->d_name));
     if (pid <= 0) continue;
-    std::ifstream stat("/proc/" + std::string(entry->d_name) + "/stat");
-    std::string text((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+    // read(2), not a stream: a process that exits while it is read fails the read with ESRCH,
+    // which libstdc++'s filebuf turns into an exception.
+    std::string text;
+    const int fd = ::open(("/proc/" + std::string(entry->d_name) + "/stat").c_str(), O_RDONLY);
+    if (fd < 0) continue;
+    char buffer[1024];
+    const ssize_t n = ::read(fd, buffer, sizeof buffer);
+    ::close(fd);
+    if (n <= 0) continue;
+    text.assign(buffer, static_cast<std::size_t>(n));
     auto close_paren = text.rfind(')');
     if (close_paren == std::string::npos) continue;
     std::istringstream fields(text.substr(close_paren + 2));
@@ -202,7 +211,6 @@ std::vector<pid_t> live_processes_in_group(pid_t pgid) {
     fields >> state >> ppid >> group;
     if (group == pgid && state != 'Z' && state != 'X') pids.push_back(pid);
   }
-  ::closedir(proc);
   return pids;
 }
 
