@@ -170,6 +170,18 @@ EventDescrV5 descr_v5(const Expected& e, int rank, std::uint64_t seq, std::uint8
   return descr;
 }
 
+// Rank 0 of a job of 2 under ddprun (its page and environment), the plugin loaded and its
+// communicator made through interface v5, as most cases start.
+struct RankZeroOfTwo {
+  ddp::launcher::RecordMapping mapping;
+  WorkerEnvironment env{&mapping, 0, 2};
+  LoadedPlugin loaded;
+  const ProfilerV5& plugin = loaded.get<ProfilerV5>(kSymbolV5);
+  void* context = nullptr;
+  int mask = 0;  // NCCL's activation mask, which the plugin may change later
+  RankZeroOfTwo() { REQUIRE(plugin.init(&context, 1, &mask, "job", 1, 2, 0, nullptr) == kSuccess); }
+};
+
 struct Slot {
   std::uint64_t seq, op, dtype, count, bytes, queued_ns, started_ns, finished_ns;
 };
@@ -282,13 +294,8 @@ TEST_CASE(
 TEST_CASE(
     "nccl profiler: a collective starts with its kernel and finishes only when every "
     "channel and its own event ended") {
-  ddp::launcher::RecordMapping mapping;
-  WorkerEnvironment env(&mapping, 0, 2);
-  LoadedPlugin loaded;
-  const auto& plugin = loaded.get<ProfilerV5>(kSymbolV5);
-  void* context = nullptr;
-  int mask = 0;
-  REQUIRE(plugin.init(&context, 1, &mask, "job", 1, 2, 0, nullptr) == kSuccess);
+  RankZeroOfTwo job;
+  [[maybe_unused]] auto& [mapping, env, loaded, plugin, context, mask] = job;
   const RecordPage& page = mapping.page();
 
   EventDescrV5 coll = descr_v5(kCollectives[0], 0, 0, 2);
@@ -530,13 +537,8 @@ TEST_CASE("nccl profiler: once the job's communicator is destroyed, its successo
 // attaches right after ncclCommInitRank): the plugin's first collective finds it taken, and
 // turns NCCL's events off from then on.
 TEST_CASE("nccl profiler: a page claimed by another writer after init turns NCCL's events off") {
-  ddp::launcher::RecordMapping mapping;
-  WorkerEnvironment env(&mapping, 0, 2);
-  LoadedPlugin loaded;
-  const auto& plugin = loaded.get<ProfilerV5>(kSymbolV5);
-  void* context = nullptr;
-  int mask = 0;  // NCCL's global mask, which the plugin may change later
-  REQUIRE(plugin.init(&context, 1, &mask, "job", 1, 2, 0, nullptr) == kSuccess);
+  RankZeroOfTwo job;
+  [[maybe_unused]] auto& [mapping, env, loaded, plugin, context, mask] = job;
   CHECK(mask != 0);
   void* words =
       mmap(nullptr, sizeof(RecordPage), PROT_READ | PROT_WRITE, MAP_SHARED, mapping.fd(), 0);
@@ -599,13 +601,8 @@ void collective_with_channels(const ProfilerV5& plugin, void* context, int rank,
 // its entry was never freed: after 1,024 of them the plugin followed nothing more, and
 // `finished` stopped while `queued` grew (a hang verdict on a healthy MoE job).
 TEST_CASE("nccl profiler: 5,000 steps of all_to_all to itself leave nothing open") {
-  ddp::launcher::RecordMapping mapping;
-  WorkerEnvironment env(&mapping, 0, 2);
-  LoadedPlugin loaded;
-  const auto& plugin = loaded.get<ProfilerV5>(kSymbolV5);
-  void* context = nullptr;
-  int mask = 0;
-  REQUIRE(plugin.init(&context, 1, &mask, "job", 1, 2, 0, nullptr) == kSuccess);
+  RankZeroOfTwo job;
+  [[maybe_unused]] auto& [mapping, env, loaded, plugin, context, mask] = job;
   const RecordPage& page = mapping.page();
   for (int step = 1; step <= 5000; ++step) {
     self_exchange(plugin, context, 0);
@@ -622,13 +619,8 @@ TEST_CASE("nccl profiler: 5,000 steps of all_to_all to itself leave nothing open
 }
 
 TEST_CASE("nccl profiler: an empty send part (0 elements) is done when NCCL stops it") {
-  ddp::launcher::RecordMapping mapping;
-  WorkerEnvironment env(&mapping, 0, 2);
-  LoadedPlugin loaded;
-  const auto& plugin = loaded.get<ProfilerV5>(kSymbolV5);
-  void* context = nullptr;
-  int mask = 0;
-  REQUIRE(plugin.init(&context, 1, &mask, "job", 1, 2, 0, nullptr) == kSuccess);
+  RankZeroOfTwo job;
+  [[maybe_unused]] auto& [mapping, env, loaded, plugin, context, mask] = job;
   EventDescrV5 descr{};
   descr.type = kProfileP2p;
   descr.rank = 0;
@@ -650,13 +642,8 @@ TEST_CASE("nccl profiler: an empty send part (0 elements) is done when NCCL stop
 TEST_CASE(
     "nccl profiler: a send to a peer is named in the page while its kernel runs, not numbered, "
     "and a later collective's end frees what came before") {
-  ddp::launcher::RecordMapping mapping;
-  WorkerEnvironment env(&mapping, 0, 2);
-  LoadedPlugin loaded;
-  const auto& plugin = loaded.get<ProfilerV5>(kSymbolV5);
-  void* context = nullptr;
-  int mask = 0;
-  REQUIRE(plugin.init(&context, 1, &mask, "job", 1, 2, 0, nullptr) == kSuccess);
+  RankZeroOfTwo job;
+  [[maybe_unused]] auto& [mapping, env, loaded, plugin, context, mask] = job;
   const RecordPage& page = mapping.page();
   EventDescrV5 send{};
   send.type = kProfileP2p;
