@@ -116,7 +116,31 @@ std::string start_failure_text(const LaunchConfig& config, const fs::path& log_r
 ProcessWorkerGroup::ProcessWorkerGroup(boost::asio::io_context& io,
                                        ProcessWorkerGroupOptions options, ConsoleWriter& console,
                                        GroupReaper& reaper)
-    : io_(io), options_(std::move(options)), console_(console), reaper_(reaper), stacks_(io) {}
+    : io_(io), options_(std::move(options)), console_(console), reaper_(reaper), stacks_(io) {
+  WarmStarterOptions warm;
+  warm.mode = options_.config.warm_start;
+  warm.command = options_.command;
+  warm.probe_dir = options_.python_probe_dir;
+  warm.env = template_environment();
+  warm.log_root = options_.log_root;
+  warm.group_guard_fd = reaper_.channel();
+  warm.notice = options_.notice;
+  warm_ = std::make_unique<WarmStarter>(io_, std::move(warm));
+}
+
+std::vector<std::string> ProcessWorkerGroup::template_environment() const {
+  std::vector<std::string> env = merge_environment(options_.base_env, {});
+  std::erase_if(env, [](const std::string& entry) {  // those of an outer ddprun
+    return entry.starts_with(std::string(record::kRecordFdVariable) + "=") ||
+           entry.starts_with(std::string(record::kStackFdVariable) + "=") ||
+           entry.starts_with(std::string(record::kStackSignalVariable) + "=") ||
+           entry.starts_with("DDPRUN_MODULES_FILE=") ||
+           entry.starts_with(std::string(kUserPythonPathVariable) + "=");
+  });
+  add_nccl_profiler(env);
+  if (options_.command.python && !options_.python_probe_dir.empty()) add_python_probe(env);
+  return env;
+}
 
 ProcessWorkerGroup::~ProcessWorkerGroup() {
   alive_.reset();
@@ -126,6 +150,8 @@ ProcessWorkerGroup::~ProcessWorkerGroup() {
 
 // Every worker of the round, in local rank order; then checks that each exec worked.
 void ProcessWorkerGroup::start(const elastic::RoundInfo& round, ExitHandler on_exit) {
+  const fs::path previous = workers_.empty() ? fs::path() : attempt_dir();
+  const int previous_world = workers_.empty() ? 0 : static_cast<int>(workers_.size());
   round_ = round;
   workers_.clear();
   records_.clear();
@@ -133,6 +159,7 @@ void ProcessWorkerGroup::start(const elastic::RoundInfo& round, ExitHandler on_e
   const int local_world = elastic::worker_ranks(round, 0).local_world_size;
   error_files_.assign(static_cast<std::size_t>(local_world), "");
   const fs::path dir = attempt_dir();
+  warm_->begin_round(round.restart_count, previous, previous_world);
   try {
     open_filtered_logs(dir);
   } catch (const std::exception& e) {  // as a worker that could not be started: a report
@@ -152,6 +179,7 @@ void ProcessWorkerGroup::start(const elastic::RoundInfo& round, ExitHandler on_e
       throw start_error(worker->local_rank(), worker->pid(), e);
     }
   }
+  warm_->end_round(dir, local_world);
 }
 
 WorkerStartError ProcessWorkerGroup::start_error(int local_rank, pid_t pid,
@@ -192,9 +220,13 @@ void ProcessWorkerGroup::start_worker(int local_rank, const fs::path& dir, ExitH
     return entry.starts_with(std::string(record::kRecordFdVariable) + "=") ||
            entry.starts_with(std::string(record::kStackFdVariable) + "=") ||
            entry.starts_with(std::string(record::kStackSignalVariable) + "=") ||
+           entry.starts_with("DDPRUN_MODULES_FILE=") ||
            entry.starts_with(std::string(kUserPythonPathVariable) + "=");
   });
   spawn.env.push_back(record->variable());
+  if (const std::string modules = warm_->modules_variable(dir); !modules.empty()) {
+    spawn.env.push_back(modules);
+  }
   spawn.inherit_fds = {record->fd()};
   add_nccl_profiler(spawn.env);
   if (options_.command.python && !options_.python_probe_dir.empty()) {
@@ -216,7 +248,12 @@ void ProcessWorkerGroup::start_worker(int local_rank, const fs::path& dir, ExitH
   spawn.group_guard_fd = reaper_.channel();
 
   auto worker = std::make_shared<Worker>(io_, local_rank);
-  worker->start(spawn, [on_exit](Worker& w) { on_exit(w.local_rank(), *w.exit()); });
+  auto report_exit = [on_exit](Worker& w) { on_exit(w.local_rank(), *w.exit()); };
+  if (const std::optional<pid_t> forked = warm_->spawn(spawn)) {
+    worker->adopt(*forked, report_exit);  // from the warm template: already running
+  } else {
+    worker->start(spawn, report_exit);
+  }
   workers_.push_back(worker);
   reaper_.watch(worker->pid());  // again, should the worker's own message have been lost
   error_files_[static_cast<std::size_t>(local_rank)] = identity.error_file;

@@ -23,6 +23,7 @@
 #include "ddp/launcher/master_endpoint.hpp"
 #include "ddp/launcher/worker_command.hpp"
 #include "python_stack_capture.hpp"
+#include "warm_starter.hpp"
 #include "worker_group.hpp"
 #include "worker_start_error.hpp"
 
@@ -103,6 +104,8 @@ class ProcessWorkerGroup : public WorkerGroup {
   void add_python_probe(std::vector<std::string>& env) const;
   // NCCL_PROFILER_PLUGIN=<ddprun's plugin>, unless env names a plugin already.
   void add_nccl_profiler(std::vector<std::string>& env) const;
+  // The template's environment (--warm_start): the workers' without a rank's variables.
+  std::vector<std::string> template_environment() const;
   // The stacks taken at a stop: one line per group of ranks, and a file per rank.
   void report_stacks(const std::vector<PythonStack>& stacks, const std::filesystem::path& dir);
 
@@ -125,6 +128,7 @@ class ProcessWorkerGroup : public WorkerGroup {
   std::chrono::steady_clock::time_point analysis_deadline_;     // of the last one started
   std::vector<std::thread> analysers_;                          // joined by the destructor
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);  // for what they post back
+  std::unique_ptr<WarmStarter> warm_;  // --warm_start: forks Python workers when it may
 };
 
 }  // namespace ddp::launcher

@@ -308,6 +308,17 @@ void parse_entrypoint(const RawOptions& raw, LaunchConfig& config) {
   config.run_path = raw.flags.at("run_path");
   config.legacy_local_rank = raw.flags.at("legacy_local_rank");
   config.python_probe = !raw.flags.at("skip_python_probe");
+  const std::string& warm = raw.values.at("warm_start");
+  if (warm == "off") {
+    config.warm_start = WarmStart::kOff;
+  } else if (warm == "restart") {
+    config.warm_start = WarmStart::kRestart;
+  } else if (warm == "always") {
+    config.warm_start = WarmStart::kAlways;
+  } else {
+    throw UsageError(where(raw, "warm_start") + ": '" + warm +
+                     "' is not one of off, restart, always");
+  }
   if (module && no_python) {
     throw UsageError("--module and --no_python cannot be used together");
   }

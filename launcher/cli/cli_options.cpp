@@ -133,6 +133,12 @@ constexpr std::array kOptions = {
     OptionSpec{"skip_python_probe", "", true, true, "", "", kEntry,
                "Do not load ddprun's Python probe into Python workers (as DDPRUN_PYTHON_PROBE=0 "
                "does): no collective records, hang verdicts or live stacks for PyTorch jobs."},
+    OptionSpec{"warm_start", "", true, false, "off|restart|always", "restart", kEntry,
+               "Python workers forked from a per-node template that imported their modules "
+               "already: restart (restarts only; the template imports what attempt 0's "
+               "workers imported), always (the first attempt too, from a template that "
+               "imported torch), off (every worker exec'd). Falls back to exec'd workers, in "
+               "one line, when a fork would not match an exec'd worker."},
     OptionSpec{"legacy_local_rank", "", true, true, "", "", kEntry,
                "Pass --local_rank=<n> to each worker, before the script's own arguments, as "
                "torch.distributed.launch did."},

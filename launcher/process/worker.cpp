@@ -25,9 +25,13 @@ void Worker::kill_and_reap() {
 }
 
 void Worker::start(const SpawnOptions& options, ExitHandler on_exit) {
-  on_exit_ = std::move(on_exit);
   spawned_ = spawn_process(options);
-  pid_ = spawned_.pid;
+  adopt(spawned_.pid, std::move(on_exit));
+}
+
+void Worker::adopt(pid_t pid, ExitHandler on_exit) {
+  on_exit_ = std::move(on_exit);
+  pid_ = pid;
   int fd = static_cast<int>(::syscall(SYS_pidfd_open, pid_, 0));
   if (fd < 0) {
     int error = errno;

@@ -37,6 +37,11 @@ class Worker : public std::enable_shared_from_this<Worker> {
   // (spawn_process); call confirm_started() to learn which. Call once.
   void start(const SpawnOptions& options, ExitHandler on_exit);
 
+  // Watches pid, a child of this process started another way (forked by the warm template), as
+  // start() watches its own. Throws SpawnError when pidfd_open fails. Call once, instead of
+  // start().
+  void adopt(pid_t pid, ExitHandler on_exit);
+
   // Throws SpawnError when the exec of start() failed.
   void confirm_started();
 

@@ -86,6 +86,12 @@ from _ddprun_record import (  # the page and its writer
     BARRIER, REDUCE, GATHER, SCATTER, ALL_TO_ALL, SEND, RECV, OTHER, GRADIENTS, pack_name,
     _map_page, Recorder)
 
+# The modules list for ddprun's warm template, when ddprun asks for one: imported here, while
+# sitecustomize still has this folder on sys.path (install() runs after it dropped it).
+_ddprun_modules = None
+if os.environ.get("DDPRUN_MODULES_FILE"):
+    import _ddprun_modules
+
 # --- What a tensor argument weighs ------------------------------------------------------------
 
 _dtypes = {}  # torch.dtype -> (pack_name of its name: "float32", "bfloat16"..., element size)
@@ -959,6 +965,11 @@ def install():
         return
     _register_stack_signal(words)
     probe = _Probe(Recorder(words))
+    modules_file = os.environ.get("DDPRUN_MODULES_FILE")
+    if modules_file and _ddprun_modules is not None:  # ddprun warms restarts: it learns
+        report = _ddprun_modules.ModuleReport(modules_file)  # from this what to import
+        probe.recorder.on_queued = report.collective
+        atexit.register(report.write)
     os.register_at_fork(after_in_child=probe.recorder.forked)
     watched = {
         "torch.distributed": probe.on_distributed,

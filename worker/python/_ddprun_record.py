@@ -137,6 +137,7 @@ class Recorder:
         self._refused = False  # the page belongs to another process, or we stopped
         self._lanes = {}  # context -> _Lane
         self._steps = 0
+        self.on_queued = None  # called after each collective recorded, outside the lock
 
     def _enter(self):
         """Takes the lock, unless this thread holds it (or is taking it): then False."""
@@ -269,9 +270,11 @@ class Recorder:
                                        NO_BUCKET, now, now, 0, 0)
                 w[base + C_VERSION] = version + 2
             _TWO_WORDS.pack_into(w, lane.counters * 8, seq, seq)  # queued, started
-            return seq
         finally:
             self._leave()
+        if self.on_queued is not None:
+            self.on_queued()
+        return seq
 
     def skipped(self, lane):
         """A collective of `lane` issued while this thread records (by a signal handler) is not

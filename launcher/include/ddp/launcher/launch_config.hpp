@@ -27,6 +27,13 @@ struct StdSpec {
   bool operator==(const StdSpec&) const = default;
 };
 
+// Which Python workers a per-node warm template forks (--warm_start).
+enum class WarmStart {
+  kOff,      // every worker is exec'd
+  kRestart,  // restarts are forked from a template that imported what attempt 0 imported
+  kAlways,   // the first attempt too, from a template that imported torch
+};
+
 // How a worker's entrypoint is run.
 enum class EntrypointKind {
   kAuto,    // ".py" -> python3 -u FILE; anything else runs directly
@@ -85,11 +92,12 @@ struct LaunchConfig {
 
   // What each worker runs.
   EntrypointKind entrypoint_kind = EntrypointKind::kAuto;  // -m / --no_python
-  bool run_path = false;                     // --run_path (runs like a .py entrypoint)
-  bool legacy_local_rank = false;            // --legacy-local-rank: append --local_rank=<n>
-  bool python_probe = true;                  // false: --skip_python_probe
-  std::string entrypoint;                    // script, module or executable
-  std::vector<std::string> entrypoint_args;  // everything after the entrypoint, untouched
+  bool run_path = false;                       // --run_path (runs like a .py entrypoint)
+  bool legacy_local_rank = false;              // --legacy-local-rank: append --local_rank=<n>
+  bool python_probe = true;                    // false: --skip_python_probe
+  WarmStart warm_start = WarmStart::kRestart;  // --warm_start
+  std::string entrypoint;                      // script, module or executable
+  std::vector<std::string> entrypoint_args;    // everything after the entrypoint, untouched
 
   bool operator==(const LaunchConfig&) const = default;
 };

@@ -1,0 +1,213 @@
+#include "warm_starter.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fstream>
+
+namespace ddp::launcher {
+namespace fs = std::filesystem;
+
+namespace {
+
+// The variable that names a worker's modules list, and the list's name in its log folder.
+constexpr const char* kModulesVariable = "DDPRUN_MODULES_FILE";
+constexpr const char* kModulesFile = "modules.txt";
+// The template's script, in the probe's folder.
+constexpr const char* kTemplateScript = "_ddprun_template.py";
+// How often the lists of the running workers are looked at.
+constexpr std::chrono::seconds kCheckInterval{1};
+// The longest the agent's loop waits for the template: its imports to end before a round's
+// workers are forked, one fork's reply. Well inside the rendezvous' keep-alive (a node whose
+// agent is silent for 15 s is taken for dead).
+constexpr std::chrono::seconds kWaitLimit{8};
+// Templates dropped (it died, a fork was refused) before warm starts stay off for the job.
+constexpr int kMaxFailures = 2;
+
+}  // namespace
+
+WarmStarter::WarmStarter(boost::asio::io_context& io, WarmStarterOptions options)
+    : io_(io), options_(std::move(options)), timer_(io) {
+  enabled_ = options_.mode != WarmStart::kOff && options_.command.python &&
+             !options_.probe_dir.empty() && fs::exists(options_.probe_dir / kTemplateScript);
+  if (!enabled_ || options_.mode != WarmStart::kAlways) return;
+  // The first attempt is forked too: the template imports torch while the rendezvous runs.
+  std::error_code ec;
+  fs::create_directories(options_.log_root, ec);
+  const fs::path list = options_.log_root / "warm_template_always.txt";
+  std::ofstream(list) << "torch\t\n";
+  if (start_template()) {
+    template_->prepare({list.string()}, own_folders());
+  }
+}
+
+WarmStarter::~WarmStarter() {
+  alive_.reset();
+  boost::system::error_code ignored;
+  timer_.cancel(ignored);
+}
+
+std::string WarmStarter::modules_variable(const fs::path& dir) const {
+  if (!enabled_) return "";
+  return std::string(kModulesVariable) + "=" + (dir / kModulesFile).string();
+}
+
+std::vector<std::string> WarmStarter::own_folders() const {
+  std::error_code ec;
+  std::vector<std::string> own = {fs::current_path(ec).string()};
+  // A script's folder (python -u SCRIPT, or the wrapper's --run_path SCRIPT): the program's
+  // own modules live there. A module (-m) has only the working directory.
+  const std::vector<std::string>& argv = options_.command.argv;
+  const std::size_t script = options_.command.args_begin - 1;
+  const bool module = script >= 1 && script < argv.size() && argv[script - 1] == "-m";
+  if (script < argv.size() && !module) {
+    own.push_back(fs::weakly_canonical(fs::absolute(argv[script], ec), ec).parent_path().string());
+  }
+  return own;
+}
+
+bool WarmStarter::start_template() {
+  const std::vector<std::string>& argv = options_.command.argv;
+  WorkerTemplateOptions spawn;
+  spawn.program = options_.command.program;
+  spawn.argv = {argv.at(0)};
+  for (std::size_t i = 1; i < argv.size() && argv[i].starts_with("-") && argv[i] != "-c"; ++i) {
+    spawn.argv.push_back(argv[i]);  // the interpreter's flags: the workers have the same
+  }
+  spawn.argv.push_back((options_.probe_dir / kTemplateScript).string());
+  spawn.env = options_.env;
+  spawn.group_guard_fd = options_.group_guard_fd;
+  std::error_code ec;
+  fs::create_directories(options_.log_root, ec);
+  const fs::path log = options_.log_root / "warm_template.log";
+  const int output = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (output < 0) {
+    off_ = "cannot open " + log.string() + ": " + std::strerror(errno);
+    return false;
+  }
+  spawn.output_fd = output;
+  try {
+    template_ = std::make_unique<WorkerTemplate>(spawn);
+  } catch (const std::exception& e) {
+    off_ = e.what();
+  }
+  ::close(output);
+  fed_.clear();
+  return template_ != nullptr;
+}
+
+void WarmStarter::drop_template(const std::string& why) {
+  template_.reset();
+  fed_.clear();
+  if (++failures_ >= kMaxFailures && off_.empty()) off_ = why;
+}
+
+std::map<std::string, std::pair<long long, long long>> WarmStarter::lists_in(
+    const fs::path& dir, int local_world) const {
+  std::map<std::string, std::pair<long long, long long>> lists;
+  for (int rank = 0; rank < local_world; ++rank) {
+    const fs::path path = dir / std::to_string(rank) / kModulesFile;
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) continue;
+    lists[path.string()] = {
+        static_cast<long long>(st.st_mtim.tv_sec) * 1000000000LL + st.st_mtim.tv_nsec,
+        static_cast<long long>(st.st_size)};
+  }
+  return lists;
+}
+
+void WarmStarter::feed(const fs::path& dir, int local_world) {
+  if (!off_.empty() || options_.mode == WarmStart::kOff) return;
+  auto lists = lists_in(dir, local_world);
+  bool changed = false;
+  for (const auto& [path, stamp] : lists) {
+    auto seen = fed_.find(path);
+    if (seen == fed_.end() || seen->second != stamp) changed = true;
+  }
+  if (!changed) return;
+  if (!template_ && !start_template()) return;
+  std::vector<std::string> paths;
+  for (const auto& [path, stamp] : lists) {
+    paths.push_back(path);
+    fed_[path] = stamp;
+  }
+  template_->prepare(paths, own_folders());
+}
+
+void WarmStarter::begin_round(int restart_count, const fs::path& previous, int local_world) {
+  round_ = restart_count;
+  forked_ = 0;
+  round_warm_ = false;
+  round_cold_reason_.clear();
+  if (!enabled_) return;
+  boost::system::error_code ignored;
+  timer_.cancel(ignored);
+  if (!previous.empty()) feed(previous, local_world);  // what the last writes added
+  if (previous.empty() && options_.mode != WarmStart::kAlways) return;  // a plain exec
+  if (!off_.empty()) {
+    round_cold_reason_ = off_;
+  } else if (!template_) {
+    round_cold_reason_ = "no worker of the last attempt on this node said what it imported";
+  } else if (!template_->wait_prepared(kWaitLimit)) {
+    round_cold_reason_ = template_->reason();
+    drop_template(round_cold_reason_);
+  } else {
+    round_warm_ = true;
+  }
+}
+
+std::optional<pid_t> WarmStarter::spawn(const SpawnOptions& options) {
+  if (!round_warm_ || !template_) return std::nullopt;
+  std::error_code ec;
+  auto result = template_->spawn(options, fs::current_path(ec).string(), kWaitLimit);
+  if (const pid_t* pid = std::get_if<pid_t>(&result)) {
+    ++forked_;
+    return *pid;
+  }
+  round_cold_reason_ = std::get<std::string>(result);
+  round_warm_ = false;
+  drop_template(round_cold_reason_);
+  return std::nullopt;
+}
+
+void WarmStarter::end_round(const fs::path& attempt_dir, int local_world) {
+  if (!enabled_) return;
+  const std::string attempt = "attempt " + std::to_string(round_);
+  if (!round_cold_reason_.empty() && options_.notice) {
+    options_.notice("ddprun: warm start: " + attempt + "'s workers start cold" +
+                    (forked_ > 0 ? " (" + std::to_string(forked_) + " forked before)" : "") + ": " +
+                    round_cold_reason_);
+  } else if (forked_ > 0 && options_.notice && template_) {
+    char seconds[32];
+    std::snprintf(seconds, sizeof seconds, "%.1f", template_->import_seconds());
+    options_.notice("ddprun: warm start: " + attempt + "'s " + std::to_string(forked_) +
+                    " workers were forked from the template (" +
+                    std::to_string(template_->imported()) + " modules preloaded in " + seconds +
+                    " s)");
+  }
+  watched_dir_ = attempt_dir;
+  watched_world_ = local_world;
+  if (off_.empty()) schedule_check();
+}
+
+void WarmStarter::schedule_check() {
+  timer_.expires_after(kCheckInterval);
+  timer_.async_wait([this, alive = std::weak_ptr<bool>(alive_)](boost::system::error_code ec) {
+    if (ec || alive.expired()) return;
+    if (template_) {
+      template_->poll();
+      if (!template_->reason().empty()) {
+        const std::string why = template_->reason();
+        drop_template(why);
+        if (options_.notice) {
+          options_.notice("ddprun: warm start: a restart now would start its workers cold: " + why);
+        }
+      }
+    }
+    feed(watched_dir_, watched_world_);
+    if (off_.empty()) schedule_check();
+  });
+}
+
+}  // namespace ddp::launcher

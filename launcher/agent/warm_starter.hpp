@@ -1,0 +1,85 @@
+#pragma once
+// --warm_start for a node's Python workers: keeps the node's warm template (WorkerTemplate),
+// feeds it what the workers imported (the probe's modules.txt of each rank, read on a timer
+// while the workers run), and forks a round's workers from it when it may, saying in one line
+// why a round starts cold when it may not. Internal to the launcher; runs on the agent's loop.
+
+#include <boost/asio/io_context.hpp>
+#include <boost/asio/steady_timer.hpp>
+#include <chrono>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "../process/worker_template.hpp"
+#include "ddp/launcher/launch_config.hpp"
+#include "ddp/launcher/worker_command.hpp"
+
+namespace ddp::launcher {
+
+struct WarmStarterOptions {
+  WarmStart mode = WarmStart::kOff;
+  WorkerCommand command;                           // a Python entrypoint, else warm starts are off
+  std::filesystem::path probe_dir;                 // the probe's folder (the template lives there);
+                                                   // empty: warm starts are off
+  std::vector<std::string> env;                    // the template's: the node's worker environment
+  std::filesystem::path log_root;                  // <log_root>/warm_template.log is its output
+  int group_guard_fd = -1;                         // GroupReaper::channel()
+  std::function<void(const std::string&)> notice;  // one line on the console
+};
+
+class WarmStarter {
+ public:
+  WarmStarter(boost::asio::io_context& io, WarmStarterOptions options);
+  ~WarmStarter();
+
+  // Whether warm starts can happen at all (a Python entrypoint with the probe, not off).
+  bool enabled() const { return enabled_; }
+  // The variable that asks a worker's probe for its modules list (in its log folder `dir`);
+  // empty when warm starts are off.
+  std::string modules_variable(const std::filesystem::path& dir) const;
+
+  // Before a round's workers start; `previous` is the attempt folder of the round before
+  // (empty for the first). Decides whether this round's workers are forked: reads the last
+  // lists, starts or prepares the template, says why not when it cannot.
+  void begin_round(int restart_count, const std::filesystem::path& previous, int local_world);
+  // A worker of the round begun: its pid when the template forked it, else nullopt (start it
+  // cold; the first such worker of a round says why, once).
+  std::optional<pid_t> spawn(const SpawnOptions& options);
+  // After the round's workers started (in `attempt_dir`): one line saying how they started,
+  // and the timer that watches their lists.
+  void end_round(const std::filesystem::path& attempt_dir, int local_world);
+
+ private:
+  // The modules.txt of each local rank under dir that exists, with its time and size.
+  std::map<std::string, std::pair<long long, long long>> lists_in(const std::filesystem::path& dir,
+                                                                  int local_world) const;
+  // Sends the lists under dir to the template (started first if need be) when they changed.
+  void feed(const std::filesystem::path& dir, int local_world);
+  void schedule_check();
+  bool start_template();
+  void drop_template(const std::string& why);
+  std::vector<std::string> own_folders() const;
+
+  boost::asio::io_context& io_;
+  WarmStarterOptions options_;
+  bool enabled_ = false;
+  std::unique_ptr<WorkerTemplate> template_;
+  int failures_ = 0;  // templates dropped; after kMaxFailures warm starts stay off
+  std::string off_;   // why warm starts are off for the rest of the job ("" while on)
+  bool round_warm_ = false;
+  int round_ = 0;
+  int forked_ = 0;                 // workers of this round from the template
+  std::string round_cold_reason_;  // why this round (or part of it) started cold
+  std::filesystem::path watched_dir_;
+  int watched_world_ = 0;
+  std::map<std::string, std::pair<long long, long long>> fed_;  // lists sent, as they were
+  boost::asio::steady_timer timer_;
+  std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
+};
+
+}  // namespace ddp::launcher

@@ -1,0 +1,148 @@
+"""What a worker imported, for ddprun's warm template (_ddprun_template.py).
+
+The probe side (ModuleReport): a worker whose agent warms restarts (DDPRUN_MODULES_FILE set)
+writes the modules it has imported to that file, one "name<TAB>file" line each in the order
+they were first imported: after its 1st, 2nd, 4th, 8th... recorded collective when more were
+imported since (PyTorch 2.x imports much of itself lazily on the first DDP step), and at exit.
+The file is replaced whole (written beside it, then renamed), so a reader never sees half.
+
+The template side (read_lists, installed): which of those modules the template may import.
+Only modules loaded from installed locations (the standard library, site-packages and
+dist-packages folders) qualify, never the program's own modules from its folder or the working
+directory, whose import may have side effects.
+"""
+
+import os
+import sys
+
+# Modules that are the worker's own start-up, never the template's to import.
+_NEVER = ("__main__", "__mp_main__", "sitecustomize", "usercustomize")
+# Writes after this many recorded collectives (then doubling), when sys.modules grew.
+_FIRST_WRITE = 1
+_LAST_DOUBLING = 1 << 20
+
+
+def _origin(module):
+    """The file a module was loaded from; "" for a built-in or a namespace package."""
+    try:
+        path = getattr(module, "__file__", None)
+        return path if isinstance(path, str) else ""
+    except Exception:  # a module object whose attributes raise
+        return ""
+
+
+class ModuleReport:
+    """Writes sys.modules to `path` now and then (see the module's docstring). Never raises:
+    the program must not notice it."""
+
+    def __init__(self, path):
+        self._path = path
+        self._count = 0
+        self._next = _FIRST_WRITE
+        self._written = 0  # len(sys.modules) at the last write
+        self._writing = False  # a signal handler's collective during a write skips
+        self._pid = os.getpid()  # a forked child (a DataLoader worker) writes nothing
+
+    def collective(self):
+        """Called for each recorded collective; cheap except at the doublings."""
+        self._count += 1
+        if self._count < self._next:
+            return
+        self._next = min(self._next * 2, self._count + _LAST_DOUBLING)
+        if len(sys.modules) != self._written:
+            self.write()
+
+    def write(self):
+        if self._writing or os.getpid() != self._pid:
+            return
+        self._writing = True
+        try:
+            modules = list(sys.modules.items())
+            lines = []
+            for name, module in modules:
+                if module is None or name in _NEVER or name.startswith("_ddprun_"):
+                    continue
+                file = _origin(module)
+                if "\t" in name or "\n" in name or "\t" in file or "\n" in file:
+                    continue
+                lines.append("%s\t%s\n" % (name, file))
+            partial = "%s.%d.partial" % (self._path, self._pid)
+            with open(partial, "w", encoding="utf-8", errors="surrogateescape") as out:
+                out.writelines(lines)
+            os.replace(partial, self._path)
+            self._written = len(modules)
+        except Exception:
+            pass
+        finally:
+            self._writing = False
+
+
+def read_lists(paths):
+    """The (name, file) pairs of the lists at `paths`, each name once, in first-seen order
+    (the first list's order, then what the others add). Missing or unreadable lists are
+    skipped."""
+    seen = {}
+    for path in paths:
+        try:
+            with open(path, encoding="utf-8", errors="surrogateescape") as text:
+                for line in text:
+                    name, tab, file = line.rstrip("\n").partition("\t")
+                    if tab and name and name not in seen:
+                        seen[name] = file
+        except OSError:
+            continue
+    return list(seen.items())
+
+
+def _real_folder(path):
+    return os.path.realpath(os.path.abspath(path)) if path else ""
+
+
+def installed_roots():
+    """The folders of installed code: the standard library, and each site-packages or
+    dist-packages folder Python knows of or has on sys.path."""
+    import site
+    import sysconfig
+
+    roots = set()
+    paths = sysconfig.get_paths()
+    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+        if paths.get(key):
+            roots.add(_real_folder(paths[key]))
+    try:
+        roots.update(_real_folder(p) for p in site.getsitepackages())
+        roots.add(_real_folder(site.getusersitepackages()))
+    except Exception:  # a virtualenv's old site.py lacks them
+        pass
+    for entry in sys.path:
+        if os.path.basename(entry.rstrip("/")) in ("site-packages", "dist-packages"):
+            roots.add(_real_folder(entry))
+    roots.discard("")
+    return sorted(roots)
+
+
+def _deepest(path, folders):
+    """The longest of `folders` that contains `path` (a real path), or ""."""
+    best = ""
+    for folder in folders:
+        inside = path == folder or path.startswith(folder.rstrip("/") + "/")
+        if inside and len(folder) > len(best):
+            best = folder
+    return best
+
+
+def installed(name, file, roots, own_folders):
+    """Whether the module `name`, loaded from `file` ("" for a built-in), is installed code:
+    a built-in module, or a file whose deepest containing folder among the installed roots and
+    the program's own folders (its script's folder, the working directory) is an installed
+    root. The program's folder wins a tie."""
+    if name in _NEVER or name.startswith("_ddprun_"):
+        return False
+    if not file:
+        return name in sys.builtin_module_names
+    real = _real_folder(file)
+    root = _deepest(real, roots)
+    if not root:
+        return False
+    own = _deepest(real, own_folders)
+    return len(own) < len(root)

@@ -1,0 +1,540 @@
+"""ddprun's warm template: one per node, it imports what the workers will import, then forks
+each worker when the agent asks, so that a restarted worker starts with its modules loaded.
+
+The agent (launcher/process/worker_template.cpp) runs this file with the job's interpreter,
+its interpreter flags, and the node's worker environment (no rank's variables), with
+DDPRUN_TEMPLATE_FD naming a SOCK_SEQPACKET socket. Requests are JSON messages; each gets one
+JSON reply:
+- {"op": "prepare", "lists": [paths], "own": [folders]}: imports the installed modules the
+  lists name (_ddprun_modules), skipping any that fails; replies {"op": "prepared",
+  "imported": N, "failed": N, "seconds": S, "problem": text or null}. A problem (an import
+  started a thread, opened a descriptor, printed, initialized CUDA) means this template must
+  not fork: the agent starts the workers cold, saying why.
+- {"op": "spawn", "argv": [...], "env": ["K=V"...], "cwd": path, "cpus": [...],
+  "fds": [target numbers], "guard": index or -1, "agent": pid}, with the descriptors
+  (SCM_RIGHTS) in the order "fds" names their targets, then the group guard's channel:
+  forks the worker; replies {"op": "spawned", "pid": P}, or {"op": "cold", "reason": text}
+  when it must not fork.
+- EOF: the template exits.
+
+The worker is forked twice: the template forks a child that forks the worker and exits, so
+that the worker is re-parented to the agent (a child subreaper while it asks): the agent reaps
+it and reads its exit status as an exec'd worker's. The worker then becomes what
+`python <flags> <script or -c source> <args>` would have been: its own session, the agent's
+group guard told, the parent-death signal, its descriptors (exactly the standard streams and
+the inherited ones, at their numbers), CPUs, signal dispositions and mask as a fresh
+interpreter has them, the environment, sys.argv, sys.orig_argv, sys.path[0], new standard
+streams as Python's start-up makes them, numpy's global RandomState reseeded (Python's random
+reseeds itself at a fork), ddprun's probe installed for this worker, and a fresh __main__
+module that the entrypoint runs in, at this file's top level: an exception it raises is
+printed with the traceback a fresh interpreter prints (this file's frames trimmed), and its
+exit status is the same.
+
+Shared with the template, unlike an exec'd worker: the hash seed (str hashes) and everything
+the preloaded modules computed at import.
+"""
+
+import io
+import json
+import os
+import signal
+import socket
+import struct
+import sys
+import time
+
+# What a fresh interpreter has, read before anything else runs here.
+_FOLDER = os.path.dirname(os.path.realpath(__file__))
+_SIGNALS = {}
+for _number in range(1, signal.NSIG):
+    try:
+        _SIGNALS[_number] = signal.getsignal(_number)
+    except (OSError, ValueError):
+        pass
+_MASK = signal.pthread_sigmask(signal.SIG_BLOCK, [])
+_MAIN_KEYS = sorted(k for k in ("__annotations__",) if k in globals())
+
+import _ddprun_modules  # noqa: E402  (from this file's folder, sys.path[0] until here)
+
+if sys.path and os.path.realpath(sys.path[0] or ".") == _FOLDER:
+    del sys.path[0]  # a worker's sys.path[0] is its script's folder, set when it is forked
+
+_SOCKET_FD = int(os.environ.pop("DDPRUN_TEMPLATE_FD"))
+_MAX_FDS = 64
+
+
+class _Refuse(Exception):
+    """This template must not fork now: the reason goes back to the agent."""
+
+
+# --- Preparing: importing what the workers imported ---------------------------------------
+
+
+def _threads():
+    return len(os.listdir("/proc/self/task"))
+
+
+def _open_fds():
+    """The open descriptors (not the one that listed them, closed by then)."""
+    import fcntl
+
+    fds = []
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            fcntl.fcntl(int(name), fcntl.F_GETFD)
+            fds.append(int(name))
+        except OSError:
+            pass
+    return sorted(fds)
+
+
+def _openblas_threads():
+    """OpenBLAS's pool size when OpenBLAS is loaded, else 0. Its threads are safe across a
+    fork: it stops them before one (pthread_atfork) and starts them again on use."""
+    try:
+        with open("/proc/self/maps") as maps:
+            paths = {line.split()[-1] for line in maps if "libopenblas" in line}
+    except OSError:
+        return 0
+    import ctypes
+
+    for path in sorted(paths):
+        try:
+            return int(ctypes.CDLL(path).openblas_get_num_threads())
+        except (OSError, AttributeError):
+            continue
+    return 0
+
+
+def _fork_problem():
+    """Why forking now would not give a worker an exec'd one's state, or None."""
+    threads = _threads()
+    if threads > 1 and threads - 1 > max(_openblas_threads() - 1, 0):
+        return "the template has %d threads after its imports (a fork keeps only one)" % threads
+    torch = sys.modules.get("torch")
+    cuda = getattr(torch, "cuda", None)
+    try:
+        if cuda is not None and cuda.is_initialized():
+            return "an import initialized CUDA, which a forked process cannot use"
+    except Exception:
+        pass
+    return None
+
+
+class _Preloaded:
+    """The modules this template imported for the workers, and their files as they were."""
+
+    def __init__(self):
+        self.files = {}  # name -> (path, mtime_ns, size)
+        self.fds = _open_fds()  # the descriptors the template itself holds
+        self.held = []  # descriptors a preloaded module holds (libffi's library file)
+        self.problem = None  # set once: the template never forks again
+
+    def prepare(self, lists, own_folders):
+        started = time.monotonic()
+        roots = _ddprun_modules.installed_roots()
+        own = [os.path.realpath(f) for f in own_folders if f]
+        imported = failed = 0
+        out_before = _output_sizes()
+        import importlib
+        import importlib.util
+
+        for name, file in _ddprun_modules.read_lists(lists):
+            if name in sys.modules or name in self.files:
+                continue
+            if not file and "." not in name and name not in sys.builtin_module_names:
+                try:  # a name alone (--warm_start=always's torch): where it would load from
+                    spec = importlib.util.find_spec(name)
+                    file = spec.origin if spec is not None and spec.origin else ""
+                except (ImportError, ValueError):
+                    continue
+            if not _ddprun_modules.installed(name, file, roots, own):
+                continue
+            try:
+                module = importlib.import_module(name)
+            except BaseException:  # SystemExit, or anything: not preloaded
+                failed += 1
+                sys.modules.pop(name, None)
+                continue
+            imported += 1
+            self._remember(name, module, file)
+        if self.problem is None:
+            self.problem = self._import_problem(out_before)
+        return {"op": "prepared", "imported": imported, "failed": failed,
+                "modules": len(sys.modules),
+                "seconds": round(time.monotonic() - started, 3), "problem": self.problem}
+
+    def _remember(self, name, module, file):
+        path = getattr(module, "__file__", None)
+        if not isinstance(path, str):
+            return
+        if file and os.path.realpath(path) != os.path.realpath(file):
+            self.problem = self.problem or (
+                "%s loaded from %s here, from %s in the workers" % (name, path, file))
+        try:
+            st = os.stat(path)
+            self.files[name] = (path, st.st_mtime_ns, st.st_size)
+        except OSError:
+            pass
+
+    def _import_problem(self, out_before):
+        if _output_sizes() != out_before:
+            return "an import printed to the template's output (a worker's own import prints it)"
+        self.held = [fd for fd in _open_fds() if fd not in self.fds]
+        for fd in self.held:
+            if not _read_only_file(fd):
+                return "an import left descriptor %d open (%s), not a file read only" % (
+                    fd, _link(fd))
+        return _fork_problem()
+
+    def changed(self):
+        """The first preloaded module whose file changed since it was imported, or None."""
+        for name, (path, mtime, size) in self.files.items():
+            try:
+                st = os.stat(path)
+            except OSError:
+                return "%s (%s) is gone" % (name, path)
+            if st.st_mtime_ns != mtime or st.st_size != size:
+                return "%s (%s) changed since the template imported it" % (name, path)
+        return None
+
+
+def _read_only_file(fd):
+    """Whether fd is a regular file open for reading only: a library's file that the module
+    keeps (libffi maps its trampolines from its own file), which a worker keeps too."""
+    import fcntl
+    import stat
+
+    try:
+        return (stat.S_ISREG(os.fstat(fd).st_mode)
+                and fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDONLY)
+    except OSError:
+        return False
+
+
+def _link(fd):
+    try:
+        return os.readlink("/proc/self/fd/%d" % fd)
+    except OSError:
+        return "?"
+
+
+def _output_sizes():
+    """The template's stdout and stderr go to files of the agent's (their sizes tell whether
+    an import printed)."""
+    sizes = []
+    for fd in (1, 2):
+        try:
+            sizes.append(os.fstat(fd).st_size)
+        except OSError:
+            sizes.append(-1)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    return sizes
+
+
+# --- Forking a worker ---------------------------------------------------------------------
+
+
+def _spawn(request, fds, preloaded, control):
+    """Forks the worker: its pid in the template, a _Job in the worker."""
+    problem = preloaded.problem or preloaded.changed() or _fork_problem()
+    clash = [fd for fd in preloaded.held if fd in request["fds"]]
+    if clash and not problem:
+        problem = "a preloaded module holds descriptor %d (%s), the worker's %s" % (
+            clash[0], _link(clash[0]), "stdout or stderr" if clash[0] < 3 else "record")
+    if problem:
+        raise _Refuse(problem)
+    exit_read, exit_write = os.pipe()  # EOF in the worker once the middle child exited
+    pid_read, pid_write = os.pipe()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    middle = os.fork()
+    if middle == 0:
+        try:
+            os.close(pid_read)
+            worker = os.fork()
+        except BaseException:
+            os._exit(1)
+        if worker == 0:
+            os.close(pid_write)
+            os.close(exit_write)
+            return _become_worker(request, fds, control, exit_read, preloaded.held)
+        try:
+            os.write(pid_write, struct.pack("i", worker))
+        finally:
+            os._exit(0)  # the worker is re-parented to the agent now
+    os.close(exit_write)
+    os.close(exit_read)
+    os.close(pid_write)
+    os.waitpid(middle, 0)
+    data = os.read(pid_read, 4)
+    os.close(pid_read)
+    if len(data) != 4:
+        raise _Refuse("the template's fork failed")
+    return struct.unpack("i", data)[0]
+
+
+def _become_worker(request, fds, control, exit_read, held):
+    """In the forked worker: everything an exec'd worker would have, then its _Job."""
+    try:
+        os.setsid()
+        guard = request.get("guard", -1)
+        if guard >= 0:  # the agent's group guard: a kill -9 of the agent takes this group
+            _announce_group(fds[guard])
+        os.read(exit_read, 1)  # EOF: the middle child exited, the agent is our parent
+        os.close(exit_read)
+        _set_parent_death_signal()
+        if os.getppid() != request["agent"]:
+            os._exit(128 + signal.SIGKILL)  # the agent died meanwhile
+        control.detach()
+        _place_descriptors(request["fds"], fds, held)
+        if request.get("cpus"):
+            os.sched_setaffinity(0, request["cpus"])
+        _reset_signals()
+        _set_environment(request["env"])
+        os.chdir(request["cwd"])
+        job = _Job(request["argv"])
+        _make_standard_streams()
+        _reseed()
+        _start_probe()
+        return job
+    except BaseException as error:
+        try:
+            os.write(2, ("ddprun: the warm template could not start this worker: %s: %s\n"
+                         % (type(error).__name__, error)).encode())
+        finally:
+            os._exit(1)
+
+
+def _announce_group(fd):
+    with socket.socket(fileno=os.dup(fd)) as channel:
+        try:
+            channel.send(struct.pack("i", os.getpid()), socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL)
+        except OSError:
+            pass  # best effort, as the exec'd worker's: the agent tells the guard too
+
+
+def _set_parent_death_signal():
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    PR_SET_PDEATHSIG = 1
+    if libc.prctl(PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
+
+
+def _place_descriptors(targets, fds, held):
+    """Leaves open exactly 0, 1, 2 and the inherited descriptors, at the numbers the agent
+    gave them (inheritable, as exec leaves them), and those the preloaded modules hold (`held`,
+    as a worker that imported them would); every other one the template had is closed."""
+    floor = max([3, _MAX_FDS] + list(targets) + fds + held) + 1
+    import fcntl
+
+    high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, floor) for fd in fds]
+    keep = set(high) | set(held) | {0}
+    for fd in _open_fds():
+        if fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+    for target, fd in zip(targets, high):
+        os.dup2(fd, target, inheritable=True)
+    for fd in high:
+        os.close(fd)
+
+
+def _reset_signals():
+    for number, handler in _SIGNALS.items():
+        try:
+            if handler is not None and signal.getsignal(number) is not handler:
+                signal.signal(number, handler)
+        except (OSError, ValueError, TypeError):
+            pass
+    signal.pthread_sigmask(signal.SIG_SETMASK, _MASK)
+
+
+def _set_environment(entries):
+    """The worker's environment as its sitecustomize leaves it (sitecustomize._drop_folder):
+    PYTHONPATH given back the user's value, ddprun's probe folder gone from it."""
+    env = {}
+    for entry in entries:
+        key, _, value = entry.partition("=")
+        env.setdefault(key, value)
+    users = env.pop("DDPRUN_PYTHONPATH", None)
+    if users is not None:
+        env["PYTHONPATH"] = users
+    elif "PYTHONPATH" in env:
+        kept = [e for e in env["PYTHONPATH"].split(os.pathsep)
+                if not e or os.path.realpath(os.path.abspath(e)) != _FOLDER]
+        if any(kept):
+            env["PYTHONPATH"] = os.pathsep.join(kept)
+        else:
+            del env["PYTHONPATH"]
+    os.environ.clear()
+    os.environ.update(env)
+
+
+def _stream(fd, write, name):
+    """sys.stdin/stdout/stderr as Python's start-up makes them (create_stdio), keeping the
+    encoding and errors this interpreter chose at start (same locale, same variables)."""
+    try:
+        os.fstat(fd)
+    except OSError:
+        return None
+    old = {0: sys.__stdin__, 1: sys.__stdout__, 2: sys.__stderr__}[fd]
+    # -u (or PYTHONUNBUFFERED) made every standard stream write through.
+    buffered = sys.__stdout__ is None or not sys.__stdout__.write_through
+    buffering = 0 if (not buffered and write) else -1
+    buf = io.open(fd, "wb" if write else "rb", buffering, closefd=False)
+    raw = buf.raw if buffering else buf
+    raw.name = name
+    line_buffering = buffered and (raw.isatty() or fd == 2)
+    text = io.TextIOWrapper(buf, old.encoding if old else None, old.errors if old else None,
+                            "\n", line_buffering, not buffered)
+    text.mode = "w" if write else "r"
+    return text
+
+
+def _make_standard_streams():
+    sys.stdin = sys.__stdin__ = _stream(0, False, "<stdin>")
+    sys.stdout = sys.__stdout__ = _stream(1, True, "<stdout>")
+    sys.stderr = sys.__stderr__ = _stream(2, True, "<stderr>")
+
+
+def _reseed():
+    """numpy's global RandomState is seeded once per process, at import: reseed it from the
+    system's entropy, as a fresh import would have."""
+    numpy_random = sys.modules.get("numpy.random")
+    if numpy_random is not None:
+        try:
+            numpy_random.seed()
+        except Exception:
+            pass
+
+
+def _start_probe():
+    """ddprun's probe for this worker, as its sitecustomize would install it."""
+    probe = sys.modules.get("_ddprun_probe")
+    if probe is None or os.environ.get("DDPRUN_PYTHON_PROBE") == "0":
+        return
+    try:
+        probe.install()
+    except Exception as error:
+        reason = " ".join(("%s: %s" % (type(error).__name__, error)).split())
+        sys.stderr.write("ddprun: the Python probe is off in this worker: %s\n" % reason)
+
+
+class _Job:
+    """What the worker runs: `python <flags> SCRIPT ARGS` or `python <flags> -c SOURCE ARGS`,
+    as the agent would have exec'd it (argv is that command)."""
+
+    def __init__(self, argv):
+        at = 1
+        while at < len(argv) and argv[at].startswith("-") and argv[at] != "-c":
+            at += 1  # the interpreter's flags: this template runs with the same
+        if hasattr(sys, "orig_argv"):  # Python 3.10+
+            sys.orig_argv = list(argv)
+        if at < len(argv) and argv[at] == "-c":
+            self.source, self.file = argv[at + 1], None
+            sys.argv[:] = ["-c"] + argv[at + 2:]
+            sys.path.insert(0, "")
+        else:
+            self.file = argv[at]
+            try:
+                with open(self.file, "rb") as script:
+                    self.source = script.read()
+            except OSError as error:  # as Python says it, with its exit status
+                sys.stderr.write("%s: can't open file %r: [Errno %d] %s\n" % (
+                    argv[0], os.path.abspath(self.file), error.errno, error.strerror))
+                sys.stderr.flush()
+                os._exit(2)
+            sys.argv[:] = argv[at:]
+            sys.path.insert(0, os.path.dirname(os.path.realpath(self.file)))
+
+    def run(self):
+        import builtins
+        import importlib.machinery
+        import types
+
+        main = types.ModuleType("__main__")
+        namespace = main.__dict__
+        namespace["__builtins__"] = builtins
+        for key in _MAIN_KEYS:
+            namespace[key] = {}
+        if self.file is None:
+            namespace["__loader__"] = importlib.machinery.BuiltinImporter
+            code = compile(self.source, "<string>", "exec", dont_inherit=True)
+        else:
+            namespace["__file__"] = self.file
+            namespace["__cached__"] = None
+            namespace["__loader__"] = importlib.machinery.SourceFileLoader("__main__", self.file)
+            code = compile(self.source, self.file, "exec", dont_inherit=True)
+        sys.modules["__main__"] = main
+        del self.source
+        try:
+            exec(code, namespace)
+        except SystemExit:
+            raise
+        except BaseException:
+            sys.excepthook = _TrimmedHook(sys.excepthook)
+            raise
+
+
+class _TrimmedHook:
+    """Prints an exception the entrypoint raised without this file's frames above it, as a
+    fresh interpreter's traceback begins at the script, then gives sys.excepthook back."""
+
+    def __init__(self, hook):
+        self.hook = hook
+
+    def __call__(self, kind, value, tb):
+        while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+            tb = tb.tb_next
+        if value is not None:
+            value.__traceback__ = tb
+        sys.excepthook = self.hook
+        self.hook(kind, value, tb)
+
+
+# --- The loop -----------------------------------------------------------------------------
+
+
+def _reply(control, message):
+    control.send(json.dumps(message).encode())
+
+
+def _serve():
+    """Answers the agent until it closes the socket: None in the template, the worker's _Job
+    in a forked worker."""
+    control = socket.socket(fileno=_SOCKET_FD)
+    preloaded = _Preloaded()
+    while True:
+        try:
+            data, fds, _, _ = socket.recv_fds(control, 1 << 20, _MAX_FDS)
+        except InterruptedError:
+            continue
+        if not data:
+            return None
+        try:
+            request = json.loads(data)
+            if request["op"] == "prepare":
+                _reply(control, preloaded.prepare(request["lists"], request.get("own", [])))
+            elif request["op"] == "spawn":
+                job = _spawn(request, fds, preloaded, control)
+                if isinstance(job, _Job):
+                    return job  # in the worker: its descriptors are placed
+                _reply(control, {"op": "spawned", "pid": job})
+        except _Refuse as refused:
+            _reply(control, {"op": "cold", "reason": str(refused)})
+        except Exception as error:
+            _reply(control, {"op": "cold", "reason": "%s: %s" % (type(error).__name__, error)})
+        for fd in fds:  # the worker's, which it has now
+            os.close(fd)
+
+
+_job = _serve()
+if _job is not None:
+    del _serve, _spawn
+    _job.run()
