@@ -46,6 +46,7 @@ WorkerTemplate::WorkerTemplate(const WorkerTemplateOptions& options) {
   SpawnOptions spawn;
   spawn.program = options.program;
   spawn.argv = options.argv;
+  env_ = options.env;
   spawn.env = options.env;
   spawn.env.push_back("DDPRUN_TEMPLATE_FD=" + std::to_string(theirs.get()));
   spawn.stdout_fd = options.output_fd;
@@ -196,7 +197,7 @@ std::variant<pid_t, std::string> WorkerTemplate::spawn(const SpawnOptions& optio
   }
   const nlohmann::json request = {{"op", "spawn"},  {"argv", options.argv}, {"env", options.env},
                                   {"cwd", cwd},     {"cpus", options.cpus}, {"fds", targets},
-                                  {"guard", guard}, {"agent", ::getpid()}};
+                                  {"guard", guard}, {"agent", ::getpid()}, {"given", env_}};
   // The worker is the template's grandchild until its parent exits: the orphan comes here.
   SubreaperScope subreaper;
   send(request.dump(), fds);

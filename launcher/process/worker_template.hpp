@@ -70,6 +70,7 @@ class WorkerTemplate {
   std::size_t imported_ = 0;
   double import_seconds_ = 0;
   std::string reason_;
+  std::vector<std::string> env_;  // the template's, as given: its start-up's changes follow
 };
 
 // Whether this process is a child subreaper, then sets it; restored by the destructor. While

@@ -53,6 +53,13 @@ for _number in range(1, signal.NSIG):
         pass
 _MASK = signal.pthread_sigmask(signal.SIG_BLOCK, [])
 _MAIN_KEYS = sorted(k for k in ("__annotations__",) if k in globals())
+# The environment as the interpreter's start-up left it (a wrapper of the interpreter, a
+# sitecustomize that sets variables, ddprun's giving PYTHONPATH back): each worker's gets the
+# same changes (_set_environment).
+_STARTUP_ENV = dict(os.environ)
+_STARTUP_ENV.pop("DDPRUN_TEMPLATE_FD", None)  # for the template alone
+# The interpreter's own command line up to this script: the real executable a wrapper exec'd.
+_ORIG_PREFIX = list(getattr(sys, "orig_argv", [])[:-1])
 
 import _ddprun_modules  # noqa: E402  (from this file's folder, sys.path[0] until here)
 
@@ -245,7 +252,6 @@ def _spawn(request, fds, preloaded, control):
             clash[0], _link(clash[0]), "stdout or stderr" if clash[0] < 3 else "record")
     if problem:
         raise _Refuse(problem)
-    exit_read, exit_write = os.pipe()  # EOF in the worker once the middle child exited
     pid_read, pid_write = os.pipe()
     sys.stdout.flush()
     sys.stderr.flush()
@@ -258,14 +264,11 @@ def _spawn(request, fds, preloaded, control):
             os._exit(1)
         if worker == 0:
             os.close(pid_write)
-            os.close(exit_write)
-            return _become_worker(request, fds, control, exit_read, preloaded.held)
+            return _become_worker(request, fds, control, preloaded.held)
         try:
             os.write(pid_write, struct.pack("i", worker))
         finally:
             os._exit(0)  # the worker is re-parented to the agent now
-    os.close(exit_write)
-    os.close(exit_read)
     os.close(pid_write)
     os.waitpid(middle, 0)
     data = os.read(pid_read, 4)
@@ -275,15 +278,14 @@ def _spawn(request, fds, preloaded, control):
     return struct.unpack("i", data)[0]
 
 
-def _become_worker(request, fds, control, exit_read, held):
+def _become_worker(request, fds, control, held):
     """In the forked worker: everything an exec'd worker would have, then its _Job."""
     try:
         os.setsid()
         guard = request.get("guard", -1)
         if guard >= 0:  # the agent's group guard: a kill -9 of the agent takes this group
             _announce_group(fds[guard])
-        os.read(exit_read, 1)  # EOF: the middle child exited, the agent is our parent
-        os.close(exit_read)
+        _wait_for_agent_parent(request["agent"])
         _set_parent_death_signal()
         if os.getppid() != request["agent"]:
             os._exit(128 + signal.SIGKILL)  # the agent died meanwhile
@@ -292,7 +294,7 @@ def _become_worker(request, fds, control, exit_read, held):
         if request.get("cpus"):
             os.sched_setaffinity(0, request["cpus"])
         _reset_signals()
-        _set_environment(request["env"])
+        _set_environment(request["env"], request["given"])
         os.chdir(request["cwd"])
         job = _Job(request["argv"])
         _make_standard_streams()
@@ -313,6 +315,31 @@ def _announce_group(fd):
             channel.send(struct.pack("i", os.getpid()), socket.MSG_DONTWAIT | socket.MSG_NOSIGNAL)
         except OSError:
             pass  # best effort, as the exec'd worker's: the agent tells the guard too
+
+
+def _wait_for_agent_parent(agent):
+    """Until the middle child has exited and this process is the agent's child. Its pidfd is
+    readable once it has handed its children over (its descriptors close earlier: a pipe's EOF
+    would come too soon)."""
+    parent = os.getppid()
+    if parent == agent:
+        return
+    try:
+        fd = os.pidfd_open(parent)  # Python 3.9+
+    except AttributeError:
+        while os.getppid() == parent:  # an older Python: the middle child exits at once
+            time.sleep(0.001)
+        return
+    except OSError:
+        return  # gone already
+    try:
+        import select
+
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        poller.poll(10000)  # the middle child exits at once
+    finally:
+        os.close(fd)
 
 
 def _set_parent_death_signal():
@@ -355,23 +382,27 @@ def _reset_signals():
     signal.pthread_sigmask(signal.SIG_SETMASK, _MASK)
 
 
-def _set_environment(entries):
-    """The worker's environment as its sitecustomize leaves it (sitecustomize._drop_folder):
-    PYTHONPATH given back the user's value, ddprun's probe folder gone from it."""
+def _entries(entries):
     env = {}
     for entry in entries:
         key, _, value = entry.partition("=")
         env.setdefault(key, value)
-    users = env.pop("DDPRUN_PYTHONPATH", None)
-    if users is not None:
-        env["PYTHONPATH"] = users
-    elif "PYTHONPATH" in env:
-        kept = [e for e in env["PYTHONPATH"].split(os.pathsep)
-                if not e or os.path.realpath(os.path.abspath(e)) != _FOLDER]
-        if any(kept):
-            env["PYTHONPATH"] = os.pathsep.join(kept)
-        else:
-            del env["PYTHONPATH"]
+    return env
+
+
+def _set_environment(entries, given):
+    """The worker's environment (`entries`, as ddprun would exec it) with the changes the
+    interpreter's start-up made to this template's (`given`, as ddprun started it): what the
+    worker's own start-up would have made (sitecustomize giving PYTHONPATH back, a wrapper's
+    variables)."""
+    env = _entries(entries)
+    given = _entries(given)
+    for key, value in given.items():
+        if key not in _STARTUP_ENV and env.get(key) == value:
+            del env[key]
+    for key, value in _STARTUP_ENV.items():
+        if given.get(key) != value:
+            env[key] = value
     os.environ.clear()
     os.environ.update(env)
 
@@ -404,12 +435,21 @@ def _make_standard_streams():
 
 
 def _reseed():
-    """numpy's global RandomState is seeded once per process, at import: reseed it from the
-    system's entropy, as a fresh import would have."""
+    """What a process seeds once from the system's entropy, at import, is seeded again here,
+    as a fresh import would have: numpy's global RandomState and torch's default CPU
+    generator. (torch seeds CUDA's generators with a fixed value when CUDA starts, in a fresh
+    process as in this one: left alone.)"""
     numpy_random = sys.modules.get("numpy.random")
     if numpy_random is not None:
         try:
             numpy_random.seed()
+        except Exception:
+            pass
+    torch = sys.modules.get("torch")
+    generator = getattr(torch, "default_generator", None)
+    if generator is not None:
+        try:
+            generator.seed()
         except Exception:
             pass
 
@@ -434,8 +474,8 @@ class _Job:
         at = 1
         while at < len(argv) and argv[at].startswith("-") and argv[at] != "-c":
             at += 1  # the interpreter's flags: this template runs with the same
-        if hasattr(sys, "orig_argv"):  # Python 3.10+
-            sys.orig_argv = list(argv)
+        if hasattr(sys, "orig_argv"):  # Python 3.10+: the real interpreter, as exec'd
+            sys.orig_argv = _ORIG_PREFIX + argv[at:] if _ORIG_PREFIX else list(argv)
         if at < len(argv) and argv[at] == "-c":
             self.source, self.file = argv[at + 1], None
             sys.argv[:] = ["-c"] + argv[at + 2:]
