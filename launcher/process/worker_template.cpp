@@ -197,7 +197,7 @@ std::variant<pid_t, std::string> WorkerTemplate::spawn(const SpawnOptions& optio
   }
   const nlohmann::json request = {{"op", "spawn"},  {"argv", options.argv}, {"env", options.env},
                                   {"cwd", cwd},     {"cpus", options.cpus}, {"fds", targets},
-                                  {"guard", guard}, {"agent", ::getpid()}, {"given", env_}};
+                                  {"guard", guard}, {"agent", ::getpid()},  {"given", env_}};
   // The worker is the template's grandchild until its parent exits: the orphan comes here.
   SubreaperScope subreaper;
   send(request.dump(), fds);

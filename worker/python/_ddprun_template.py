@@ -44,7 +44,8 @@ import sys
 import time
 
 # What a fresh interpreter has, read before anything else runs here.
-_FOLDER = os.path.dirname(os.path.realpath(__file__))
+_FILE = __file__  # (Python 3.13 drops __main__.__file__ before it prints an uncaught exception)
+_FOLDER = os.path.dirname(os.path.realpath(_FILE))
 _SIGNALS = {}
 for _number in range(1, signal.NSIG):
     try:
@@ -530,7 +531,7 @@ class _TrimmedHook:
         self.hook = hook
 
     def __call__(self, kind, value, tb):
-        while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
+        while tb is not None and tb.tb_frame.f_code.co_filename == _FILE:
             tb = tb.tb_next
         if value is not None:
             value.__traceback__ = tb
@@ -560,7 +561,12 @@ def _serve():
         try:
             request = json.loads(data)
             if request["op"] == "prepare":
-                _reply(control, preloaded.prepare(request["lists"], request.get("own", [])))
+                reply = preloaded.prepare(request["lists"], request.get("own", []))
+                _reply(control, reply)
+                sys.stderr.write("ddprun warm template: prepared: %d modules imported (%d failed) "
+                                 "in %.3f s, %d in all; problem: %s\n" % (
+                                     reply["imported"], reply["failed"], reply["seconds"],
+                                     reply["modules"], reply["problem"]))
             elif request["op"] == "spawn":
                 job = _spawn(request, fds, preloaded, control)
                 if isinstance(job, _Job):

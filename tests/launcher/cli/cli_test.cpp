@@ -227,6 +227,8 @@ TEST_CASE("every valued option in every spelling") {
        [](auto& c) { return c.event_log_handler == "dynamic_rendezvous"; }},
       {{"--logs_specs=default"}, [](auto& c) { return c.log_dir == std::nullopt; }},
       {{"--logs-specs", "default"}, [](auto& c) { return c.event_log_handler == "null"; }},
+      {{"--warm_start=off"}, [](auto& c) { return c.warm_start == WarmStart::kOff; }},
+      {{"--warm-start", "always"}, [](auto& c) { return c.warm_start == WarmStart::kAlways; }},
   };
   for (const Row& row : rows) {
     std::vector<std::string> args = row.args;
@@ -542,6 +544,7 @@ TEST_CASE("torchrun 2.x's logging options: defaults, the template variable, bad 
   CHECK(c.duplicate_stdout_filters.empty());
   CHECK(c.duplicate_stderr_filters.empty());
   CHECK(c.event_log_handler == "null");
+  CHECK(c.warm_start == WarmStart::kRestart);
   CHECK_FALSE(c.virtual_local_rank);
   CHECK(c.numa_binding.empty());
   CHECK(parse({"--duplicate_stdout_filters=", "x"}).duplicate_stdout_filters.empty());
@@ -558,6 +561,7 @@ TEST_CASE("torchrun 2.x's logging options: defaults, the template variable, bad 
 
   CHECK_THAT(usage_error({"--event_log_handler=kafka", "x"}), Catch::Contains("null, console"));
   CHECK_THAT(usage_error({"--numa_binding=all", "x"}), Catch::Contains("node, socket"));
+  CHECK_THAT(usage_error({"--warm_start=yes", "x"}), Catch::Contains("off, restart, always"));
   CHECK_THAT(not_implemented({"--logs_specs=custom", "x"}), Catch::Contains("'default'"));
 }
 
