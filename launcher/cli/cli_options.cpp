@@ -65,7 +65,8 @@ constexpr std::array kOptions = {
     OptionSpec{"monitor_interval", "", true, false, "SECONDS", "5", kLife,
                "Accepted for torchrun compatibility; ddprun reacts to events at once."},
     OptionSpec{"start_method", "", true, false, "spawn|fork|forkserver", "spawn", kLife,
-               "Accepted for torchrun compatibility; workers are always exec'd."},
+               "Accepted for torchrun compatibility; workers are exec'd, or forked from the warm "
+               "template (--warm_start)."},
     OptionSpec{"signals_to_handle", "", true, false, "SIG,...", "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
                kLife, "Signals forwarded to every worker's process group."},
     OptionSpec{"shutdown_timeout", "", true, false, "SECONDS", "30", kLife,

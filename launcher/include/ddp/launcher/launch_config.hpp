@@ -65,7 +65,7 @@ struct LaunchConfig {
   // Worker lifecycle.
   int max_restarts = 0;                // --max_restarts: group restarts after a failure
   double monitor_interval_s = 5.0;     // --monitor_interval (accepted; the agent is event driven)
-  std::string start_method = "spawn";  // --start_method (accepted; workers are always exec'd)
+  std::string start_method = "spawn";  // --start_method (accepted; --warm_start decides)
   std::string role = "default";        // --role; ROLE_NAME and the tee prefix
   std::vector<int> signals_to_handle;  // --signals_to_handle, as signal numbers
   std::chrono::milliseconds shutdown_timeout{std::chrono::seconds(30)};  // --shutdown_timeout
