@@ -124,6 +124,7 @@ ProcessWorkerGroup::ProcessWorkerGroup(boost::asio::io_context& io,
   warm.env = template_environment();
   warm.log_root = options_.log_root;
   warm.group_guard_fd = reaper_.channel();
+  warm.alone = options_.config.max_nodes == 1;
   warm.notice = options_.notice;
   warm_ = std::make_unique<WarmStarter>(io_, std::move(warm));
 }

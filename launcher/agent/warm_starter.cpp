@@ -19,9 +19,15 @@ constexpr const char* kTemplateScript = "_ddprun_template.py";
 // How often the lists of the running workers are looked at.
 constexpr std::chrono::seconds kCheckInterval{1};
 // The longest the agent's loop waits for the template: its imports to end before a round's
-// workers are forked, one fork's reply. Well inside the rendezvous' keep-alive (a node whose
-// agent is silent for 15 s is taken for dead).
+// workers are forked, one fork's reply. With other nodes, well inside the rendezvous'
+// keep-alive (a node whose agent is silent for 15 s is taken for dead); alone, about what a
+// cold start of PyTorch 2.x takes on a busy small machine.
 constexpr std::chrono::seconds kWaitLimit{8};
+constexpr std::chrono::seconds kWaitLimitAlone{30};
+// Bytes added to the template's command line and environment, so that a forked worker's own,
+// which the template writes over them (/proc/PID/cmdline and environ: what ps shows), fit.
+constexpr std::size_t kCommandLineRoom = 4096;
+constexpr std::size_t kEnvironmentRoom = 8192;
 // Templates dropped (it died, a fork was refused) before warm starts stay off for the job.
 constexpr int kMaxFailures = 2;
 
@@ -46,6 +52,10 @@ WarmStarter::~WarmStarter() {
   alive_.reset();
   boost::system::error_code ignored;
   timer_.cancel(ignored);
+}
+
+std::chrono::milliseconds WarmStarter::wait_limit() const {
+  return options_.alone ? kWaitLimitAlone : kWaitLimit;
 }
 
 std::string WarmStarter::modules_variable(const fs::path& dir) const {
@@ -76,7 +86,10 @@ bool WarmStarter::start_template() {
     spawn.argv.push_back(argv[i]);  // the interpreter's flags: the workers have the same
   }
   spawn.argv.push_back((options_.probe_dir / kTemplateScript).string());
+  // Room for a forked worker's longer command line (the template writes it over its own).
+  spawn.argv.push_back(std::string(kCommandLineRoom, ' '));
   spawn.env = options_.env;
+  spawn.env.push_back("DDPRUN_TEMPLATE_PAD=" + std::string(kEnvironmentRoom, ' '));
   spawn.group_guard_fd = options_.group_guard_fd;
   std::error_code ec;
   fs::create_directories(options_.log_root, ec);
@@ -149,7 +162,7 @@ void WarmStarter::begin_round(int restart_count, const fs::path& previous, int l
     round_cold_reason_ = off_;
   } else if (!template_) {
     round_cold_reason_ = "no worker of the last attempt on this node said what it imported";
-  } else if (!template_->wait_prepared(kWaitLimit)) {
+  } else if (!template_->wait_prepared(wait_limit())) {
     round_cold_reason_ = template_->reason();
     drop_template(round_cold_reason_);
   } else {
@@ -160,7 +173,7 @@ void WarmStarter::begin_round(int restart_count, const fs::path& previous, int l
 std::optional<pid_t> WarmStarter::spawn(const SpawnOptions& options) {
   if (!round_warm_ || !template_) return std::nullopt;
   std::error_code ec;
-  auto result = template_->spawn(options, fs::current_path(ec).string(), kWaitLimit);
+  auto result = template_->spawn(options, fs::current_path(ec).string(), wait_limit());
   if (const pid_t* pid = std::get_if<pid_t>(&result)) {
     ++forked_;
     return *pid;

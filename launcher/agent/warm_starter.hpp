@@ -23,12 +23,13 @@ namespace ddp::launcher {
 
 struct WarmStarterOptions {
   WarmStart mode = WarmStart::kOff;
-  WorkerCommand command;                           // a Python entrypoint, else warm starts are off
-  std::filesystem::path probe_dir;                 // the probe's folder (the template lives there);
-                                                   // empty: warm starts are off
-  std::vector<std::string> env;                    // the template's: the node's worker environment
-  std::filesystem::path log_root;                  // <log_root>/warm_template.log is its output
-  int group_guard_fd = -1;                         // GroupReaper::channel()
+  WorkerCommand command;            // a Python entrypoint, else warm starts are off
+  std::filesystem::path probe_dir;  // the probe's folder (the template lives there);
+                                    // empty: warm starts are off
+  std::vector<std::string> env;     // the template's: the node's worker environment
+  std::filesystem::path log_root;   // <log_root>/warm_template.log is its output
+  int group_guard_fd = -1;          // GroupReaper::channel()
+  bool alone = false;               // the job has one node: no rendezvous keep-alive to miss
   std::function<void(const std::string&)> notice;  // one line on the console
 };
 
@@ -61,6 +62,8 @@ class WarmStarter {
   // Sends the lists under dir to the template (started first if need be) when they changed.
   void feed(const std::filesystem::path& dir, int local_world);
   void schedule_check();
+  // How long the loop may wait for the template (kWaitLimit, or kWaitLimitAlone).
+  std::chrono::milliseconds wait_limit() const;
   bool start_template();
   void drop_template(const std::string& why);
   std::vector<std::string> own_folders() const;

@@ -47,6 +47,7 @@ WorkerTemplate::WorkerTemplate(const WorkerTemplateOptions& options) {
   spawn.program = options.program;
   spawn.argv = options.argv;
   env_ = options.env;
+  std::erase_if(env_, [](const std::string& e) { return e.starts_with("DDPRUN_TEMPLATE_PAD="); });
   spawn.env = options.env;
   spawn.env.push_back("DDPRUN_TEMPLATE_FD=" + std::to_string(theirs.get()));
   spawn.stdout_fd = options.output_fd;

@@ -58,16 +58,30 @@ _MAIN_KEYS = sorted(k for k in ("__annotations__",) if k in globals())
 # sitecustomize that sets variables, ddprun's giving PYTHONPATH back): each worker's gets the
 # same changes (_set_environment).
 _STARTUP_ENV = dict(os.environ)
-_STARTUP_ENV.pop("DDPRUN_TEMPLATE_FD", None)  # for the template alone
+# The environment this process was exec'd with (/proc/self/environ): ddprun's, with what a
+# wrapper of the interpreter changed before it exec'd it.
+try:
+    with open("/proc/self/environ", "rb") as _environ:
+        _EXEC_ENV = dict(os.fsdecode(_e).partition("=")[::2]
+                         for _e in _environ.read().split(b"\0") if _e)
+except OSError:
+    _EXEC_ENV = dict(_STARTUP_ENV)
+_STARTUP_FD = os.environ["DDPRUN_TEMPLATE_FD"]
+for _name in ("DDPRUN_TEMPLATE_FD", "DDPRUN_TEMPLATE_PAD"):  # for the template alone
+    _STARTUP_ENV.pop(_name, None)
+    _EXEC_ENV.pop(_name, None)
+    os.environ.pop(_name, None)
 # The interpreter's own command line up to this script: the real executable a wrapper exec'd.
-_ORIG_PREFIX = list(getattr(sys, "orig_argv", [])[:-1])
+_ORIG_PREFIX = list(getattr(sys, "orig_argv", []))
+_ORIG_PREFIX = _ORIG_PREFIX[:_ORIG_PREFIX.index(sys.argv[0])] if sys.argv[0] in _ORIG_PREFIX else []
 
 import _ddprun_modules  # noqa: E402  (from this file's folder, sys.path[0] until here)
 
 if sys.path and os.path.realpath(sys.path[0] or ".") == _FOLDER:
     del sys.path[0]  # a worker's sys.path[0] is its script's folder, set when it is forked
 
-_SOCKET_FD = int(os.environ.pop("DDPRUN_TEMPLATE_FD"))
+_SOCKET_FD = int(_STARTUP_FD)
+_C_SOURCE_KEPT = None  # _c_source_in_tracebacks(), asked before the first fork
 _MAX_FDS = 64
 
 
@@ -295,9 +309,10 @@ def _become_worker(request, fds, control, held):
         if request.get("cpus"):
             os.sched_setaffinity(0, request["cpus"])
         _reset_signals()
-        _set_environment(request["env"], request["given"])
+        exec_env = _set_environment(request["env"], request["given"])
         os.chdir(request["cwd"])
         job = _Job(request["argv"])
+        _set_process_strings(job.argv, exec_env)
         _make_standard_streams()
         _reseed()
         _start_probe()
@@ -391,21 +406,74 @@ def _entries(entries):
     return env
 
 
-def _set_environment(entries, given):
-    """The worker's environment (`entries`, as ddprun would exec it) with the changes the
-    interpreter's start-up made to this template's (`given`, as ddprun started it): what the
-    worker's own start-up would have made (sitecustomize giving PYTHONPATH back, a wrapper's
-    variables)."""
+def _changed(entries, given, after):
+    """The environment `entries` with the changes that turned `given` into `after`."""
     env = _entries(entries)
-    given = _entries(given)
     for key, value in given.items():
-        if key not in _STARTUP_ENV and env.get(key) == value:
+        if key not in after and env.get(key) == value:
             del env[key]
-    for key, value in _STARTUP_ENV.items():
+    for key, value in after.items():
         if given.get(key) != value:
             env[key] = value
+    return env
+
+
+def _set_environment(entries, given):
+    """The worker's environment (`entries`, as ddprun would exec it) with the changes made to
+    this template's (`given`, as ddprun started it) by a wrapper of the interpreter and by the
+    interpreter's start-up (sitecustomize giving PYTHONPATH back): what the worker's own would
+    have made. Returns the environment its exec would have had (/proc/PID/environ)."""
+    given = _entries(given)
     os.environ.clear()
-    os.environ.update(env)
+    os.environ.update(_changed(entries, given, _STARTUP_ENV))
+    return _changed(entries, given, _EXEC_ENV)
+
+
+def _set_process_strings(argv, env):
+    """/proc/self/cmdline and /proc/self/environ (what ps, pgrep -f and pkill -f read) as an
+    exec'd worker's: the command line and the environment written over the template's, in
+    the room ddprun padded them with. Left as they are when the worker's do not fit."""
+    try:
+        with open("/proc/self/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        arg_start, arg_end, env_start, env_end = (int(f) for f in fields[45:49])
+    except (OSError, ValueError, IndexError):
+        return
+    encoding = sys.getfilesystemencoding()
+    command = b"".join(a.encode(encoding, "surrogateescape") + b"\0" for a in argv)
+    environment = b"".join(("%s=%s" % item).encode(encoding, "surrogateescape") + b"\0"
+                           for item in env.items())
+    if not _write_area(arg_start, arg_end, command, 2):  # PR_SET_MM_ARG_END
+        # The kernel kept the area's end (no CAP_SYS_RESOURCE): the command line as one
+        # string, spaces between the arguments, which the kernel reads up to its first NUL
+        # once the area's last byte is not one (as setproctitle does): ps, pgrep -f and
+        # pkill -f read the worker's command line exactly.
+        text = command[:-1].replace(b"\0", b" ") + b"\0"
+        size = arg_end - arg_start
+        if len(text) < size:
+            _fill(arg_start, text + b" " * (size - len(text)))
+    _write_area(env_start, env_end, environment, 3)  # PR_SET_MM_ENV_END; else NULs follow
+
+
+def _fill(start, data):
+    import ctypes
+
+    ctypes.memmove(start, data, len(data))
+
+
+def _write_area(start, end, data, end_option):
+    """Writes data over [start, end) of this process, NULs after it, and asks the kernel to end
+    the area after data; False when it refused (it needs CAP_SYS_RESOURCE)."""
+    if start <= 0 or len(data) > end - start:
+        return True  # left as it was
+    import ctypes
+
+    _fill(start, data + b"\0" * (end - start - len(data)))
+    PR_SET_MM = 35
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
+                           ctypes.c_ulong]
+    return libc.prctl(PR_SET_MM, end_option, start + len(data), 0, 0) == 0
 
 
 def _stream(fd, write, name):
@@ -467,6 +535,23 @@ def _start_probe():
         sys.stderr.write("ddprun: the Python probe is off in this worker: %s\n" % reason)
 
 
+def _c_source_in_tracebacks():
+    """Whether this interpreter keeps `-c` code's source for its tracebacks (3.14 does; 3.11
+    does not): asked once of the interpreter itself."""
+    import linecache
+    import subprocess
+
+    if not hasattr(linecache, "_register_code"):
+        return False
+    try:
+        probe = subprocess.run(
+            [sys.executable, "-I", "-c", "import linecache; print(len(linecache._interactive_cache))"],
+            capture_output=True, text=True, timeout=30)
+        return probe.stdout.strip() not in ("", "0")
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
 class _Job:
     """What the worker runs: `python <flags> SCRIPT ARGS` or `python <flags> -c SOURCE ARGS`,
     as the agent would have exec'd it (argv is that command)."""
@@ -475,8 +560,10 @@ class _Job:
         at = 1
         while at < len(argv) and argv[at].startswith("-") and argv[at] != "-c":
             at += 1  # the interpreter's flags: this template runs with the same
-        if hasattr(sys, "orig_argv"):  # Python 3.10+: the real interpreter, as exec'd
-            sys.orig_argv = _ORIG_PREFIX + argv[at:] if _ORIG_PREFIX else list(argv)
+        # The real interpreter's command line, as exec'd (a wrapper's exec included).
+        self.argv = _ORIG_PREFIX + argv[at:] if _ORIG_PREFIX else list(argv)
+        if hasattr(sys, "orig_argv"):  # Python 3.10+
+            sys.orig_argv = list(self.argv)
         if at < len(argv) and argv[at] == "-c":
             self.source, self.file = argv[at + 1], None
             sys.argv[:] = ["-c"] + argv[at + 2:]
@@ -507,6 +594,10 @@ class _Job:
         if self.file is None:
             namespace["__loader__"] = importlib.machinery.BuiltinImporter
             code = compile(self.source, "<string>", "exec", dont_inherit=True)
+            if _C_SOURCE_KEPT:  # as this interpreter's -c: tracebacks show the lines
+                import linecache
+
+                linecache._register_code(code, self.source, "<string>")
         else:
             namespace["__file__"] = self.file
             namespace["__cached__"] = None
@@ -549,6 +640,8 @@ def _reply(control, message):
 def _serve():
     """Answers the agent until it closes the socket: None in the template, the worker's _Job
     in a forked worker."""
+    global _C_SOURCE_KEPT
+    _C_SOURCE_KEPT = _c_source_in_tracebacks()
     control = socket.socket(fileno=_SOCKET_FD)
     preloaded = _Preloaded()
     while True:

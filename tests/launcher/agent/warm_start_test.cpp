@@ -8,6 +8,8 @@
 #include <csignal>
 #include <filesystem>
 #include <fstream>
+#include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
@@ -43,6 +45,14 @@ json read_json(const fs::path& path) {
 json comparable(json fields) {
   fields["env"].erase("DDPRUN_RECORD_FD");
   fields["env"].erase("DDPRUN_STACK_FD");
+  json environ = json::array();
+  for (const auto& entry : fields["proc_environ"]) {
+    const std::string text = entry.get<std::string>();
+    if (!text.starts_with("DDPRUN_RECORD_FD=") && !text.starts_with("DDPRUN_STACK_FD=")) {
+      environ.push_back(text);
+    }
+  }
+  fields["proc_environ"] = environ;
   std::vector<std::string> files;
   for (const auto& [fd, link] : fields["descriptors"].items()) files.push_back(link);
   std::sort(files.begin(), files.end());
@@ -65,19 +75,42 @@ fs::path copy_site(const fs::path& into) {
 }  // namespace
 
 TEST_CASE(
-    "a restarted worker forked from the warm template sees what an exec'd one sees: "
-    "environment, argv, sys.path, streams, descriptors, signals, limits, its own session",
+    "a restarted worker forked from the warm template sees what an exec'd one sees ("
+    "environment, argv, sys.path, streams, descriptors, signals, limits, its own session)",
     "[torch]") {
-  const std::string streams = GENERATE(std::string(""), "--tee=3", "--redirects=3");
+  // How the entrypoint runs (a script, --run_path or -m, the last two through ddprun's -c
+  // wrapper), and where the streams go (the console, pipes teed to files, files).
+  const auto [entry, streams] = GENERATE(table<std::string, std::string>({
+      {"script", ""},
+      {"script", "--tee=3"},
+      {"script", "--redirects=3"},
+      {"--run_path", ""},
+      {"-m", "--tee=1"},
+  }));
   TempDir out;
   TempDir logs;
-  std::vector<std::string> argv = {bin_path("ddprun").string(), "--nproc_per_node=2",
-                                   "--max_restarts=1", "--log_dir=" + logs.path().string()};
+  // -m finds the module in the working directory: ddprun runs in the scripts' folder.
+  std::vector<std::string> argv = {"/bin/sh",
+                                   "-c",
+                                   "cd \"$0\" && exec \"$@\"",
+                                   source_path("tests/launcher/agent/python").string(),
+                                   bin_path("ddprun").string(),
+                                   "--nproc_per_node=2",
+                                   "--max_restarts=1",
+                                   "--log_dir=" + logs.path().string()};
   if (!streams.empty()) argv.push_back(streams);
-  argv.insert(argv.end(), {script("warm_fields.py"), out.path().string(), "crash"});
+  if (entry == "-m") {
+    argv.insert(argv.end(), {"-m", "warm_fields"});
+  } else {
+    if (entry != "script") argv.push_back(entry);
+    argv.push_back(script("warm_fields.py"));
+  }
+  argv.insert(argv.end(), {out.path().string(), "crash"});
   const ProcessResult result =
       run_process(argv, {{"PYTHON_EXEC", torch_python()}}, {}, milliseconds(180000));
-  INFO("streams: " << streams << "\nstderr:\n" << result.err << "\nstdout:\n" << result.out);
+  INFO("entry: " << entry << ", streams: " << streams << "\nstderr:\n"
+                 << result.err << "\nstdout:\n"
+                 << result.out);
   REQUIRE(result.status == 0);
   CHECK_THAT(result.err, Catch::Contains("warm start: attempt 1's 2 workers were forked"));
   for (int rank = 0; rank < 2; ++rank) {
@@ -107,17 +140,28 @@ TEST_CASE(
     "traceback an exec'd worker prints and exits 1, and the template never imports the program's "
     "own modules",
     "[torch]") {
+  // A script, or --run_path through ddprun's @record wrapper (the error file's traceback).
+  const std::string entry = GENERATE(std::string("script"), "--run_path");
   std::map<std::string, std::string> tracebacks;
   for (const std::string mode : {"off", "always"}) {
     TempDir out;
     TempDir logs;
     const fs::path marker = out.path() / "marker";
-    const ProcessResult result = run_process(
-        {bin_path("ddprun").string(), "--nproc_per_node=2", "--warm_start=" + mode, "--redirects=3",
-         "--log_dir=" + logs.path().string(), script("warm_job.py"), "raise", out.path().string()},
-        {{"PYTHON_EXEC", torch_python()}, {"WARM_MARKER", marker.string()}}, {},
-        milliseconds(180000));
-    INFO("mode " << mode << "\nstderr:\n" << result.err << "\nstdout:\n" << result.out);
+    std::vector<std::string> argv = {bin_path("ddprun").string(), "--nproc_per_node=2",
+                                     "--warm_start=" + mode, "--redirects=3",
+                                     "--log_dir=" + logs.path().string()};
+    if (entry != "script") argv.push_back(entry);
+    argv.insert(argv.end(), {script("warm_job.py"), "raise", out.path().string()});
+    const ProcessResult result =
+        run_process(argv, {{"PYTHON_EXEC", torch_python()}, {"WARM_MARKER", marker.string()}}, {},
+                    milliseconds(180000));
+    INFO("entry " << entry << ", mode " << mode << "\nstderr:\n"
+                  << result.err << "\nstdout:\n"
+                  << result.out);
+    if (entry == "--run_path") {  // the error file's traceback is the report's root cause
+      CHECK_THAT(result.err,
+                 Catch::Contains("ValueError: boom from rank 1") && Catch::Contains("error.json"));
+    }
     CHECK(result.status != 0);
     CHECK_THAT(result.err, Catch::Contains("rank      : 1 (local_rank: 1)"));
     CHECK_THAT(result.err, Catch::Contains("exit      : exit code 1"));
@@ -140,8 +184,8 @@ TEST_CASE(
 
 TEST_CASE(
     "a warm start that should not happen starts the workers cold with one line saying why, "
-    "and the job succeeds: a preloaded module started a thread, changed on disk, or the "
-    "template was killed",
+    "and the job succeeds (a preloaded module started a thread, changed on disk, or the "
+    "template was killed)",
     "[torch]") {
   const auto [mode, why] = GENERATE(table<std::string, std::string>({
       {"thread", "threads after its imports"},
@@ -165,38 +209,114 @@ TEST_CASE(
              Catch::Contains("attempt 1 rank 0") && Catch::Contains("attempt 1 rank 1"));
 }
 
-TEST_CASE("kill -9 of ddprun leaves neither its warm template nor the workers it forked",
-          "[torch]") {
+TEST_CASE(
+    "two agents with c10d rendezvous each fork their restarted workers from their own warm "
+    "template",
+    "[torch]") {
+  TempDir out;
+  const int port = reserve_port();
+  std::vector<std::unique_ptr<ChildProcess>> nodes;
+  std::vector<std::unique_ptr<TempDir>> logs;
+  for (int node = 0; node < 2; ++node) {
+    logs.push_back(std::make_unique<TempDir>());
+    nodes.push_back(std::make_unique<ChildProcess>(
+        std::vector<std::string>{bin_path("ddprun").string(), "--nnodes=2", "--nproc_per_node=2",
+                                 "--max_restarts=1", "--rdzv_backend=c10d",
+                                 "--rdzv_endpoint=127.0.0.1:" + std::to_string(port),
+                                 "--rdzv_id=warm", "--log_dir=" + logs.back()->path().string(),
+                                 script("warm_fields.py"), out.path().string(), "crash"},
+        std::map<std::string, std::string>{{"PYTHON_EXEC", torch_python()}}));
+  }
+  for (auto& node : nodes) {
+    const ProcessResult result = node->wait(milliseconds(180000));
+    INFO("stderr:\n" << result.err << "\nstdout:\n" << result.out);
+    CHECK(result.status == 0);
+    CHECK_THAT(result.err, Catch::Contains("warm start: attempt 1's 2 workers were forked"));
+  }
+  for (int rank = 0; rank < 4; ++rank) {
+    INFO("rank " << rank);
+    CHECK(fs::exists(out.path() / ("a1_r" + std::to_string(rank) + ".json")));
+  }
+}
+
+namespace {
+
+// warm_job.py wait under ddprun --warm_start=always, 2 workers, both ready.
+struct WaitingJob {
   TempDir out;
   TempDir logs;
-  ChildProcess job(
-      {bin_path("ddprun").string(), "--nproc_per_node=2", "--warm_start=always",
-       "--log_dir=" + logs.path().string(), script("warm_job.py"), "wait", out.path().string()},
-      {{"PYTHON_EXEC", torch_python()}, {"WARM_MARKER", (out.path() / "marker").string()}});
-  const std::vector<std::string> ready =
-      job.wait_for_stdout_lines("ready ", 2, milliseconds(120000));
-  std::vector<pid_t> pids;
-  for (const std::string& line : ready) pids.push_back(std::stoi(line.substr(line.find(' ') + 1)));
-  // The template: ddprun's child that runs _ddprun_template.py.
-  for (const auto& entry : fs::directory_iterator("/proc")) {
-    const std::string cmdline = read_file(entry.path() / "cmdline");
-    const std::string stat = read_file(entry.path() / "stat");
-    if (cmdline.find("_ddprun_template.py") == std::string::npos) continue;
-    std::istringstream fields(stat.substr(stat.rfind(')') + 2));
-    std::string state;
-    pid_t parent = 0;
-    fields >> state >> parent;
-    // (the workers it forked show its command line too)
-    const pid_t pid = std::stoi(entry.path().filename().string());
-    if (parent == job.pid() && std::find(pids.begin(), pids.end(), pid) == pids.end()) {
-      pids.push_back(pid);
+  std::unique_ptr<ChildProcess> ddprun;
+  std::vector<pid_t> workers;
+  pid_t template_pid = 0;
+
+  WaitingJob() {
+    ddprun = std::make_unique<ChildProcess>(
+        std::vector<std::string>{bin_path("ddprun").string(), "--nproc_per_node=2",
+                                 "--warm_start=always", "--log_dir=" + logs.path().string(),
+                                 script("warm_job.py"), "wait", out.path().string()},
+        std::map<std::string, std::string>{{"PYTHON_EXEC", torch_python()},
+                                           {"WARM_MARKER", (out.path() / "marker").string()}});
+    for (const std::string& line :
+         ddprun->wait_for_stdout_lines("ready ", 2, milliseconds(120000))) {
+      workers.push_back(std::stoi(line.substr(line.find(' ') + 1)));
+    }
+    // The template: ddprun's child that runs _ddprun_template.py (the workers it forked show
+    // its command line too).
+    for (const auto& entry : fs::directory_iterator("/proc")) {
+      const std::string cmdline = read_file(entry.path() / "cmdline");
+      if (cmdline.find("_ddprun_template.py") == std::string::npos) continue;
+      const std::string stat = read_file(entry.path() / "stat");
+      std::istringstream fields(stat.substr(stat.rfind(')') + 2));
+      std::string state;
+      pid_t parent = 0;
+      fields >> state >> parent;
+      const pid_t pid = std::stoi(entry.path().filename().string());
+      if (parent == ddprun->pid() &&
+          std::find(workers.begin(), workers.end(), pid) == workers.end()) {
+        template_pid = pid;
+      }
     }
   }
-  REQUIRE(pids.size() == 3);
-  job.signal(SIGKILL);
-  job.wait(milliseconds(10000));
-  for (const pid_t pid : pids) {
+  void go() { std::ofstream(out.path() / "go") << "go\n"; }
+};
+
+}  // namespace
+
+TEST_CASE("kill -9 of ddprun leaves neither its warm template nor the workers it forked",
+          "[torch]") {
+  WaitingJob job;
+  REQUIRE(job.workers.size() == 2);
+  REQUIRE(job.template_pid > 0);
+  job.ddprun->signal(SIGKILL);
+  job.ddprun->wait(milliseconds(10000));
+  for (const pid_t pid : {job.workers[0], job.workers[1], job.template_pid}) {
     INFO("pid " << pid);
     CHECK(wait_for_process_exit(pid, milliseconds(10000)));
   }
+}
+
+TEST_CASE(
+    "kill -9 of the warm template leaves the workers it forked running, and the job ends as "
+    "it would have",
+    "[torch]") {
+  WaitingJob job;
+  REQUIRE(job.template_pid > 0);
+  ::kill(job.template_pid, SIGKILL);
+  CHECK(wait_for_process_exit(job.template_pid, milliseconds(10000)));
+  job.go();
+  const ProcessResult result = job.ddprun->wait(milliseconds(60000));
+  INFO("stderr:\n" << result.err);
+  CHECK(result.status == 0);
+}
+
+TEST_CASE("kill -USR1 of ddprun shows the stacks of workers forked from the warm template",
+          "[torch]") {
+  WaitingJob job;
+  job.ddprun->signal(SIGUSR1);
+  job.ddprun->wait_for_stderr("where each Python worker is:", milliseconds(20000));
+  job.go();
+  const ProcessResult result = job.ddprun->wait(milliseconds(60000));
+  INFO("stderr:\n" << result.err);
+  CHECK(result.status == 0);
+  CHECK_THAT(result.err, Catch::Contains("warm_job.py"));
 }

@@ -58,16 +58,23 @@ def main():
     umask = os.umask(0)
     os.umask(umask)
     main_module = sys.modules["__main__"]
+    volatile = ("TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_ERROR_FILE", "DDPRUN_MODULES_FILE",
+                "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_FR_DUMP_TEMP_FILE")
+    with open("/proc/self/cmdline", "rb") as f:  # as ps and pgrep -f read it
+        cmdline = f.read().replace(b"\0", b" ").decode().rstrip(" ")
+    with open("/proc/self/environ", "rb") as f:
+        environ = sorted(e.decode() for e in f.read().split(b"\0")
+                         if e and e.split(b"=")[0].decode() not in volatile)
     fields = {
         "argv": sys.argv, "orig_argv": getattr(sys, "orig_argv", None), "path": sys.path,
         "cwd": os.getcwd(), "flags": list(sys.flags), "executable": sys.executable,
-        "env": {k: v for k, v in os.environ.items() if k not in (
-            "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_ERROR_FILE", "DDPRUN_MODULES_FILE",
-            "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_FR_DUMP_TEMP_FILE")},
+        "env": {k: v for k, v in os.environ.items() if k not in volatile},
+        "proc_cmdline": cmdline, "proc_environ": environ,
         "main": {"name": main_module.__name__, "file": main_module.__dict__.get("__file__"),
                  "is_this": main_module.__dict__ is globals(),
                  "keys": sorted(k for k in vars(main_module) if k.startswith("__")),
-                 "loader": type(main_module.__loader__).__name__, "spec": repr(__spec__),
+                 "loader": type(main_module.__loader__).__name__,
+                 "spec": re.sub(r" at 0x[0-9a-f]+", "", repr(__spec__)),
                  "cached": main_module.__dict__.get("__cached__", "absent")},
         "streams": streams(), "descriptors": descriptors(),
         "signals": {str(s): repr(signal.getsignal(s)) for s in range(1, signal.NSIG)

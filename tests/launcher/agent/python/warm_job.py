@@ -67,12 +67,14 @@ def main():
     rank = dist.get_rank()
     dist.all_reduce(torch.ones(2))
     if attempt > 0:
-        print("attempt %d rank %d" % (attempt, rank), flush=True)
+        sys.stdout.write("attempt %d rank %d\n" % (attempt, rank))  # one write: ranks interleave
+        sys.stdout.flush()
         return
     if mode == "raise" and rank == 1:
         raise ValueError("boom from rank 1")
     if mode == "wait":
-        print("ready %d" % os.getpid(), flush=True)
+        sys.stdout.write("ready %d\n" % os.getpid())  # one write: ranks interleave
+        sys.stdout.flush()
         while not os.path.exists(os.path.join(out, "go")):
             time.sleep(0.05)
         return
