@@ -86,6 +86,7 @@ TEST_CASE(
       {"script", "--redirects=3"},
       {"--run_path", ""},
       {"-m", "--tee=1"},
+      {"script", "--tee=3 --local_ranks_filter=1 --duplicate_stdout_filters=fields"},
   }));
   TempDir out;
   TempDir logs;
@@ -98,7 +99,8 @@ TEST_CASE(
                                    "--nproc_per_node=2",
                                    "--max_restarts=1",
                                    "--log_dir=" + logs.path().string()};
-  if (!streams.empty()) argv.push_back(streams);
+  std::istringstream options(streams);
+  for (std::string option; options >> option;) argv.push_back(option);
   if (entry == "-m") {
     argv.insert(argv.end(), {"-m", "warm_fields"});
   } else {
