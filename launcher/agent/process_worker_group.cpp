@@ -52,6 +52,18 @@ void add_flight_recorder(std::vector<std::string>& env, const fs::path& attempt_
   env.push_back("DDPRUN_FR_OLD_NAMES=TORCH_NCCL_TRACE_BUFFER_SIZE,TORCH_NCCL_DEBUG_INFO_TEMP_FILE");
 }
 
+// Drops the variables an outer ddprun gave this one (it runs as a worker): each worker gets
+// its own page, stack file, probe path and modules list.
+void drop_outer_variables(std::vector<std::string>& env) {
+  std::erase_if(env, [](const std::string& entry) {
+    return entry.starts_with(std::string(record::kRecordFdVariable) + "=") ||
+           entry.starts_with(std::string(record::kStackFdVariable) + "=") ||
+           entry.starts_with(std::string(record::kStackSignalVariable) + "=") ||
+           entry.starts_with(std::string(kModulesFileVariable) + "=") ||
+           entry.starts_with(std::string(kUserPythonPathVariable) + "=");
+  });
+}
+
 // How long PyTorch's Flight Recorder analyser may take over the dumps of one round.
 constexpr std::chrono::seconds kFlightRecorderTimeout{60};
 
@@ -131,13 +143,7 @@ ProcessWorkerGroup::ProcessWorkerGroup(boost::asio::io_context& io,
 
 std::vector<std::string> ProcessWorkerGroup::template_environment() const {
   std::vector<std::string> env = merge_environment(options_.base_env, {});
-  std::erase_if(env, [](const std::string& entry) {  // those of an outer ddprun
-    return entry.starts_with(std::string(record::kRecordFdVariable) + "=") ||
-           entry.starts_with(std::string(record::kStackFdVariable) + "=") ||
-           entry.starts_with(std::string(record::kStackSignalVariable) + "=") ||
-           entry.starts_with("DDPRUN_MODULES_FILE=") ||
-           entry.starts_with(std::string(kUserPythonPathVariable) + "=");
-  });
+  drop_outer_variables(env);
   add_nccl_profiler(env);
   if (options_.command.python && !options_.python_probe_dir.empty()) add_python_probe(env);
   return env;
@@ -217,13 +223,7 @@ void ProcessWorkerGroup::start_worker(int local_rank, const fs::path& dir, ExitH
   // reads, and the file the probe writes Python stacks into.
   auto record = std::make_shared<RecordMapping>();
   if (options_.command.python) add_flight_recorder(spawn.env, dir.parent_path());
-  std::erase_if(spawn.env, [](const std::string& entry) {  // those of an outer ddprun
-    return entry.starts_with(std::string(record::kRecordFdVariable) + "=") ||
-           entry.starts_with(std::string(record::kStackFdVariable) + "=") ||
-           entry.starts_with(std::string(record::kStackSignalVariable) + "=") ||
-           entry.starts_with("DDPRUN_MODULES_FILE=") ||
-           entry.starts_with(std::string(kUserPythonPathVariable) + "=");
-  });
+  drop_outer_variables(spawn.env);
   spawn.env.push_back(record->variable());
   if (const std::string modules = warm_->modules_variable(dir); !modules.empty()) {
     spawn.env.push_back(modules);

@@ -11,8 +11,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// The variable that names a worker's modules list, and the list's name in its log folder.
-constexpr const char* kModulesVariable = "DDPRUN_MODULES_FILE";
+// A worker's modules list, in its log folder.
 constexpr const char* kModulesFile = "modules.txt";
 // The template's script, in the probe's folder.
 constexpr const char* kTemplateScript = "_ddprun_template.py";
@@ -60,7 +59,7 @@ std::chrono::milliseconds WarmStarter::wait_limit() const {
 
 std::string WarmStarter::modules_variable(const fs::path& dir) const {
   if (!enabled_) return "";
-  return std::string(kModulesVariable) + "=" + (dir / kModulesFile).string();
+  return std::string(kModulesFileVariable) + "=" + (dir / kModulesFile).string();
 }
 
 std::vector<std::string> WarmStarter::own_folders() const {
