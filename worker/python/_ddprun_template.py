@@ -7,11 +7,13 @@ DDPRUN_TEMPLATE_FD naming a SOCK_SEQPACKET socket. Requests are JSON messages; e
 JSON reply:
 - {"op": "prepare", "lists": [paths], "own": [folders]}: imports the installed modules the
   lists name (_ddprun_modules), skipping any that fails; replies {"op": "prepared",
-  "imported": N, "failed": N, "seconds": S, "problem": text or null}. A problem (an import
+  "imported": N, "failed": N, "modules": all it holds, "seconds": S, "problem": text or
+  null}, and writes a line of it to its own output (ddprun's warm_template.log). A problem (an import
   started a thread, opened a descriptor, printed, initialized CUDA) means this template must
   not fork: the agent starts the workers cold, saying why.
-- {"op": "spawn", "argv": [...], "env": ["K=V"...], "cwd": path, "cpus": [...],
-  "fds": [target numbers], "guard": index or -1, "agent": pid}, with the descriptors
+- {"op": "spawn", "argv": [...], "env": ["K=V"...], "given": [the template's environment as
+  ddprun gave it], "cwd": path, "cpus": [...], "fds": [target numbers], "guard": index or -1,
+  "agent": pid}, with the descriptors
   (SCM_RIGHTS) in the order "fds" names their targets, then the group guard's channel:
   forks the worker; replies {"op": "spawned", "pid": P}, or {"op": "cold", "reason": text}
   when it must not fork.
@@ -23,9 +25,12 @@ it and reads its exit status as an exec'd worker's. The worker then becomes what
 `python <flags> <script or -c source> <args>` would have been: its own session, the agent's
 group guard told, the parent-death signal, its descriptors (exactly the standard streams and
 the inherited ones, at their numbers), CPUs, signal dispositions and mask as a fresh
-interpreter has them, the environment, sys.argv, sys.orig_argv, sys.path[0], new standard
-streams as Python's start-up makes them, numpy's global RandomState reseeded (Python's random
-reseeds itself at a fork), ddprun's probe installed for this worker, and a fresh __main__
+interpreter has them, the environment (with the changes this interpreter's start-up made to
+the template's), /proc/self/cmdline and environ (written over the template's, which ddprun
+padded: DDPRUN_TEMPLATE_PAD and an argument of spaces), sys.argv, sys.orig_argv,
+sys.path[0], new standard streams as Python's start-up makes them, numpy's global RandomState
+and torch's CPU generator reseeded (Python's random reseeds itself at a fork), ddprun's probe
+installed for this worker, and a fresh __main__
 module that the entrypoint runs in, at this file's top level: an exception it raises is
 printed with the traceback a fresh interpreter prints (this file's frames trimmed), and its
 exit status is the same.
