@@ -50,6 +50,8 @@ int PythonStackCapture::capture(std::vector<Target> targets, Done done) {
     if (signal != 0 && dump.target.running() && dump.refused.empty()) {
       dump.offset = dump.target.record->stack_size();
       dump.last_size = dump.offset;
+      dump.signal = signal;
+      dump.blocking = threads_blocking(dump.target.pid, signal);
       dump.signalled = ::kill(dump.target.pid, signal) == 0;  // the process only
       signalled += dump.signalled ? 1 : 0;
     }
@@ -81,8 +83,12 @@ void PythonStackCapture::poll() {
       dump.last_size = size;
       dump.changed = now;
     }
-    const bool quiet = size > dump.offset && now - dump.changed >= kQuiet;
-    dump.ended = quiet || !dump.target.running() || now >= deadline_;
+    const bool grew = size > dump.offset;
+    const bool quiet = grew && now - dump.changed >= kQuiet;
+    // faulthandler writes the whole dump inside its handler: once the worker has handled the
+    // signal, the dump is complete.
+    const bool handled = grew && handled_signal(dump.target.pid, dump.signal, dump.blocking);
+    dump.ended = handled || quiet || !dump.target.running() || now >= deadline_;
     all_ended = all_ended && dump.ended;
   }
   if (all_ended) return finish();

@@ -5,8 +5,9 @@
 // (RecordMapping::stacks_since), never onto its stderr. A worker that asked for no signal is
 // sent none, nor one that no longer catches it (it exec'd another program) or whose registered
 // descriptor (RecordPage::stack_fd) is no longer the stack file: its PythonStack says why. Done
-// once every dump has ended: its file stopped growing for kQuiet after it grew, the worker exited,
-// or kTimeout passed. Internal to the launcher; runs on the agent's loop.
+// once every dump has ended: the worker has handled the signal (nothing pending, no thread in the
+// handler) and its file grew, or the file stopped growing for kQuiet after it grew, the worker
+// exited, or kTimeout passed. Internal to the launcher; runs on the agent's loop.
 
 #include <sys/types.h>
 
@@ -16,6 +17,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -43,7 +45,7 @@ class PythonStackCapture {
   // How long a dump's file must stay unchanged to count as ended, how often it is looked at,
   // and how long a capture may take in all.
   static constexpr std::chrono::milliseconds kQuiet{60};
-  static constexpr std::chrono::milliseconds kPoll{20};
+  static constexpr std::chrono::milliseconds kPoll{5};
   static constexpr std::chrono::milliseconds kTimeout{2000};
 
   explicit PythonStackCapture(boost::asio::io_context& io);
@@ -65,6 +67,8 @@ class PythonStackCapture {
     std::uint64_t last_size = 0;                    // at the last look
     std::chrono::steady_clock::time_point changed;  // when it last grew
     std::string refused;  // why it was not signalled though its probe asked ("": it was)
+    int signal = 0;
+    std::set<pid_t> blocking;  // its threads that blocked the signal before it was sent
     bool signalled = false;
     bool ended = false;
   };
