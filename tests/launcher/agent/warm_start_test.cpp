@@ -212,26 +212,43 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "two agents with c10d rendezvous each fork their restarted workers from their own warm "
-    "template",
+    "two agents each fork their restarted workers from their own warm template, with c10d and "
+    "with static rendezvous",
     "[torch]") {
+  const std::string backend = GENERATE(std::string("c10d"), "static");
+  if (backend == "static" && torch_version() && torch_version()->major >= 2) {
+    // Not warm starts' doing: with static rendezvous on several nodes the agent's store keeps
+    // the last attempt's keys, and PyTorch 2.x's Gloo then dials attempt 0's addresses (cold
+    // workers too; torchrun 2.14 fails the same way). Left for the store's own issue.
+    WARN(
+        "static rendezvous across nodes not run on PyTorch 2.x: its restarts read the last "
+        "attempt's Gloo addresses, cold as warm");
+    return;
+  }
   TempDir out;
   const int port = reserve_port();
   std::vector<std::unique_ptr<ChildProcess>> nodes;
   std::vector<std::unique_ptr<TempDir>> logs;
   for (int node = 0; node < 2; ++node) {
     logs.push_back(std::make_unique<TempDir>());
+    std::vector<std::string> argv = {bin_path("ddprun").string(), "--nnodes=2",
+                                     "--nproc_per_node=2", "--max_restarts=1",
+                                     "--log_dir=" + logs.back()->path().string()};
+    if (backend == "c10d") {
+      argv.insert(argv.end(),
+                  {"--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:" + std::to_string(port),
+                   "--rdzv_id=warm"});
+    } else {
+      argv.insert(argv.end(), {"--node_rank=" + std::to_string(node), "--master_addr=127.0.0.1",
+                               "--master_port=" + std::to_string(port)});
+    }
+    argv.insert(argv.end(), {script("warm_fields.py"), out.path().string(), "crash"});
     nodes.push_back(std::make_unique<ChildProcess>(
-        std::vector<std::string>{bin_path("ddprun").string(), "--nnodes=2", "--nproc_per_node=2",
-                                 "--max_restarts=1", "--rdzv_backend=c10d",
-                                 "--rdzv_endpoint=127.0.0.1:" + std::to_string(port),
-                                 "--rdzv_id=warm", "--log_dir=" + logs.back()->path().string(),
-                                 script("warm_fields.py"), out.path().string(), "crash"},
-        std::map<std::string, std::string>{{"PYTHON_EXEC", torch_python()}}));
+        argv, std::map<std::string, std::string>{{"PYTHON_EXEC", torch_python()}}));
   }
   for (auto& node : nodes) {
     const ProcessResult result = node->wait(milliseconds(180000));
-    INFO("stderr:\n" << result.err << "\nstdout:\n" << result.out);
+    INFO(backend << "\nstderr:\n" << result.err << "\nstdout:\n" << result.out);
     CHECK(result.status == 0);
     CHECK_THAT(result.err, Catch::Contains("warm start: attempt 1's 2 workers were forked"));
   }
