@@ -19,6 +19,9 @@ import torch
 import torch.distributed as dist
 
 
+_KEEP = []
+
+
 def streams():
     seen = {}
     for name in ("stdin", "stdout", "stderr"):
@@ -92,6 +95,7 @@ def main():
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     value = torch.ones(4)
+    _KEEP.append(value)  # (as in warm_job.py: no Gloo thread drops it while Python finalizes)
     dist.all_reduce(value)
     draws = {"random": random.random(), "numpy": float(numpy.random.rand())}
     with open(os.path.join(out, "a%d_r%d.json" % (attempt, rank)), "w") as f:

@@ -21,6 +21,9 @@ import torch.distributed as dist
 import warm_own_module  # noqa: F401
 
 
+_KEEP = []
+
+
 def template_pid():
     """The pid of ddprun's warm template (the child of our ddprun running _ddprun_template.py)."""
     agent = os.getppid()
@@ -65,7 +68,11 @@ def main():
         import warm_plain  # noqa: F401
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    dist.all_reduce(torch.ones(2))
+    # Kept until exit: a tensor whose last reference a Gloo thread drops while Python finalizes
+    # aborts PyTorch 1.13 on Python 3.11 ("terminate called without an active exception"),
+    # exec'd or forked alike, in about 1 run in 40.
+    _KEEP.append(torch.ones(2))
+    dist.all_reduce(_KEEP[-1])
     if attempt > 0:
         sys.stdout.write("attempt %d rank %d\n" % (attempt, rank))  # one write: ranks interleave
         sys.stdout.flush()
