@@ -212,8 +212,13 @@ void WarmStarter::schedule_check() {
       if (!template_->reason().empty()) {
         const std::string why = template_->reason();
         drop_template(why);
-        if (options_.notice) {
-          options_.notice("ddprun: warm start: a restart now would start its workers cold: " + why);
+        if (options_.notice) {  // the next feed starts another template, unless off now
+          options_.notice(off_.empty()
+                              ? "ddprun: warm start: the template cannot be used (" + why +
+                                    "); starting another"
+                              : "ddprun: warm start: off for this job, a restart starts its "
+                                "workers cold: " +
+                                    why);
         }
       }
     }
