@@ -75,18 +75,7 @@ bool handled_signal(pid_t pid, int signal, const std::set<pid_t>& blocking_befor
 
 bool catches_signal(pid_t pid, int signal) {
   if (signal <= 0 || signal > 64) return false;
-  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
-  const std::string key = "SigCgt:";
-  for (std::string line; std::getline(status, line);) {
-    if (!line.starts_with(key)) continue;
-    try {
-      const std::uint64_t caught = std::stoull(line.substr(key.size()), nullptr, 16);
-      return ((caught >> (signal - 1)) & 1) != 0;
-    } catch (const std::exception&) {
-      return false;
-    }
-  }
-  return false;
+  return mask_has("/proc/" + std::to_string(pid) + "/status", "SigCgt:", signal).value_or(false);
 }
 
 bool holds_same_file(pid_t pid, int fd, int ours) {
