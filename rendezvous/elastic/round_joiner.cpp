@@ -12,6 +12,11 @@ std::chrono::milliseconds ms_until(Clock::time_point then, Clock::time_point now
   return std::chrono::duration_cast<std::chrono::milliseconds>(then - now);
 }
 
+// How often the tender of an open round reads the queue's counter: from the first value while
+// joiners come, doubling to the last while none do.
+constexpr std::chrono::milliseconds kTenderPollFirst{10};
+constexpr std::chrono::milliseconds kTenderPollLast{200};
+
 std::string nnodes_text(const RoundRules& rules) {
   if (rules.min_nodes == rules.max_nodes) return "--nnodes=" + std::to_string(rules.max_nodes);
   return "--nnodes=" + std::to_string(rules.min_nodes) + ":" + std::to_string(rules.max_nodes);
@@ -46,7 +51,16 @@ RoundInfo RoundJoiner::run() {
         }
         prepared = true;
       }
-      auto view = join(pending_ ? *std::exchange(pending_, std::nullopt) : read());
+      auto seen = pending_ ? *std::exchange(pending_, std::nullopt) : read();
+      if (seen.state && seen.state->phase == Phase::kOpen && !seen.state->tender.empty() &&
+          seen.state->tender != self_.node_id &&
+          join_round(seen.state, {self_, last_round_, last_end_}, session_.rules).kind ==
+              JoinResult::Kind::kJoined) {
+        await_tender(*seen.state);
+        failing_since_.reset();
+        continue;
+      }
+      auto view = join(seen);
       failing_since_.reset();
       if (!view) continue;  // lost a compare-and-set: read again
       const RoundState& state = *view->state;
@@ -55,11 +69,15 @@ RoundInfo RoundJoiner::run() {
         store_.set(session_.keys.closed(info->round), "1");  // wakes whoever still waits
         return *info;
       }
-      if (state.phase == Phase::kOpen && tend(state, view->token)) continue;
+      if (state.phase == Phase::kOpen && state.tender == self_.node_id &&
+          tend(state, view->token)) {
+        continue;
+      }
       if (Clock::now() >= deadline_) time_out(state);
       notice(state);
       wait_slice(state);
     } catch (const store::StoreError& e) {
+      session_.check_cancel();  // our own client closed under the call
       store_failed(e.what());
     }
   }
@@ -112,17 +130,54 @@ std::optional<RoundJoiner::View> RoundJoiner::join(const View& view) {
 
 bool RoundJoiner::tend(const RoundState& state, const std::optional<std::string>& token) {
   StoreStateBackend backend(store_, session_.keys.state());
-  auto ids = nodes_to_watch(state);
-  ids.erase(std::remove(ids.begin(), ids.end(), self_.node_id), ids.end());
-  auto dead = liveness_->dead(store_, ids);
-  if (!dead.empty()) {
-    RoundState next = state;
-    for (const auto& id : dead) next = remove_node(next, id).value_or(next);
-    session_.check_cancel();
-    backend.set_state(encode_state(next), token);  // won or lost: read again either way
-    return true;
-  }
+  const int r = state.round;
   auto now = Clock::now();
+  // The queue: its counter first (a few bytes), the lines only when it moved.
+  if (auto count = store_.add(session_.keys.queued(r), 0); count > queue_seen_) {
+    queue_seen_ = count;
+    std::string text = store_.get(session_.keys.queue(r));
+    std::vector<Participant> joiners;
+    int skipped = 0;
+    int line = 0;
+    for (std::size_t at = 0; at < text.size();) {
+      auto end = text.find('\n', at);
+      if (end == std::string::npos) break;  // never: one APPEND is one whole line
+      if (line++ >= state.queued) {
+        try {
+          joiners.push_back(decode_participant(std::string_view(text).substr(at, end - at)));
+        } catch (const RendezvousError&) {
+          ++skipped;  // not ours to fail on: leave it out
+        }
+      }
+      at = end + 1;
+    }
+    if (!joiners.empty() || skipped > 0) {
+      auto folded = fold_queued(state, joiners, session_.rules);
+      folded.state.queued += skipped;
+      session_.check_cancel();
+      if (backend.set_state(encode_state(folded.state), token).won) {
+        for (const auto& [id, why] : folded.rejected)
+          store_.set(session_.keys.rejected(r, id), why);
+        if (folded.state.phase != Phase::kOpen) store_.set(session_.keys.closed(r), "1");
+        tender_poll_ = std::chrono::milliseconds(0);
+      }
+      return true;
+    }
+  }
+  if (now >= next_liveness_) {
+    next_liveness_ = now + session_.slice();
+    auto ids = nodes_to_watch(state);
+    ids.erase(std::remove(ids.begin(), ids.end(), self_.node_id), ids.end());
+    auto dead = liveness_->dead(store_, ids);
+    if (!dead.empty()) {
+      RoundState next = state;
+      for (const auto& id : dead) next = remove_node(next, id).value_or(next);
+      next.tender = self_.node_id;
+      session_.check_cancel();
+      backend.set_state(encode_state(next), token);  // won or lost: read again either way
+      return true;
+    }
+  }
   if (close_due(state, session_.rules, last_call_.observe(state, session_.rules, now))) {
     session_.check_cancel();
     if (backend.set_state(encode_state(close_round(state, session_.rules)), token).won) {
@@ -133,6 +188,49 @@ bool RoundJoiner::tend(const RoundState& state, const std::optional<std::string>
   return false;
 }
 
+void RoundJoiner::await_tender(const RoundState& state) {
+  const int r = state.round;
+  if (queued_for_ != r && !is_participant(state, self_.node_id)) {
+    session_.check_cancel();
+    // The line first, then the count that tells the tender to read the lines.
+    store_.append(session_.keys.queue(r), encode_participant(self_) + "\n");
+    queued_for_ = r;
+    store_.add(session_.keys.queued(r), 1);
+  }
+  while (true) {
+    session_.check_cancel();
+    auto now = Clock::now();
+    if (now >= deadline_) time_out(state);
+    if (now >= next_notice_) {  // say how the round fills, from a fresh read of it
+      auto fresh = read();
+      if (fresh.state) notice(*fresh.state);
+    }
+    try {
+      store_.wait({session_.keys.closed(r)},
+                  std::max(std::min(session_.slice(), ms_until(deadline_, now)),
+                           std::chrono::milliseconds(1)));
+      return;  // closed: read who is in
+    } catch (const store::StoreTimeout&) {
+    }
+    const std::string rejected = session_.keys.rejected(r, self_.node_id);
+    if (store_.check({rejected})) {
+      throw RendezvousError("rendezvous '" + session_.settings.run_id + "' at " +
+                            session_.endpoint + " refused this node: " + store_.get(rejected));
+    }
+    if (!liveness_->dead(store_, {state.tender}).empty()) {
+      // Remove the dead tender; the next to join the round in the state tends it.
+      session_.modify(store_, [&](const std::optional<RoundState>& current) {
+        if (!current || current->round != r || current->phase != Phase::kOpen ||
+            current->tender != state.tender) {
+          return std::optional<RoundState>();
+        }
+        return remove_node(*current, state.tender);
+      });
+      return;
+    }
+  }
+}
+
 void RoundJoiner::wait_slice(const RoundState& state) {
   auto now = Clock::now();
   auto wait = std::min(session_.slice(), ms_until(deadline_, now));
@@ -141,6 +239,11 @@ void RoundJoiner::wait_slice(const RoundState& state) {
     target = state.round;
     if (auto at_min = last_call_.observe(state, session_.rules, now)) {
       wait = std::min(wait, session_.rules.last_call - *at_min);
+    }
+    if (state.tender == self_.node_id) {
+      // The tender looks at the queue often while joiners come, less often when none do.
+      tender_poll_ = std::clamp(tender_poll_ * 2, kTenderPollFirst, kTenderPollLast);
+      wait = std::min(wait, tender_poll_);
     }
   }
   wait = std::max(wait, std::chrono::milliseconds(1));

@@ -1,9 +1,14 @@
 #pragma once
 // next_round's work, on the engine's round thread: join (or open, or wait for) the next
-// round and wait, in slices, until it closes. Each slice also removes nodes the backend calls
-// dead (stale heartbeat, expired lease) and closes the round when it is due (whoever sees it first
-// does the CAS).
+// round and wait until it closes. The node that opened a round is its tender: it takes the
+// joiners from the round's queue into the state (one compare-and-set for many joiners),
+// removes nodes the backend calls dead (stale heartbeat, expired lease) and closes the round
+// when it is due. Every other joiner appends itself to the queue once and waits for the
+// round to close, looking only at the tender's heartbeat: a node's requests per round do not
+// grow with the number of nodes, and the state is written by one node at a time. When the
+// tender dies, the first joiner to see it removes it and becomes the tender.
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -32,8 +37,12 @@ class RoundJoiner {
   View read();
   // Joins, opens or waits; returns the resulting state, or empty when a CAS was lost.
   std::optional<View> join(const View& view);
-  // Open round: removes dead nodes, closes it when due. True when the state changed.
+  // Open round, on its tender: takes queued joiners in, removes dead nodes, closes it when
+  // due. True when the state changed (or a write was tried).
   bool tend(const RoundState& state, const std::optional<std::string>& token);
+  // Open round that another node tends: queues this node (once per round) and waits until
+  // the round closes, the tender is gone, or it is time to say how the round fills.
+  void await_tender(const RoundState& state);
   void wait_slice(const RoundState& state);
   void notice(const RoundState& state);
   [[noreturn]] void time_out(const RoundState& state);
@@ -54,6 +63,10 @@ class RoundJoiner {
   std::optional<Clock::time_point> failing_since_;
   std::optional<View> pending_;  // the state a lost compare-and-set returned
   int stop_requested_for_ = -1;
+  int queued_for_ = -1;                       // the round whose queue has this node
+  std::int64_t queue_seen_ = 0;               // the tender: the queue count it last read at
+  std::chrono::milliseconds tender_poll_{0};  // the tender: how often it looks at the queue
+  Clock::time_point next_liveness_;           // the tender: when it next reads heartbeats
 };
 
 }  // namespace ddp::elastic

@@ -58,7 +58,12 @@ JoinResult wait_for_next(const RoundState& state, const Participant& self,
 // Adds self to an open round (or to its wait list when it is full), closing the round when
 // that completes it.
 JoinResult join_open(const RoundState& state, const Participant& self, const RoundRules& rules) {
-  if (is_participant(state, self.node_id)) return {JoinResult::Kind::kJoined, {}, false, {}};
+  if (is_participant(state, self.node_id)) {
+    if (!state.tender.empty()) return {JoinResult::Kind::kJoined, {}, false, {}};
+    RoundState next = state;  // its tender was removed: this member takes over
+    next.tender = self.node_id;
+    return {JoinResult::Kind::kJoined, std::move(next), false, {}};
+  }
   if (static_cast<int>(state.participants.size()) >= rules.max_nodes) {
     return wait_for_next(state, self, rules);
   }
@@ -70,6 +75,7 @@ JoinResult join_open(const RoundState& state, const Participant& self, const Rou
   RoundState next = state;
   erase_node(next.wait_list, self.node_id);
   next.participants.push_back(self);
+  if (next.tender.empty()) next.tender = self.node_id;
   if (close_due(next, rules, std::nullopt)) next = close_round(std::move(next), rules);
   return {JoinResult::Kind::kJoined, std::move(next), false, {}};
 }
@@ -81,6 +87,7 @@ JoinResult open_next(const RoundState& state, const Participant& self, const Rou
   RoundState next;
   next.round = state.round + 1;
   next.phase = Phase::kOpen;
+  next.tender = self.node_id;
   next.restart_count = next_restart_count(state.restart_count, end);
   for (const auto& node : state.participants) next.expected.push_back(node.node_id);
   int room = rules.max_nodes - static_cast<int>(state.participants.size());
@@ -134,6 +141,24 @@ JoinResult join_round(const std::optional<RoundState>& state, const JoinInput& i
   return wait_for_next(*state, input.self, rules);
 }
 
+Folded fold_queued(const RoundState& open, const std::vector<Participant>& joiners,
+                   const RoundRules& rules) {
+  Folded out{open, {}};
+  for (const auto& joiner : joiners) {
+    if (out.state.phase != Phase::kOpen) break;  // closed by the last one: the rest wait
+    ++out.state.queued;
+    auto result = join_open(out.state, joiner, rules);
+    if (result.kind == JoinResult::Kind::kRejected) {
+      out.rejected.emplace_back(joiner.node_id, result.error);
+    } else if (result.next) {
+      int queued = out.state.queued;
+      out.state = std::move(*result.next);
+      out.state.queued = queued;
+    }
+  }
+  return out;
+}
+
 bool close_due(const RoundState& state, const RoundRules& rules,
                std::optional<std::chrono::milliseconds> at_min_for) {
   if (state.phase != Phase::kOpen) return false;
@@ -180,6 +205,7 @@ std::optional<RoundState> remove_node(const RoundState& state, std::string_view 
     found = true;
   }
   if (!found) return std::nullopt;
+  if (next.tender == node_id) next.tender.clear();
   return next;
 }
 

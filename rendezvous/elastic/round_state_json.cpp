@@ -103,6 +103,10 @@ std::string encode_state(const RoundState& state) {
               {"expected", state.expected},
               {"master_addr", state.master_addr},
               {"master_port", state.master_port}};
+  if (state.phase == Phase::kOpen) {
+    out["tender"] = state.tender;
+    out["queued"] = state.queued;
+  }
   return out.dump();
 }
 
@@ -118,9 +122,23 @@ RoundState decode_state(std::string_view text) {
     state.expected = in.at("expected").get<std::vector<std::string>>();
     state.master_addr = in.at("master_addr").get<std::string>();
     state.master_port = in.at("master_port").get<int>();
+    state.tender = in.value("tender", std::string());
+    state.queued = in.value("queued", 0);
     return state;
   } catch (const json::exception& e) {
     throw RendezvousError(std::string("the rendezvous state in the store is malformed: ") +
+                          e.what());
+  }
+}
+
+std::string encode_participant(const Participant& node) { return participant_json(node).dump(); }
+
+Participant decode_participant(std::string_view text) {
+  json in = parse(text, "join queue");
+  try {
+    return participant_of(in);
+  } catch (const json::exception& e) {
+    throw RendezvousError(std::string("a joiner in the rendezvous queue is malformed: ") +
                           e.what());
   }
 }

@@ -48,9 +48,20 @@ void report_lost(const StoreSession& session, store::Store& store, const RoundIn
 
 std::optional<StopReason> watch_until_end(const StoreSession& session, store::Store& store,
                                           const RoundInfo& round, const std::string& self_id) {
+  // Group rank 0 watches every other member; rank 1 watches rank 0; the others watch ranks 0
+  // and 1 and speak only when both are gone. One node reads N heartbeats a slice, the rest
+  // one or two: linear in the nodes, and one node reports a lost one.
   std::vector<std::string> others;
-  for (const auto& member : round.members) {
-    if (member.node_id != self_id) others.push_back(member.node_id);
+  bool all_must_die = false;
+  if (round.group_rank == 0) {
+    for (const auto& member : round.members) {
+      if (member.node_id != self_id) others.push_back(member.node_id);
+    }
+  } else {
+    for (std::size_t g = 0; g < std::min<std::size_t>(2, round.members.size()); ++g) {
+      if (round.members[g].node_id != self_id) others.push_back(round.members[g].node_id);
+    }
+    all_must_die = others.size() > 1;
   }
   auto liveness = session.backend->observer();
   const auto budget = session.backend->failure_budget();
@@ -65,8 +76,11 @@ std::optional<StopReason> watch_until_end(const StoreSession& session, store::St
       if (failing_since) session.notice("ddprun: " + session.endpoint + " answers again");
       failing_since.reset();
       auto dead = liveness->dead(store, others);
-      if (!dead.empty()) report_lost(session, store, round, dead);
+      if (!dead.empty() && (!all_must_die || dead.size() == others.size())) {
+        report_lost(session, store, round, dead);
+      }
     } catch (const store::StoreError& e) {
+      session.check_cancel();  // our own client closed under the call: not the store's fault
       auto now = Clock::now();
       if (auto gone = session.backend->lost_for_good(e.what())) {  // no point in waiting
         auto lost = make_stop(StopReason::Kind::kNodeLost, "", session.settings.store_host);
@@ -95,6 +109,7 @@ bool pass_exit_barrier(const StoreSession& session, store::Store& store, const R
   const auto budget = session.backend->failure_budget();
   auto deadline = Clock::now() + session.settings.timeouts.exit_barrier;
   bool arrived = false;
+  bool last = false;  // this node's arrival was the members' count: it looks at the keys
   std::optional<Clock::time_point> failing_since;
   while (true) {
     session.check_cancel();
@@ -103,10 +118,15 @@ bool pass_exit_barrier(const StoreSession& session, store::Store& store, const R
       if (!arrived) {
         store.set(session.keys.done(round.round, self), "1");
         arrived = true;
+        // A hint only (a retried ADD counts twice): the keys decide.
+        last = store.add(session.keys.arrived(round.round), 1) >=
+               static_cast<std::int64_t>(members.size());
       }
-      // Looked at every slice, not only on arrival: the last member may die right after it
-      // set its key, and a finish written by another node may have been lost with the store.
-      if (session.backend->all_arrived(store, round.round, members)) {
+      // Group rank 0 looks every slice, not only on arrival: the last member may die right
+      // after it set its key, and a finish written by another node may have been lost with
+      // the store. The others wait for the end: N keys are read by one or two nodes.
+      if ((last || round.group_rank == 0) &&
+          session.backend->all_arrived(store, round.round, members)) {
         session.end_round(store, round.round, RoundEnd{true, {}});
       }
       auto end = wait_end(session, store, round.round, std::min(session.slice(), left));
@@ -114,13 +134,16 @@ bool pass_exit_barrier(const StoreSession& session, store::Store& store, const R
       failing_since.reset();
       if (end) {
         if (!end->finished) return false;
-        // Whoever sees the barrier passed closes the rendezvous (idempotent).
-        session.modify(store, [&](const std::optional<RoundState>& current) {
-          return current ? finish(*current, round.round) : std::nullopt;
-        });
+        // The nodes that looked at the keys close the rendezvous (idempotent).
+        if (last || round.group_rank == 0) {
+          session.modify(store, [&](const std::optional<RoundState>& current) {
+            return current ? finish(*current, round.round) : std::nullopt;
+          });
+        }
         return true;
       }
     } catch (const store::StoreError& e) {
+      session.check_cancel();
       auto now = Clock::now();
       if (session.backend->lost_for_good(e.what())) throw;
       if (!failing_since) {

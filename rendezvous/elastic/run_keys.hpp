@@ -9,6 +9,15 @@
 //                      a StopReason, or {"finished":true} once the exit barrier passed
 //   round_<r>/done/<node_id>  exit barrier: set by each member whose workers succeeded (one
 //                      key per node, never a counter: setting it twice counts once)
+//   round_<r>/arrived  exit barrier: a counter each member ADDs 1 to after its done key; a
+//                      hint of when to look at the keys, never the count itself
+//   round_<r>/queue    open round r's joiners, one JSON Participant a line (APPEND), which the
+//                      round's tender adds to the state (so that N joiners are not N racing
+//                      compare-and-sets of a state of N nodes)
+//   round_<r>/queued   a counter each joiner ADDs 1 to after its APPEND: tells the tender,
+//                      in a few bytes, that the queue grew
+//   round_<r>/rejected/<node_id>  why the tender left a queued joiner out (static: its
+//                      --node_rank is taken or out of range)
 
 #include <string>
 
@@ -29,6 +38,12 @@ class RunKeys {
   // The exit barrier's keys of round r, by prefix, and this node's.
   std::string done(int round) const { return round_key(round, "done/"); }
   std::string done(int round, const std::string& node_id) const { return done(round) + node_id; }
+  std::string arrived(int round) const { return round_key(round, "arrived"); }
+  std::string queue(int round) const { return round_key(round, "queue"); }
+  std::string queued(int round) const { return round_key(round, "queued"); }
+  std::string rejected(int round, const std::string& node_id) const {
+    return round_key(round, "rejected/") + node_id;
+  }
 
  private:
   std::string round_key(int round, const char* name) const {

@@ -8,6 +8,8 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <random>
+#include <thread>
 
 #include "ddp/elastic/heartbeat_monitor.hpp"
 #include "ddp/store/client.hpp"
@@ -42,6 +44,18 @@ class CounterObserver final : public LivenessObserver {
   RunKeys keys_;
   HeartbeatMonitor monitor_;
 };
+
+// A connection attempt after the first waits up to this long for the store's answer.
+constexpr std::chrono::milliseconds kConnectLast{4000};
+// The pause before the second attempt; it doubles with each (to 16 times this), and each
+// is drawn between half and one and a half of that.
+constexpr std::chrono::milliseconds kRetryPauseFirst{50};
+
+std::chrono::milliseconds jittered(std::chrono::milliseconds pause) {
+  thread_local std::minstd_rand random{std::random_device{}()};
+  std::uniform_int_distribution<long> draw(pause.count() / 2, pause.count() * 3 / 2);
+  return std::chrono::milliseconds(draw(random));
+}
 
 // How long one connect of the refusal probe (lost_for_good) may take: a live host refuses in
 // a round trip; and how long a connection it made must stay open to count as a live server.
@@ -112,12 +126,21 @@ class StoreBackend final : public RunBackend {
   std::unique_ptr<store::Store> connect(
       Clock::time_point deadline, const std::atomic<bool>& cancel,
       const std::function<void(const std::string&)>& on_failure) const override {
-    // Each attempt (and each later reconnect) tries for kConnectSlice, so that a dead store
-    // is retried with back-off, never in a tight loop, and cancellation is seen in time.
+    // The first attempt tries for kConnectSlice, so that cancellation is seen in time; each
+    // later one for twice as long, up to kConnectLast, after a pause with jitter: a store
+    // host that is slow to answer (a thousand agents starting at once) is given the time it
+    // needs instead of a new connection from every agent every second.
+    int tries = 0;
     return connect_with_retries(
         deadline, cancel, on_failure, std::chrono::milliseconds(0),
-        [this]() -> std::unique_ptr<store::Store> {
-          return std::make_unique<store::Client>(options(kConnectSlice));
+        [this, &tries, &cancel]() -> std::unique_ptr<store::Store> {
+          if (tries > 0) {
+            std::this_thread::sleep_for(jittered(kRetryPauseFirst * (1 << std::min(tries, 4))));
+            if (cancel.load()) throw Cancelled{};
+          }
+          auto bound = std::min(kConnectSlice * (1 << std::min(tries, 2)), kConnectLast);
+          ++tries;
+          return std::make_unique<store::Client>(options(bound));
         },
         [this](std::chrono::milliseconds tried, const std::string& error) {
           return "could not reach the rendezvous store at " + where_ + " for " +

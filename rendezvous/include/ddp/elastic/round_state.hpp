@@ -49,6 +49,10 @@ struct RoundState {
   std::vector<std::string> expected;      // kOpen, round > 0: ids whose joining closes the round
   std::string master_addr;                // kRunning: MASTER_ADDR of the round's workers
   int master_port = 0;                    // kRunning: MASTER_PORT
+  // kOpen: the node that adds queued joiners and closes the round (the one that opened it;
+  // empty once it was removed: the next node to see that takes over).
+  std::string tender;
+  int queued = 0;  // kOpen: joiners taken from the round's queue so far (join_queue)
 };
 
 // What the pure functions need to know of the settings.
@@ -100,6 +104,17 @@ struct JoinResult {
 JoinResult join_round(const std::optional<RoundState>& state, const JoinInput& input,
                       const RoundRules& rules);
 
+// The joiners the tender took from an open round's queue (join_queue.hpp), in queue order:
+// each joins as join_round would have it join (a full round wait-lists it), and a static
+// node whose --node_rank is out of range or taken is left out, with why. `queued` counts them
+// all.
+struct Folded {
+  RoundState state;
+  std::vector<std::pair<std::string, std::string>> rejected;  // node id, why
+};
+Folded fold_queued(const RoundState& open, const std::vector<Participant>& joiners,
+                   const RoundRules& rules);
+
 // True when the open round must close now: MAX nodes; or MIN nodes and either every expected
 // node joined (round > 0) or the observer has seen MIN for last_call (at_min_for).
 bool close_due(const RoundState& state, const RoundRules& rules,
@@ -147,5 +162,8 @@ std::string encode_state(const RoundState& state);
 RoundState decode_state(std::string_view json);
 std::string encode_end(const RoundEnd& end);
 RoundEnd decode_end(std::string_view json);
+// One line of a round's join queue (no newline in it).
+std::string encode_participant(const Participant& node);
+Participant decode_participant(std::string_view json);
 
 }  // namespace ddp::elastic
