@@ -1,6 +1,6 @@
 // ddpstore: the c10d-compatible TCP store server alone, in the foreground.
 //   ddpstore --host 127.0.0.1 --port 0     # prints "listening on 127.0.0.1:<port>"
-// Runs until SIGINT or SIGTERM, then exits 0.
+// Runs until SIGINT or SIGTERM, then exits 0 (with --stats, after a line of counts).
 
 #include <sys/resource.h>
 
@@ -56,6 +56,9 @@ int main(int argc, char** argv) {
                  "Budget for replies queued for all clients; the client that takes it past is "
                  "closed")
       ->capture_default_str();
+  bool stats = false;
+  app.add_flag("--stats", stats,
+               "At exit, print the requests handled and the connections accepted (one line)");
   CLI11_PARSE(app, argc, argv);
 
   raise_open_file_limit();
@@ -66,6 +69,11 @@ int main(int argc, char** argv) {
     boost::asio::signal_set signals(io, SIGINT, SIGTERM);
     std::cout << "listening on " << options.host << ":" << server.port() << std::endl;
     signals.async_wait([&](const boost::system::error_code&, int) {
+      if (stats) {
+        auto now = server.stats();
+        std::cout << "requests " << now.requests << ", connections accepted " << now.accepted
+                  << ", keys " << now.keys << ", stored bytes " << now.stored_bytes << std::endl;
+      }
       server.close();
       io.stop();
     });

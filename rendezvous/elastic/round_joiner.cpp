@@ -50,6 +50,20 @@ RoundInfo RoundJoiner::run() {
           last_end_ = session_.end_round(store_, *last_round_, RoundEnd{false, asked});
         }
         prepared = true;
+        // The round this node ran ended: one of its members opens the next (the first to
+        // claim it); the others queue into it at once, so that N members do not each read a
+        // state of N nodes and race to write the next one.
+        if (last_round_ && last_end_ && !last_end_->finished) {
+          const int next = *last_round_ + 1;
+          auto opener = store_.compare_set(session_.keys.opener(next), "", self_.node_id);
+          if (opener != self_.node_id) {
+            RoundState opening;
+            opening.round = next;
+            opening.tender = opener;
+            await_tender(opening);
+            continue;
+          }
+        }
       }
       auto seen = pending_ ? *std::exchange(pending_, std::nullopt) : read();
       if (seen.state && seen.state->phase == Phase::kOpen && !seen.state->tender.empty() &&
@@ -203,7 +217,11 @@ void RoundJoiner::await_tender(const RoundState& state) {
     if (now >= deadline_) time_out(state);
     if (now >= next_notice_) {  // say how the round fills, from a fresh read of it
       auto fresh = read();
-      if (fresh.state) notice(*fresh.state);
+      if (!fresh.state || fresh.state->round != r || fresh.state->phase != Phase::kOpen) {
+        pending_ = std::move(fresh);  // it closed meanwhile: go on from what was read
+        return;
+      }
+      notice(*fresh.state);
     }
     try {
       store_.wait({session_.keys.closed(r)},

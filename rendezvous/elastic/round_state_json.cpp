@@ -51,23 +51,30 @@ StopReason::Kind kind_of(const std::string& name) {
   throw RendezvousError("unknown stop reason '" + name + "'");
 }
 
+// A node as an array, [id, host, addr, local_world_size, role, worker_store_port] and the
+// fixed group rank when set: the state of a round of 1,000 nodes is read by each of them, and
+// an array parses in a fraction of an object's time and memory.
 json participant_json(const Participant& node) {
-  json out = {{"id", node.node_id}, {"host", node.host},
-              {"addr", node.addr},  {"local_world_size", node.local_world_size},
-              {"role", node.role},  {"worker_store_port", node.worker_store_port}};
-  if (node.fixed_group_rank) out["fixed_group_rank"] = *node.fixed_group_rank;
+  json out = json::array({node.node_id, node.host, node.addr, node.local_world_size, node.role,
+                          node.worker_store_port});
+  if (node.fixed_group_rank) out.push_back(*node.fixed_group_rank);
   return out;
 }
 
 Participant participant_of(const json& in) {
+  if (!in.is_array() || in.size() < 6) {
+    throw RendezvousError(
+        "a node in the rendezvous state is not [id, host, addr, "
+        "local_world_size, role, worker_store_port]");
+  }
   Participant node;
-  node.node_id = in.at("id").get<std::string>();
-  node.host = in.at("host").get<std::string>();
-  node.addr = in.at("addr").get<std::string>();
-  node.local_world_size = in.at("local_world_size").get<int>();
-  node.role = in.at("role").get<std::string>();
-  node.worker_store_port = in.at("worker_store_port").get<int>();
-  if (in.contains("fixed_group_rank")) node.fixed_group_rank = in["fixed_group_rank"].get<int>();
+  node.node_id = in[0].get<std::string>();
+  node.host = in[1].get<std::string>();
+  node.addr = in[2].get<std::string>();
+  node.local_world_size = in[3].get<int>();
+  node.role = in[4].get<std::string>();
+  node.worker_store_port = in[5].get<int>();
+  if (in.size() > 6) node.fixed_group_rank = in[6].get<int>();
   return node;
 }
 

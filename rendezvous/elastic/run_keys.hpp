@@ -16,6 +16,9 @@
 //                      compare-and-sets of a state of N nodes)
 //   round_<r>/queued   a counter each joiner ADDs 1 to after its APPEND: tells the tender,
 //                      in a few bytes, that the queue grew
+//   round_<r>/opener  the member of round r-1 that opens round r (compare_set from "", first
+//                      writer wins); the other members queue into round r at once, without
+//                      reading the state
 //   round_<r>/rejected/<node_id>  why the tender left a queued joiner out (static: its
 //                      --node_rank is taken or out of range)
 
@@ -39,6 +42,7 @@ class RunKeys {
   std::string done(int round) const { return round_key(round, "done/"); }
   std::string done(int round, const std::string& node_id) const { return done(round) + node_id; }
   std::string arrived(int round) const { return round_key(round, "arrived"); }
+  std::string opener(int round) const { return round_key(round, "opener"); }
   std::string queue(int round) const { return round_key(round, "queue"); }
   std::string queued(int round) const { return round_key(round, "queued"); }
   std::string rejected(int round, const std::string& node_id) const {
