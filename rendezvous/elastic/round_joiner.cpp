@@ -231,7 +231,7 @@ void RoundJoiner::await_tender(const RoundState& state) {
     } catch (const store::StoreTimeout&) {
     }
     const std::string rejected = session_.keys.rejected(r, self_.node_id);
-    if (store_.check({rejected})) {
+    if (session_.rules.is_static && store_.check({rejected})) {  // only static rejects
       throw RendezvousError("rendezvous '" + session_.settings.run_id + "' at " +
                             session_.endpoint + " refused this node: " + store_.get(rejected));
     }

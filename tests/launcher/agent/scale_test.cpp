@@ -47,8 +47,8 @@ std::vector<std::string> unexpected_lines(const ProcessResult& r) {
 // Runs a job of n agents (workers exit 0 at once) against a ddpstore of its own and returns
 // the requests that store served.
 long job_requests(int n, const std::string& run_id) {
-  ChildProcess store({bin_path("ddpstore").string(), "--host", "127.0.0.1", "--port", "0",
-                      "--stats"});
+  ChildProcess store(
+      {bin_path("ddpstore").string(), "--host", "127.0.0.1", "--port", "0", "--stats"});
   std::string line = store.next_stdout_line();
   REQUIRE(line.starts_with("listening on "));
   const int port = std::stoi(line.substr(line.rfind(':') + 1));
@@ -91,8 +91,7 @@ TEST_CASE("an agent's store requests for a job do not grow with the number of ag
   const long large = job_requests(kAgents, "scale-requests-200");
   const double per_small = static_cast<double>(small) / 50;
   const double per_large = static_cast<double>(large) / kAgents;
-  INFO("requests per agent: " << per_small << " at 50 agents, " << per_large << " at "
-                              << kAgents);
+  INFO("requests per agent: " << per_small << " at 50 agents, " << per_large << " at " << kAgents);
   // Each agent: a few to join and read the round, a heartbeat and a wait per second, the exit
   // barrier. A protocol in which each agent reads every other's keys, or races every other's
   // writes, needs hundreds per agent at 200.

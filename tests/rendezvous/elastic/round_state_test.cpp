@@ -374,3 +374,71 @@ TEST_CASE("round state: JSON round trip of states and ends") {
   CHECK_THROWS_AS(decode_state("{\"round\": 1}"), RendezvousError);
   CHECK_THROWS_AS(decode_end("{\"kind\": \"bogus\"}"), RendezvousError);
 }
+
+TEST_CASE(
+    "round state: the node that opens a round tends it, and a member takes over a removed tender") {
+  auto rules = c10d(2, 4);
+  auto state = join_all(std::nullopt, {node("a"), node("b")}, rules);
+  CHECK(state.tender == "a");  // the opener; a later joiner does not change it
+
+  auto without = remove_node(state, "a");
+  REQUIRE(without);
+  CHECK(without->tender.empty());
+  auto again = join_round(without, fresh(node("b")), rules);  // b is a member already
+  CHECK(again.kind == JoinResult::Kind::kJoined);
+  REQUIRE(again.next);
+  CHECK(again.next->tender == "b");
+
+  // The member of a finished round that opens the next one tends it.
+  auto next = join_round(running(3, {node("a"), node("b")}),
+                         JoinInput{node("b"), 3, ended(StopReason::Kind::kNodeLost)}, rules);
+  REQUIRE(next.next);
+  CHECK(next.next->round == 4);
+  CHECK(next.next->tender == "b");
+}
+
+TEST_CASE("round state: the tender folds queued joiners in order, closing at MAX") {
+  auto rules = c10d(2, 3);
+  auto state = join_all(std::nullopt, {node("a")}, rules);
+  auto folded = fold_queued(state, {node("b"), node("a"), node("c"), node("d")}, rules);
+  // b joins, a is in already, c makes MAX and closes the round; d waits for the next one.
+  CHECK(folded.state.phase == Phase::kRunning);
+  CHECK(ids(folded.state.participants) == std::vector<std::string>{"a", "b", "c"});
+  CHECK(folded.state.queued == 3);
+  CHECK(folded.rejected.empty());
+
+  auto open = fold_queued(join_all(std::nullopt, {node("a")}, c10d(2, 5)), {node("b")}, rules);
+  CHECK(open.state.phase == Phase::kOpen);
+  CHECK(open.state.queued == 1);
+  auto more = fold_queued(open.state, {node("c")}, c10d(2, 5));
+  CHECK(more.state.queued == 2);
+  CHECK(ids(more.state.participants) == std::vector<std::string>{"a", "b", "c"});
+}
+
+TEST_CASE(
+    "round state: static, the tender leaves out a queued node whose rank is taken, with why") {
+  auto rules = static_rules(3);
+  auto state = join_all(std::nullopt, {node("x", 0)}, rules);
+  auto folded = fold_queued(state, {node("y", 1), node("z", 1), node("w", 7)}, rules);
+  CHECK(ids(folded.state.participants) == std::vector<std::string>{"x", "y"});
+  CHECK(folded.state.queued == 3);
+  REQUIRE(folded.rejected.size() == 2);
+  CHECK(folded.rejected[0].first == "z");
+  CHECK_THAT(folded.rejected[0].second, Catch::Contains("--node_rank 1 is already taken"));
+  CHECK(folded.rejected[1].first == "w");
+  CHECK_THAT(folded.rejected[1].second, Catch::Contains("--node_rank 7 is outside 0..2"));
+}
+
+TEST_CASE("round state: JSON keeps an open round's tender and queue count, and a queued node") {
+  auto state = join_all(std::nullopt, {node("a")}, c10d(2, 4));
+  state.queued = 5;
+  auto back = decode_state(encode_state(state));
+  CHECK(back.tender == "a");
+  CHECK(back.queued == 5);
+  auto joiner = decode_participant(encode_participant(node("q", 2)));
+  CHECK(joiner.node_id == "q");
+  CHECK(joiner.addr == "10.0.0.q");
+  CHECK(joiner.fixed_group_rank == 2);
+  CHECK(encode_participant(node("q")).find('\n') == std::string::npos);
+  CHECK_THROWS_AS(decode_participant("[1, 2]"), RendezvousError);
+}
