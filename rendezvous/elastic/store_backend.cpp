@@ -135,7 +135,7 @@ class StoreBackend final : public RunBackend {
         deadline, cancel, on_failure, std::chrono::milliseconds(0),
         [this, &tries, &cancel]() -> std::unique_ptr<store::Store> {
           if (tries > 0) {
-            std::this_thread::sleep_for(jittered(kRetryPauseFirst * (1 << std::min(tries, 4))));
+            std::this_thread::sleep_for(jittered(kRetryPauseFirst * (1 << std::min(tries - 1, 4))));
             if (cancel.load()) throw Cancelled{};
           }
           auto bound = std::min(kConnectSlice * (1 << std::min(tries, 2)), kConnectLast);
