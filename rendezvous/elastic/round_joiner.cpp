@@ -147,8 +147,9 @@ bool RoundJoiner::tend(const RoundState& state, const std::optional<std::string>
   const int r = state.round;
   auto now = Clock::now();
   // The queue: its counter first (a few bytes), the lines only when it moved.
-  if (auto count = store_.add(session_.keys.queued(r), 0); count > queue_seen_) {
-    queue_seen_ = count;
+  if (queue_seen_.first != r) queue_seen_ = {r, 0};
+  if (auto count = store_.add(session_.keys.queued(r), 0); count > queue_seen_.second) {
+    queue_seen_.second = count;
     std::string text = store_.get(session_.keys.queue(r));
     std::vector<Participant> joiners;
     int skipped = 0;
@@ -206,10 +207,14 @@ void RoundJoiner::await_tender(const RoundState& state) {
   const int r = state.round;
   if (queued_for_ != r && !is_participant(state, self_.node_id)) {
     session_.check_cancel();
-    // The line first, then the count that tells the tender to read the lines.
+    // The line first, then the count that tells the tender to read the lines (each once,
+    // also when a store error comes between them).
     store_.append(session_.keys.queue(r), encode_participant(self_) + "\n");
     queued_for_ = r;
+  }
+  if (queued_for_ == r && counted_for_ != r) {
     store_.add(session_.keys.queued(r), 1);
+    counted_for_ = r;
   }
   while (true) {
     session_.check_cancel();

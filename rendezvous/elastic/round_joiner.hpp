@@ -12,6 +12,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <utility>
 
 #include "ddp/elastic/round_state.hpp"
 #include "ddp/store/store.hpp"
@@ -63,8 +64,10 @@ class RoundJoiner {
   std::optional<Clock::time_point> failing_since_;
   std::optional<View> pending_;  // the state a lost compare-and-set returned
   int stop_requested_for_ = -1;
-  int queued_for_ = -1;                       // the round whose queue has this node
-  std::int64_t queue_seen_ = 0;               // the tender: the queue count it last read at
+  int queued_for_ = -1;   // the round whose queue has this node's line
+  int counted_for_ = -1;  // the round whose queue count this node added to
+  // The tender: the round and queue count it last read the lines at.
+  std::pair<int, std::int64_t> queue_seen_{-1, 0};
   std::chrono::milliseconds tender_poll_{0};  // the tender: how often it looks at the queue
   Clock::time_point next_liveness_;           // the tender: when it next reads heartbeats
 };

@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <climits>
+#include <unordered_map>
+#include <unordered_set>
 
 namespace ddp::elastic {
 namespace {
@@ -165,20 +167,27 @@ bool close_due(const RoundState& state, const RoundRules& rules,
   int joined = static_cast<int>(state.participants.size());
   if (joined >= rules.max_nodes) return true;
   if (joined < rules.min_nodes) return false;
-  if (state.round > 0) {
+  if (state.round > 0 && joined >= static_cast<int>(state.expected.size())) {
+    // A set, not a search per expected node: the tender asks this for every joiner it takes
+    // in, and a re-round of 1,000 nodes expects 1,000.
+    std::unordered_set<std::string_view> in;
+    for (const auto& node : state.participants) in.insert(node.node_id);
     bool all_in = std::all_of(state.expected.begin(), state.expected.end(),
-                              [&](const std::string& id) { return is_participant(state, id); });
+                              [&](const std::string& id) { return in.contains(id); });
     if (all_in) return true;
   }
   return at_min_for && *at_min_for >= rules.last_call;
 }
 
 RoundState close_round(RoundState state, const RoundRules& rules) {
+  std::unordered_map<std::string_view, int> place;  // expected node -> its place
+  for (std::size_t i = 0; i < state.expected.size(); ++i) {
+    place.emplace(state.expected[i], static_cast<int>(i));
+  }
   auto order = [&](const Participant& node) -> std::pair<int, int> {
     if (rules.is_static) return {node.fixed_group_rank.value_or(INT_MAX), 0};
-    auto it = std::find(state.expected.begin(), state.expected.end(), node.node_id);
-    return {it == state.expected.end() ? INT_MAX : static_cast<int>(it - state.expected.begin()),
-            0};
+    auto it = place.find(node.node_id);
+    return {it == place.end() ? INT_MAX : it->second, 0};
   };
   // stable_sort keeps join order among the nodes that were not expected.
   std::stable_sort(state.participants.begin(), state.participants.end(),
