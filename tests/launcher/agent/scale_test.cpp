@@ -1,8 +1,9 @@
-// The rendezvous at scale, at the size scripts/test affords (200 agents on loopback, one
+// The control plane at scale, at the size scripts/test affords (200 agents on loopback, one
 // worker each; scripts/bench-scale runs 1,000): one job forms and finishes quietly, each
-// agent's store requests do not grow with the number of agents, and the survivors of a lost
-// agent form the next round. Workers are /bin/sh (--no_python): they print "up <WORLD_SIZE>"
-// and, where told, wait in the first round until stopped.
+// agent's store requests do not grow with the number of agents, the survivors of a lost
+// agent form the next round, and one rank of 200 that stops before a collective is named.
+// Workers are /bin/sh (--no_python): they print "up <WORLD_SIZE>" and, where told, wait in
+// the first round until stopped; for the hang, ddp-record-worker (record_worker.cpp).
 #include <catch2/catch.hpp>
 #include <csignal>
 #include <memory>
@@ -125,4 +126,39 @@ TEST_CASE("one of 200 agents killed: the other 199 form the next round and exit 
     if (r.status == 0) ++survivors;
   }
   CHECK(survivors == kAgents - 1);
+}
+
+TEST_CASE("one rank of 200 stops before a collective: the hang is named within the timeout") {
+  // Every rank records an all-reduce each 100 ms; rank 137 never enters the 30th, the others
+  // wait in it. The agents' exchange and the gatherer are the real ones.
+  constexpr int kHangTimeoutS = 5;
+  const milliseconds slack = build_timeout(milliseconds(10000));
+  const int port = reserve_port();
+  std::vector<std::unique_ptr<ChildProcess>> agents;
+  for (int i = 0; i < kAgents; ++i) {
+    std::vector<std::string> argv = {bin_path("ddprun").string()};
+    auto options = c10d_node(std::to_string(kAgents), port, "scale-hang");
+    argv.insert(argv.end(), options.begin(), options.end());
+    argv.insert(argv.end(),
+                {"--rdzv_conf=is_host=" + std::string(i == 0 ? "1" : "0"),
+                 "--hang_timeout=" + std::to_string(kHangTimeoutS), "--hang_stop_timeout=8",
+                 "--shutdown_timeout=5", "--no_python", bin_path("ddp-record-worker").string(),
+                 "--every-ms", "100", "--stuck-rank", "137", "--stuck-at", "30"});
+    agents.push_back(std::make_unique<ChildProcess>(argv));
+  }
+  for (auto& a : agents) a->wait_for_stdout_lines("recording rank=", 1, kJobTimeout);
+  // The hang begins about 3 s (29 all-reduces) after the last rank began recording.
+  agents.front()->wait_for_stderr("the job hung at collective 30",
+                                  std::chrono::seconds(3 + kHangTimeoutS) + slack);
+  int stopped = 0;
+  for (auto& a : agents) {
+    ProcessResult r = a->wait(kJobTimeout);
+    if (r.status != 0) ++stopped;  // stopped: the hang is certain
+    if (a == agents.front()) {
+      INFO("the host's agent:\n" << r.err);
+      CHECK_THAT(r.err, Catch::Contains("ranks 0-136, 138-199 have waited in it"));
+      CHECK_THAT(r.err, Catch::Contains("rank 137 (") && Catch::Contains("never entered it"));
+    }
+  }
+  CHECK(stopped == kAgents);
 }
