@@ -1,5 +1,8 @@
 #include "ddp/store/server.hpp"
 
+#include <sys/eventfd.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <boost/asio/ip/tcp.hpp>
 #include <iostream>
@@ -22,6 +25,11 @@ constexpr std::chrono::milliseconds kAcceptRetryDelay{100};
 std::size_t kept_descriptors(std::size_t limit) {
   return std::clamp<std::size_t>(limit / 16, 16, 1024);
 }
+
+// Descriptors held open once shards have started, to be freed when the table is full after
+// all (the program took the part kept for it): room to accept one connection and, if need
+// be, to start the shard that takes it.
+constexpr std::size_t kSpareDescriptors = 3;
 
 std::string endpoint_name(const std::string& host, std::uint16_t port) {
   bool v6 = host.find(':') != std::string::npos;
@@ -80,25 +88,61 @@ void Server::Impl::start_accept() {
   acceptor.async_accept(
       [self = shared_from_this()](const boost::system::error_code& ec, tcp::socket socket) {
         if (self->closed) return;
-        if (ec) {
-          if (ec == boost::asio::error::operation_aborted) return;
-          self->log("accept failed: " + ec.message() + "; retrying in " +
-                    std::to_string(kAcceptRetryDelay.count()) + " ms");
-          self->accept_retry.expires_after(kAcceptRetryDelay);
-          self->accept_retry.async_wait([self](const boost::system::error_code& timer_ec) {
-            if (!timer_ec && !self->closed) self->start_accept();
-          });
-          return;
-        }
-        self->admit(std::move(socket));
-        for (const auto& shard : self->shards) {
-          if (shard->backed_up()) {  // resume_accept() follows
-            self->accept_paused = true;
-            return;
-          }
-        }
-        self->start_accept();
+        if (ec == boost::asio::error::operation_aborted) return;
+        if (!ec) return self->on_accepted(std::move(socket));
+        if (ec == boost::asio::error::no_descriptors && self->accept_on_spares()) return;
+        self->log("accept failed: " + ec.message() + "; retrying in " +
+                  std::to_string(kAcceptRetryDelay.count()) + " ms");
+        self->accept_retry.expires_after(kAcceptRetryDelay);
+        self->accept_retry.async_wait([self](const boost::system::error_code& timer_ec) {
+          if (!timer_ec && !self->closed) self->start_accept();
+        });
       });
+}
+
+void Server::Impl::on_accepted(tcp::socket socket) {
+  admit(std::move(socket));
+  continue_accepting();
+}
+
+void Server::Impl::continue_accepting() {
+  keep_spares();
+  for (const auto& shard : shards) {
+    if (shard->backed_up()) {  // resume_accept() follows
+      accept_paused = true;
+      return;
+    }
+  }
+  start_accept();
+}
+
+bool Server::Impl::accept_on_spares() {
+  if (spare_descriptors.empty()) return false;
+  for (int fd : spare_descriptors) ::close(fd);
+  spare_descriptors.clear();
+  boost::system::error_code ec;
+  tcp::socket socket(io);
+  acceptor.accept(socket, ec);  // the connection that met the full table (or it went away)
+  if (!ec) {
+    own_table_full = true;  // whatever its number, it goes to a shard
+    admit(std::move(socket));
+    own_table_full = false;
+  }
+  if (ec && ec != boost::asio::error::would_block && ec != boost::asio::error::try_again) {
+    keep_spares();
+    return false;
+  }
+  continue_accepting();  // keeps the spares again first
+  return true;
+}
+
+void Server::Impl::keep_spares() {
+  if (shards.empty()) return;  // a server that never needed a shard keeps nothing extra
+  while (spare_descriptors.size() < kSpareDescriptors) {
+    const int fd = ::eventfd(0, EFD_CLOEXEC);
+    if (fd < 0) return;
+    spare_descriptors.push_back(fd);
+  }
 }
 
 void Server::Impl::admit(tcp::socket socket) {
@@ -171,6 +215,7 @@ void Server::Impl::adopt(tcp::socket socket) {
 
 bool Server::Impl::beyond_own_table(tcp::socket& socket) const {
   if (shards_unavailable) return false;
+  if (own_table_full) return true;
   // Descriptors are numbered lowest free first: this one's number is at least the count of
   // descriptors open below it.
   const std::size_t limit = descriptor_limit();
@@ -193,6 +238,8 @@ std::shared_ptr<Shard> Server::Impl::shard_with_room() {
   try {
     auto shard = Shard::start(io, index, std::move(hooks));
     shards.push_back(shard);
+    shard_start_failed = false;
+    keep_spares();
     shard_count = static_cast<std::int64_t>(shards.size());
     const std::size_t limit = descriptor_limit();
     log(std::to_string(open_connections.load()) +
@@ -201,10 +248,16 @@ std::shared_ptr<Shard> Server::Impl::shard_with_room() {
         ", a thread with its own descriptor table, for up to " + std::to_string(shard->capacity()) +
         " more");
     return shard;
-  } catch (const StoreError& e) {
+  } catch (const ShardsUnsupported& e) {
     log(std::string(e.what()) +
         "; further connections are served in this process's own descriptor table");
     shards_unavailable = true;
+    return nullptr;
+  } catch (const StoreError& e) {  // out of descriptors for its socketpair: maybe later
+    if (!shard_start_failed) {
+      log(std::string(e.what()) + "; serving in this process's own descriptor table meanwhile");
+    }
+    shard_start_failed = true;
     return nullptr;
   }
 }
@@ -212,7 +265,7 @@ std::shared_ptr<Shard> Server::Impl::shard_with_room() {
 void Server::Impl::resume_accept() {
   if (!accept_paused || closed) return;
   accept_paused = false;
-  start_accept();
+  continue_accepting();
 }
 
 void Server::Impl::remove(Connection* connection) {
@@ -225,6 +278,8 @@ void Server::Impl::close() {
   boost::system::error_code ignored;
   acceptor.close(ignored);
   accept_retry.cancel();
+  for (int fd : spare_descriptors) ::close(fd);
+  spare_descriptors.clear();
   for (tcp::socket& socket : held) socket.close(ignored);
   held.clear();
   held_count = 0;

@@ -25,6 +25,15 @@ struct Server::Impl : std::enable_shared_from_this<Server::Impl> {
   Impl(boost::asio::io_context& io, ServerOptions options);
 
   void start_accept();
+  void on_accepted(boost::asio::ip::tcp::socket socket);
+  // Accepts again, unless a shard holds sockets back (then resume_accept() does).
+  void continue_accepting();
+  // After accept failed for want of descriptors (EMFILE): frees the spares, accepts the
+  // connection into one and hands it to a shard, then keeps the spares again. False without
+  // spares (before any shard started) or when the accept fails all the same.
+  bool accept_on_spares();
+  // Holds kSpareDescriptors open once a shard has started (none before).
+  void keep_spares();
   // Serves, refuses or holds a just-accepted socket, as options.admission says.
   void admit(boost::asio::ip::tcp::socket socket);
   void adopt(boost::asio::ip::tcp::socket socket);
@@ -56,7 +65,10 @@ struct Server::Impl : std::enable_shared_from_this<Server::Impl> {
   // Threads with their own descriptor tables serving connections beyond this process's
   // table (shard.hpp), started as it fills up, in order; stopped by close().
   std::vector<std::shared_ptr<Shard>> shards;
-  bool shards_unavailable = false;  // a shard could not start: serve in this table only
+  bool shards_unavailable = false;     // shards cannot start here: serve in this table only
+  bool shard_start_failed = false;     // the last start failed (logged once until one starts)
+  bool own_table_full = false;         // accept_on_spares() is adopting: a shard's connection
+  std::vector<int> spare_descriptors;  // kept from the first shard's start on
   // Every connection reads into this one buffer: the loop is single-threaded and a
   // connection consumes what it read before returning to the loop.
   std::array<char, 64 * 1024> read_buffer{};

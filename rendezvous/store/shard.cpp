@@ -378,14 +378,14 @@ std::shared_ptr<Shard> Shard::start(boost::asio::io_context& io, int index, Shar
     shard->thread_ = std::thread(run_shard, shard->channel_, pair[1], std::move(ready));
   } catch (const std::system_error& e) {
     ::close(pair[1]);
-    throw StoreError("cannot start " + name + ": " + e.what());
+    throw ShardsUnsupported("cannot start " + name + ": " + e.what());
   }
   // Not a wait on the network: the thread only unshares its table and closes the copies.
   const std::string error = started.get();
   ::close(pair[1]);  // the shard keeps its own copy, in its own table
   if (!error.empty()) {
     shard->thread_.join();
-    throw StoreError("cannot start " + name + ": " + error);
+    throw ShardsUnsupported("cannot start " + name + ": " + error);
   }
   const std::size_t limit = descriptor_limit();
   shard->capacity_ = limit > 2 * kShardOwnDescriptors ? limit - kShardOwnDescriptors : 0;

@@ -30,12 +30,21 @@
 #include <utility>
 #include <vector>
 
+#include "ddp/store/store.hpp"
+
 namespace ddp::store {
 
 class ShardedConnection;
 struct ShardChannel;
 struct ShardCommand;
 struct ShardEvent;
+
+// Shard::start's error when this process cannot have shards at all (unshare refused, no
+// threads); a plain StoreError is a passing want of descriptors.
+class ShardsUnsupported : public StoreError {
+ public:
+  using StoreError::StoreError;
+};
 
 // The soft RLIMIT_NOFILE: how many descriptors one table may hold.
 std::size_t descriptor_limit();
@@ -49,7 +58,8 @@ struct ShardHooks {
 class Shard : public std::enable_shared_from_this<Shard> {
  public:
   // Starts shard number `index` and waits until its thread has its own table. Throws
-  // StoreError when it cannot (no socketpair, no thread, unshare refused).
+  // ShardsUnsupported when shards cannot run here, StoreError when this table has no room
+  // for the socketpair.
   static std::shared_ptr<Shard> start(boost::asio::io_context& io, int index, ShardHooks hooks);
   ~Shard();
   Shard(const Shard&) = delete;
