@@ -429,8 +429,11 @@ Shard::Handover Shard::send_descriptor(std::uint64_t id, tcp::socket& socket) {
     n = ::sendmsg(pair_.native_handle(), &message, MSG_DONTWAIT | MSG_NOSIGNAL);
   } while (n < 0 && errno == EINTR);
   if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK ? Handover::kFull : Handover::kFailed;
+  // Out of this loop's reactor first: close() alone would leave it registered there while
+  // the shard holds the socket, and every event of it would wake this loop.
   boost::system::error_code ignored;
-  socket.close(ignored);  // the message holds it until the shard takes it
+  socket.release(ignored);
+  ::close(fd);  // the message holds the socket until the shard takes it
   return Handover::kSent;
 }
 
