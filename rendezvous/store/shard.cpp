@@ -317,13 +317,19 @@ void keep_only(int keep) {
   }
 }
 
+// How a shard's thread started: empty error when it runs.
+struct ShardStart {
+  std::string error;
+  bool unsupported = false;  // never will here (unshare refused)
+};
+
 void run_shard(const std::shared_ptr<ShardChannel>& channel, int pair_fd,
-               std::promise<std::string> ready) {
+               std::promise<ShardStart> ready) {
   sigset_t all;
   ::sigfillset(&all);
   ::pthread_sigmask(SIG_BLOCK, &all, nullptr);
   if (::unshare(CLONE_FILES) != 0) {
-    ready.set_value(std::string("unshare(CLONE_FILES): ") + std::strerror(errno));
+    ready.set_value({std::string("unshare(CLONE_FILES): ") + std::strerror(errno), true});
     return;
   }
   keep_only(pair_fd);
@@ -332,7 +338,7 @@ void run_shard(const std::shared_ptr<ShardChannel>& channel, int pair_fd,
     loop.emplace(channel, pair_fd);
   } catch (const std::exception& e) {
     ::close(pair_fd);
-    ready.set_value(std::string("its event loop: ") + e.what());
+    ready.set_value({std::string("its event loop: ") + e.what()});
     return;
   }
   ready.set_value({});
@@ -371,21 +377,29 @@ std::shared_ptr<Shard> Shard::start(boost::asio::io_context& io, int index, Shar
   const int send_buffer = kPairSendBuffer;
   ::setsockopt(pair[0], SOL_SOCKET, SO_SNDBUF, &send_buffer, sizeof send_buffer);
   auto shard = std::make_shared<Shard>(io, index, std::move(hooks));
-  shard->pair_.assign(pair[0]);
-  std::promise<std::string> ready;
-  std::future<std::string> started = ready.get_future();
+  boost::system::error_code ec;
+  shard->pair_.assign(pair[0], ec);
+  if (ec) {
+    ::close(pair[0]);
+    ::close(pair[1]);
+    throw StoreError("cannot start " + name + ": " + ec.message());
+  }
+  std::promise<ShardStart> ready;
+  std::future<ShardStart> started = ready.get_future();
   try {
     shard->thread_ = std::thread(run_shard, shard->channel_, pair[1], std::move(ready));
   } catch (const std::system_error& e) {
     ::close(pair[1]);
-    throw ShardsUnsupported("cannot start " + name + ": " + e.what());
+    throw StoreError("cannot start " + name + ": " + e.what());
   }
   // Not a wait on the network: the thread only unshares its table and closes the copies.
-  const std::string error = started.get();
+  const ShardStart start = started.get();
   ::close(pair[1]);  // the shard keeps its own copy, in its own table
-  if (!error.empty()) {
+  if (!start.error.empty()) {
     shard->thread_.join();
-    throw ShardsUnsupported("cannot start " + name + ": " + error);
+    const std::string what = "cannot start " + name + ": " + start.error;
+    if (start.unsupported) throw ShardsUnsupported(what);
+    throw StoreError(what);
   }
   const std::size_t limit = descriptor_limit();
   shard->capacity_ = limit > 2 * kShardOwnDescriptors ? limit - kShardOwnDescriptors : 0;
