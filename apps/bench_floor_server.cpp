@@ -40,6 +40,8 @@ int listen_on_loopback(std::uint16_t& port) {
 
 }  // namespace
 
+namespace ddp::bench {
+
 // Serves until killed.
 int run_floor_server(std::uint16_t port) {
   int listener = listen_on_loopback(port);
@@ -79,3 +81,5 @@ int run_floor_server(std::uint16_t port) {
     }
   }
 }
+
+}  // namespace ddp::bench

@@ -7,16 +7,17 @@
 //     dominate a 2-core machine. Each repeats SET+WAIT, GET, ADD on its own keys. Reports
 //     requests/s, reply latency p50/p99 and, given the server's pid, its CPU time per request.
 //
-//   ddpstore-bench rendezvous --port P --ranks 96000 [--dialect 1|2] [--server-pid PID]
-//     N simulated ranks meet like init_process_group: connect, (2.x: VALIDATE + PING),
-//     ADD init/ 1 (the rank that brings it to N sets init/complete), SET addr/<rank>, WAIT for
-//     init/complete and the addresses of rank 0 and both ring neighbours, then fetch those
-//     (2.x: MULTI_GET; 1.x: GETs). Non-blocking sockets on one epoll loop, spread over
-//     several loopback source addresses (127.0.0.2, .3, ...) so ephemeral ports never run out.
+//   ddpstore-bench rendezvous --port P --ranks 100000 [--dialect 1|2] [--server-pid PID]
+//     N simulated ranks through init_process_group's store pattern, all connected until the
+//     last is through; over several descriptor tables past RLIMIT_NOFILE
+//     (bench_rendezvous.cpp). Reports the time to the last rank and, given the server's pid,
+//     its CPU time and memory per rank.
 //
 //   ddpstore-bench floor-server [--port P]
 //     A reference "server" for the 1.x mix that parses and stores nothing, only answers each
 //     read: its CPU per request is the kernel's floor on this machine.
+
+#include "ddpstore_bench.hpp"
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -39,26 +40,11 @@
 #include "ddp/store/client.hpp"
 #include "ddp/store/wire_codec.hpp"
 
-namespace {
+namespace ddp::bench {
 
 using namespace ddp::store;
 using Clock = std::chrono::steady_clock;
 
-struct BenchOptions {
-  std::string host = "127.0.0.1";  // server address (IPv4 for rendezvous mode)
-  std::uint16_t port = 29500;      // server port
-  int dialect = 2;                 // 1 or 2
-  int clients = 16;                // mix: client connections
-  int threads = 1;                 // mix: threads driving them (each an epoll loop)
-  double seconds = 5;              // mix: measured duration
-  int ranks = 1024;                // rendezvous: simulated ranks
-  int max_connecting = 1024;       // rendezvous: ranks between connect and first reply
-  int ranks_per_source = 4000;     // rendezvous: ranks per loopback source address
-  double time_limit = 120;         // rendezvous: give up after this many seconds
-  int server_pid = 0;              // server process for CPU accounting (0: none)
-};
-
-// The server's user + system CPU time so far, in seconds (0 without a pid).
 double server_cpu_seconds(int pid) {
   if (pid <= 0) return 0;
   std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
@@ -73,16 +59,16 @@ double server_cpu_seconds(int pid) {
   return ticks / static_cast<double>(::sysconf(_SC_CLK_TCK));
 }
 
-// Raises the open-file limit to `wanted`, or as far as the hard limit allows.
-void raise_open_file_limit(rlim_t wanted) {
+std::uint64_t raise_open_file_limit(std::uint64_t wanted) {
   rlimit limit{wanted, wanted};
-  if (::setrlimit(RLIMIT_NOFILE, &limit) == 0) return;
+  if (::setrlimit(RLIMIT_NOFILE, &limit) == 0) return wanted;
   ::getrlimit(RLIMIT_NOFILE, &limit);
   limit.rlim_cur = limit.rlim_max;
   ::setrlimit(RLIMIT_NOFILE, &limit);
-  std::cerr << "warning: the open-file limit is " << limit.rlim_cur << " (hard), below the "
-            << wanted << " wanted: ranks beyond it cannot connect\n";
+  return limit.rlim_cur;
 }
+
+namespace {
 
 double percentile(std::vector<double>& v, double p) {
   if (v.empty()) return 0;
@@ -197,6 +183,8 @@ class MixLoad {
   int epoll_;
 };
 
+}  // namespace
+
 int run_mix(const BenchOptions& o) {
   std::vector<std::unique_ptr<MixLoad>> loads;
   const int threads = std::min(o.threads, o.clients);
@@ -240,197 +228,10 @@ int run_mix(const BenchOptions& o) {
   return failed ? 1 : 0;
 }
 
-// ---- rendezvous -------------------------------------------------------------------------
-
-struct Rank {
-  int fd = -1;
-  int phase = 0;             // 0 connecting, 1 handshake, 2 add, 3 wait, 4 fetch, 5 done
-  std::size_t expected = 0;  // reply bytes the phase waits for
-  std::size_t received = 0;
-  char add_reply[8] = {};
-};
-
-class Rendezvous {
- public:
-  explicit Rendezvous(const BenchOptions& o)
-      : o_(o), dialect_(o.dialect == 1 ? Dialect::V1 : Dialect::V2), ranks_(o.ranks) {
-    epoll_ = ::epoll_create1(EPOLL_CLOEXEC);
-    server_.sin_family = AF_INET;
-    server_.sin_port = htons(o.port);
-    ::inet_pton(AF_INET, o.host.c_str(), &server_.sin_addr);
-  }
-  ~Rendezvous() {
-    for (auto& r : ranks_) {
-      if (r.fd >= 0) ::close(r.fd);
-    }
-    ::close(epoll_);
-  }
-
-  // Runs every rank to the end; returns the ranks done (all of them unless the limit hit).
-  int run() {
-    auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                       std::chrono::duration<double>(o_.time_limit));
-    std::vector<epoll_event> events(4096);
-    while (done_ < o_.ranks) {
-      while (connecting_ < o_.max_connecting && next_ < o_.ranks) start(next_++);
-      int n = ::epoll_wait(epoll_, events.data(), static_cast<int>(events.size()), 100);
-      for (int i = 0; i < n; ++i) step(static_cast<int>(events[i].data.u32), events[i].events);
-      if (Clock::now() > deadline) break;
-    }
-    return done_;
-  }
-
- private:
-  [[noreturn]] void fail(int rank, const std::string& what) {
-    throw StoreError("rank " + std::to_string(rank) + ": " + what);
-  }
-
-  void start(int rank) {
-    Rank& r = ranks_[rank];
-    r.fd = ::socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-    if (r.fd < 0) fail(rank, std::string("socket: ") + std::strerror(errno));
-    int one = 1;
-    ::setsockopt(r.fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-    ::setsockopt(r.fd, IPPROTO_IP, IP_BIND_ADDRESS_NO_PORT, &one, sizeof(one));
-    linger no_time_wait{1, 0};  // reset on close: no TIME_WAIT to exhaust ports for later runs
-    ::setsockopt(r.fd, SOL_SOCKET, SO_LINGER, &no_time_wait, sizeof(no_time_wait));
-    sockaddr_in source{};
-    source.sin_family = AF_INET;
-    source.sin_addr.s_addr =
-        htonl(0x7F000002u + static_cast<std::uint32_t>(rank / o_.ranks_per_source));
-    if (::bind(r.fd, reinterpret_cast<sockaddr*>(&source), sizeof(source)) != 0) {
-      fail(rank, std::string("bind: ") + std::strerror(errno));
-    }
-    int rc = ::connect(r.fd, reinterpret_cast<sockaddr*>(&server_), sizeof(server_));
-    if (rc != 0 && errno != EINPROGRESS)
-      fail(rank, std::string("connect: ") + std::strerror(errno));
-    epoll_event ev{};
-    ev.events = EPOLLOUT;
-    ev.data.u32 = static_cast<std::uint32_t>(rank);
-    ::epoll_ctl(epoll_, EPOLL_CTL_ADD, r.fd, &ev);
-    ++connecting_;
-  }
-
-  void send_phase(int rank) {
-    Rank& r = ranks_[rank];
-    out_.clear();
-    r.received = 0;
-    const std::string key = prefix_ + "addr/" + std::to_string(rank);
-    switch (r.phase) {
-      case 1:  // 2.x handshake
-        encode_request(dialect_, make_request(Command::Validate, {}, {}, 0, kValidationMagic),
-                       out_);
-        encode_request(dialect_,
-                       make_request(Command::Ping, {}, {}, 0, static_cast<std::uint32_t>(rank)),
-                       out_);
-        r.expected = 4;
-        break;
-      case 2:
-        encode_request(dialect_, make_request(Command::Add, {prefix_ + "init/"}, {}, 1), out_);
-        r.expected = 8;
-        break;
-      case 3: {
-        encode_request(dialect_, make_request(Command::Set, {key}, {std::string(32, 'a')}), out_);
-        if (get_i64(r.add_reply) == o_.ranks) {
-          encode_request(dialect_, make_request(Command::Set, {prefix_ + "init/complete"}, {"1"}),
-                         out_);
-        }
-        auto keys = peers(rank);
-        keys.insert(keys.begin(), prefix_ + "init/complete");
-        encode_request(dialect_, make_request(Command::Wait, keys), out_);
-        r.expected = 1;
-        break;
-      }
-      case 4:
-        if (dialect_ == Dialect::V2) {
-          encode_request(dialect_, make_request(Command::MultiGet, peers(rank)), out_);
-        } else {
-          for (const auto& k : peers(rank))
-            encode_request(dialect_, make_request(Command::Get, {k}), out_);
-        }
-        r.expected = 3 * (8 + 32);
-        break;
-    }
-    ssize_t n = ::send(r.fd, out_.data(), out_.size(), MSG_NOSIGNAL);
-    if (n != static_cast<ssize_t>(out_.size())) fail(rank, "short send");
-  }
-
-  std::vector<std::string> peers(int rank) const {
-    const int n = o_.ranks;
-    return {prefix_ + "addr/0", prefix_ + "addr/" + std::to_string((rank + 1) % n),
-            prefix_ + "addr/" + std::to_string((rank + n - 1) % n)};
-  }
-
-  void step(int rank, std::uint32_t events) {
-    Rank& r = ranks_[rank];
-    if (r.phase == 0) {
-      int err = 0;
-      socklen_t len = sizeof(err);
-      ::getsockopt(r.fd, SOL_SOCKET, SO_ERROR, &err, &len);
-      if (err != 0) fail(rank, std::string("connect: ") + std::strerror(err));
-      epoll_event ev{};
-      ev.events = EPOLLIN;
-      ev.data.u32 = static_cast<std::uint32_t>(rank);
-      ::epoll_ctl(epoll_, EPOLL_CTL_MOD, r.fd, &ev);
-      r.phase = dialect_ == Dialect::V2 ? 1 : 2;
-      send_phase(rank);
-      return;
-    }
-    if (!(events & (EPOLLIN | EPOLLHUP | EPOLLERR))) return;
-    ssize_t n = ::recv(r.fd, buffer_, sizeof(buffer_), 0);
-    if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
-    if (n <= 0) fail(rank, "the server closed the connection in phase " + std::to_string(r.phase));
-    if (r.phase == 2)
-      std::memcpy(r.add_reply + r.received, buffer_, std::min<std::size_t>(n, 8 - r.received));
-    r.received += static_cast<std::size_t>(n);
-    if (r.received < r.expected) return;
-    if (r.received > r.expected) fail(rank, "more reply bytes than expected");
-    // A rank stops counting as connecting once the server answered its first request.
-    if (r.phase == (dialect_ == Dialect::V2 ? 1 : 2)) --connecting_;
-    if (++r.phase == 5) {
-      ++done_;
-      return;
-    }
-    send_phase(rank);
-  }
-
-  const BenchOptions& o_;
-  Dialect dialect_;
-  std::vector<Rank> ranks_;
-  int epoll_;
-  sockaddr_in server_{};
-  int next_ = 0;
-  int connecting_ = 0;
-  int done_ = 0;
-  std::string out_;
-  // Keys of this run under their own prefix, so that runs against one server never meet.
-  std::string prefix_ = "rdv" + std::to_string(::getpid()) + "/";
-  char buffer_[64 * 1024];
-};
-
-int run_rendezvous(const BenchOptions& o) {
-  raise_open_file_limit(static_cast<rlim_t>(o.ranks) + 1024);
-  double cpu_before = server_cpu_seconds(o.server_pid);
-  auto start = Clock::now();
-  int done = 0;
-  {
-    Rendezvous rendezvous(o);
-    done = rendezvous.run();
-  }
-  double elapsed = std::chrono::duration<double>(Clock::now() - start).count();
-  double cpu = server_cpu_seconds(o.server_pid) - cpu_before;
-  std::cout << "rendezvous dialect=" << o.dialect << ".x ranks=" << o.ranks << " done=" << done
-            << " seconds=" << elapsed;
-  if (o.server_pid > 0) std::cout << " server_cpu_s=" << cpu;
-  std::cout << (done < o.ranks ? " (time limit reached)" : "") << std::endl;
-  return done == o.ranks ? 0 : 3;
-}
-
-}  // namespace
-
-int run_floor_server(std::uint16_t port);  // bench_floor_server.cpp
+}  // namespace ddp::bench
 
 int main(int argc, char** argv) {
+  using namespace ddp::bench;
   BenchOptions o;
   CLI::App app("ddpstore-bench: load generator for c10d TCPStore servers");
   app.require_subcommand(1);
@@ -453,6 +254,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   rdv->add_option("--ranks-per-source", o.ranks_per_source,
                   "Ranks per loopback source address (127.0.0.2, .3, ...)")
+      ->capture_default_str();
+  rdv->add_option("--ranks-per-table", o.ranks_per_table,
+                  "Ranks per descriptor table (a thread each); 0: the open-file limit less 256")
       ->capture_default_str();
   rdv->add_option("--time-limit", o.time_limit, "Seconds before giving up")->capture_default_str();
   std::uint16_t floor_port = 0;

@@ -1,7 +1,6 @@
 #include "connection.hpp"
 
 #include <boost/asio/post.hpp>
-#include <boost/asio/write.hpp>
 #include <ctime>
 #include <utility>
 
@@ -10,12 +9,8 @@
 namespace ddp::store {
 namespace {
 
-// Stop reading a client that does not read its replies once this much output is queued.
-constexpr std::size_t kMaxQueuedOutput = 32 * 1024 * 1024;
 // Close a client that lets this much pushed output (watch events) pile up unread.
 constexpr std::size_t kMaxPushedOutput = 2 * kMaxQueuedOutput;
-// Keep at most this much write buffer capacity between bursts.
-constexpr std::size_t kKeptOutputCapacity = 256 * 1024;
 
 std::string quoted(std::string_view key) {  // for log lines: long keys cut short
   constexpr std::size_t kShown = 64;
@@ -34,12 +29,8 @@ std::string hex32(std::uint32_t v) {
 
 }  // namespace
 
-Connection::Connection(std::shared_ptr<Server::Impl> server, boost::asio::ip::tcp::socket socket,
-                       std::string peer)
-    : server_(std::move(server)),
-      socket_(std::move(socket)),
-      peer_(std::move(peer)),
-      parser_(server_->options.limits) {}
+Connection::Connection(std::shared_ptr<Server::Impl> server, std::string peer)
+    : server_(std::move(server)), peer_(std::move(peer)), parser_(server_->options.limits) {}
 
 void Connection::close(std::string_view reason) {
   if (closed_) return;
@@ -54,8 +45,7 @@ void Connection::close(std::string_view reason) {
   accounted_ = 0;
   for (const auto& key : watched_) server_->table.unwatch(key, *this);
   watched_.clear();
-  boost::system::error_code ignored;
-  socket_.close(ignored);
+  close_socket();
   server_->remove(this);
 }
 
@@ -63,49 +53,6 @@ void Connection::cancel_waits() {
   for (auto& [raw, waiter] : waiters_) server_->table.cancel_wait(*waiter);
   server_->pending_waits -= static_cast<std::int64_t>(waiters_.size());
   waiters_.clear();
-}
-
-// Reads until the socket has nothing more (the reactor is edge-triggered), handling each
-// complete request as it arrives, then sends the batched replies and waits for more. Bytes
-// left unhandled when the backlog grew too large (unread_) are handled first.
-void Connection::on_readable() {
-  auto& buffer = server_->read_buffer;
-  for (;;) {
-    if (closed_) return;
-    bool drained = false;
-    if (!unread_.empty()) {
-      std::string pending = std::exchange(unread_, std::string());
-      if (!process(pending.data(), pending.size())) return;
-    } else {
-      boost::system::error_code ec;
-      std::size_t n = socket_.read_some(boost::asio::buffer(buffer), ec);
-      if (ec == boost::asio::error::would_block || ec == boost::asio::error::try_again) break;
-      if (ec) {
-        close();  // EOF or reset: an ordinary disconnect
-        return;
-      }
-      if (!process(buffer.data(), n)) return;
-      drained = n < buffer.size();  // the next arrival raises a new edge
-    }
-    if (backlog() > kMaxQueuedOutput) {
-      flush();
-      if (writing_) {  // the socket is full: read again once the write drained
-        read_paused_ = true;
-        return;
-      }
-    }
-    if (drained && unread_.empty()) break;
-  }
-  flush();
-  wait_readable();
-}
-
-void Connection::wait_readable() {
-  socket_.async_wait(boost::asio::ip::tcp::socket::wait_read,
-                     [self = shared_from_this()](const boost::system::error_code& ec) {
-                       if (ec || self->closed_) return;
-                       self->on_readable();
-                     });
 }
 
 bool Connection::process(const char* data, std::size_t size) {
@@ -356,8 +303,7 @@ void Connection::on_key_event(std::uint8_t event, std::string_view key, std::str
                                            "does not read its events"
                                      : "more than " + std::to_string(kMaxPushedOutput) +
                                            " bytes of watch events queued and not read";
-    boost::asio::post(socket_.get_executor(),
-                      [self = shared_from_this(), reason] { self->close(reason); });
+    boost::asio::post(server_->io, [self = shared_from_this(), reason] { self->close(reason); });
     return;
   }
   put_u8(out_, event);
@@ -372,39 +318,34 @@ void Connection::flush() {
   account_output();
 }
 
-void Connection::send_queued() {
-  if (writing_ || out_.empty() || closed_) return;
-  // Most replies fit the socket buffer: send at once and skip the event loop. Errors are
-  // left to the asynchronous write below, so that a connection never closes in the middle
-  // of another one's wake-ups.
-  boost::system::error_code ec;
-  std::size_t sent = socket_.send(boost::asio::buffer(out_), 0, ec);
-  if (ec) sent = 0;
-  if (sent == out_.size()) {
-    out_.clear();
-    return;
+bool Connection::drain_unread() {
+  for (;;) {
+    if (closed_) return false;
+    if (backlog() > kMaxQueuedOutput) {
+      flush();
+      if (writing_) {  // the socket is full: read again once the write drained
+        read_paused_ = true;
+        return false;
+      }
+    }
+    if (unread_.empty()) return true;
+    std::string pending = std::exchange(unread_, std::string());
+    if (!process(pending.data(), pending.size())) return false;
   }
-  out_.erase(0, sent);
-  writing_ = true;
-  std::swap(out_, sending_);
-  boost::asio::async_write(socket_, boost::asio::buffer(sending_),
-                           [self = shared_from_this()](const boost::system::error_code& ec,
-                                                       std::size_t) { self->on_written(ec); });
 }
 
-void Connection::on_written(const boost::system::error_code& ec) {
+void Connection::written(const boost::system::error_code& ec) {
   writing_ = false;
+  in_flight_ = 0;
   if (closed_) return;
   if (ec) {
     close();  // the peer went away; nothing to tell it
     return;
   }
-  sending_.clear();
-  if (sending_.capacity() > kKeptOutputCapacity) std::string().swap(sending_);
   flush();
   if (read_paused_ && backlog() <= kMaxQueuedOutput / 2) {
     read_paused_ = false;
-    on_readable();
+    resume_reading();
   }
 }
 

@@ -1,10 +1,15 @@
 #include "ddp/store/server.hpp"
 
+#include <sys/eventfd.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <boost/asio/ip/tcp.hpp>
 #include <iostream>
 
-#include "connection.hpp"
 #include "server_impl.hpp"
+#include "sharded_connection.hpp"
+#include "socket_connection.hpp"
 
 namespace ddp::store {
 namespace {
@@ -13,6 +18,18 @@ using boost::asio::ip::tcp;
 
 // After a failed accept (out of file descriptors), try again after this pause.
 constexpr std::chrono::milliseconds kAcceptRetryDelay{100};
+
+// Descriptors of this process's table that connections leave to the rest of the program (an
+// agent's workers' pipes, log files): a sixteenth of the soft limit, at least 16, at most
+// 1024. Connections beyond go to shards.
+std::size_t kept_descriptors(std::size_t limit) {
+  return std::clamp<std::size_t>(limit / 16, 16, 1024);
+}
+
+// Descriptors held open once shards have started, to be freed when the table is full after
+// all (the program took the part kept for it): room to accept one connection and, if need
+// be, to start the shard that takes it.
+constexpr std::size_t kSpareDescriptors = 3;
 
 std::string endpoint_name(const std::string& host, std::uint16_t port) {
   bool v6 = host.find(':') != std::string::npos;
@@ -71,19 +88,61 @@ void Server::Impl::start_accept() {
   acceptor.async_accept(
       [self = shared_from_this()](const boost::system::error_code& ec, tcp::socket socket) {
         if (self->closed) return;
-        if (ec) {
-          if (ec == boost::asio::error::operation_aborted) return;
-          self->log("accept failed: " + ec.message() + "; retrying in " +
-                    std::to_string(kAcceptRetryDelay.count()) + " ms");
-          self->accept_retry.expires_after(kAcceptRetryDelay);
-          self->accept_retry.async_wait([self](const boost::system::error_code& timer_ec) {
-            if (!timer_ec && !self->closed) self->start_accept();
-          });
-          return;
-        }
-        self->admit(std::move(socket));
-        self->start_accept();
+        if (ec == boost::asio::error::operation_aborted) return;
+        if (!ec) return self->on_accepted(std::move(socket));
+        if (ec == boost::asio::error::no_descriptors && self->accept_on_spares()) return;
+        self->log("accept failed: " + ec.message() + "; retrying in " +
+                  std::to_string(kAcceptRetryDelay.count()) + " ms");
+        self->accept_retry.expires_after(kAcceptRetryDelay);
+        self->accept_retry.async_wait([self](const boost::system::error_code& timer_ec) {
+          if (!timer_ec && !self->closed) self->start_accept();
+        });
       });
+}
+
+void Server::Impl::on_accepted(tcp::socket socket) {
+  admit(std::move(socket));
+  continue_accepting();
+}
+
+void Server::Impl::continue_accepting() {
+  keep_spares();
+  for (const auto& shard : shards) {
+    if (shard->backed_up()) {  // resume_accept() follows
+      accept_paused = true;
+      return;
+    }
+  }
+  start_accept();
+}
+
+bool Server::Impl::accept_on_spares() {
+  if (spare_descriptors.empty()) return false;
+  for (int fd : spare_descriptors) ::close(fd);
+  spare_descriptors.clear();
+  boost::system::error_code ec;
+  tcp::socket socket(io);
+  acceptor.accept(socket, ec);  // the connection that met the full table (or it went away)
+  if (!ec) {
+    own_table_full = true;  // whatever its number, it goes to a shard
+    admit(std::move(socket));
+    own_table_full = false;
+  }
+  if (ec && ec != boost::asio::error::would_block && ec != boost::asio::error::try_again) {
+    keep_spares();
+    return false;
+  }
+  continue_accepting();  // keeps the spares again first
+  return true;
+}
+
+void Server::Impl::keep_spares() {
+  if (shards.empty()) return;  // a server that never needed a shard keeps nothing extra
+  while (spare_descriptors.size() < kSpareDescriptors) {
+    const int fd = ::eventfd(0, EFD_CLOEXEC);
+    if (fd < 0) return;
+    spare_descriptors.push_back(fd);
+  }
 }
 
 void Server::Impl::admit(tcp::socket socket) {
@@ -134,12 +193,79 @@ void Server::Impl::adopt(tcp::socket socket) {
   auto remote = socket.remote_endpoint(ec);
   std::string peer =
       ec ? "unknown peer" : endpoint_name(remote.address().to_string(), remote.port());
+  if (beyond_own_table(socket)) {
+    if (auto shard = shard_with_room()) {
+      const std::uint64_t id = shard->new_id();
+      auto connection =
+          std::make_shared<ShardedConnection>(shared_from_this(), std::move(peer), shard, id);
+      connections.emplace(connection.get(), connection);
+      ++accepted;
+      ++open_connections;
+      shard->adopt(id, *connection, std::move(socket));
+      return;
+    }
+  }
   auto connection =
-      std::make_shared<Connection>(shared_from_this(), std::move(socket), std::move(peer));
+      std::make_shared<SocketConnection>(shared_from_this(), std::move(socket), std::move(peer));
   connections.emplace(connection.get(), connection);
   ++accepted;
   ++open_connections;
   connection->start();
+}
+
+bool Server::Impl::beyond_own_table(tcp::socket& socket) const {
+  if (shards_unavailable) return false;
+  if (own_table_full) return true;
+  // Descriptors are numbered lowest free first: this one's number is at least the count of
+  // descriptors open below it.
+  const std::size_t limit = descriptor_limit();
+  const auto fd = static_cast<std::size_t>(socket.native_handle());
+  return fd + kept_descriptors(limit) >= limit;
+}
+
+std::shared_ptr<Shard> Server::Impl::shard_with_room() {
+  for (const auto& shard : shards) {
+    if (shard->has_room()) return shard;
+  }
+  const int index = static_cast<int>(shards.size()) + 1;
+  ShardHooks hooks;
+  hooks.on_drained = [weak = weak_from_this()] {
+    if (auto self = weak.lock()) self->resume_accept();
+  };
+  hooks.log = [weak = weak_from_this()](std::string_view line) {
+    if (auto self = weak.lock()) self->log(line);
+  };
+  try {
+    auto shard = Shard::start(io, index, std::move(hooks));
+    shards.push_back(shard);
+    shard_start_failed = false;
+    keep_spares();
+    shard_count = static_cast<std::int64_t>(shards.size());
+    const std::size_t limit = descriptor_limit();
+    log(std::to_string(open_connections.load()) +
+        " connections open and this process's descriptor table near its limit of " +
+        std::to_string(limit) + ": started connection shard " + std::to_string(index) +
+        ", a thread with its own descriptor table, for up to " + std::to_string(shard->capacity()) +
+        " more");
+    return shard;
+  } catch (const ShardsUnsupported& e) {
+    log(std::string(e.what()) +
+        "; further connections are served in this process's own descriptor table");
+    shards_unavailable = true;
+    return nullptr;
+  } catch (const StoreError& e) {  // out of descriptors for its socketpair: maybe later
+    if (!shard_start_failed) {
+      log(std::string(e.what()) + "; serving in this process's own descriptor table meanwhile");
+    }
+    shard_start_failed = true;
+    return nullptr;
+  }
+}
+
+void Server::Impl::resume_accept() {
+  if (!accept_paused || closed) return;
+  accept_paused = false;
+  continue_accepting();
 }
 
 void Server::Impl::remove(Connection* connection) {
@@ -152,6 +278,8 @@ void Server::Impl::close() {
   boost::system::error_code ignored;
   acceptor.close(ignored);
   accept_retry.cancel();
+  for (int fd : spare_descriptors) ::close(fd);
+  spare_descriptors.clear();
   for (tcp::socket& socket : held) socket.close(ignored);
   held.clear();
   held_count = 0;
@@ -161,6 +289,9 @@ void Server::Impl::close() {
     connection->close();
     --open_connections;
   }
+  for (const auto& shard : shards) shard->stop();  // after the connections told them to close
+  shards.clear();
+  shard_count = 0;
 }
 
 Server::Server(boost::asio::io_context& io, ServerOptions options)
@@ -194,6 +325,8 @@ ServerStats Server::stats() const {
   s.requests = impl_->requests.load();
   s.stored_bytes = impl_->stored_bytes.load();
   s.queued_reply_bytes = impl_->queued_reply_bytes.load();
+  s.shards = impl_->shard_count.load();
+  s.shard_connections = impl_->shard_connections.load();
   return s;
 }
 

@@ -4,9 +4,18 @@
 //
 // Threading: the server lives on the caller's io_context and must only be touched from the
 // one thread that runs it (construct it anywhere before run() starts). stats() may be read
-// from any thread. Lifetime: the io_context must outlive the Server; destroying the Server
-// closes it, so destroy it on the loop's thread or after the loop stopped. Handlers still
-// queued on the io_context keep the server's internals alive until they ran or the
+// from any thread.
+//
+// Past the descriptor limit: a connection whose descriptor would take this process's table
+// within its last sixteenth (at least 16, at most 1024 descriptors, left to the rest of the
+// program) is handed to a connection shard, a thread the server starts with its own
+// descriptor table (unshare(CLONE_FILES)) and event loop, each holding up to the soft
+// RLIMIT_NOFILE less 32. Shards only read and write sockets; every request is still parsed
+// and answered on the caller's loop against the one table, so the store's semantics do not
+// change. A program that stays under the limit starts no thread. Shard threads block every
+// signal, and close() stops and joins them. Lifetime: the io_context must outlive the Server;
+// destroying the Server closes it, so destroy it on the loop's thread or after the loop stopped.
+// Handlers still queued on the io_context keep the server's internals alive until they ran or the
 // io_context is destroyed.
 
 #include <boost/asio/io_context.hpp>
@@ -73,6 +82,8 @@ struct ServerStats {
   std::int64_t requests = 0;            // requests handled since start
   std::int64_t stored_bytes = 0;        // keys, values and queued elements held
   std::int64_t queued_reply_bytes = 0;  // replies waiting for their clients' sockets
+  std::int64_t shards = 0;              // connection shards running (Server's comment)
+  std::int64_t shard_connections = 0;   // connections open now on shards
 };
 
 class Server {
@@ -88,7 +99,8 @@ class Server {
   std::uint16_t port() const;
   const std::string& host() const;
 
-  // Stops accepting and closes every connection; pending waits are dropped. Idempotent.
+  // Stops accepting, closes every connection and joins the shard threads; pending waits are
+  // dropped. Idempotent.
   // Call from the io_context's thread (or before it runs / after it stopped).
   void close();
 
