@@ -81,6 +81,13 @@ RoundEnd StoreSession::end_round(store::Store& store, int round, const RoundEnd&
   return decode_end(store.compare_set(keys.end(round), "", encode_end(end)));
 }
 
+namespace {
+
+// How long connection attempts that time out (the store answers, late) go unmentioned.
+constexpr std::chrono::seconds kBusyGrace{5};
+
+}  // namespace
+
 std::unique_ptr<store::Store> connect_with_retries(
     Clock::time_point deadline, const std::atomic<bool>& cancel,
     const std::function<void(const std::string&)>& on_failure, std::chrono::milliseconds pause,
@@ -91,12 +98,18 @@ std::unique_ptr<store::Store> connect_with_retries(
   std::string last_error = "no attempt made";
   while (true) {
     if (cancel.load()) throw Cancelled{};
+    bool busy = false;  // it answered, just not in time
     try {
       return attempt();
+    } catch (const store::StoreTimeout& e) {
+      last_error = e.what();
+      busy = true;
     } catch (const store::StoreError& e) {
       last_error = e.what();
     }
-    if (on_failure) on_failure(last_error);
+    // A refusal is said at once; a store that is only slow to answer (a thousand agents
+    // connecting at once) is given kBusyGrace before a line says so.
+    if (on_failure && (!busy || Clock::now() - start >= kBusyGrace)) on_failure(last_error);
     if (Clock::now() >= deadline) break;
     if (pause.count() > 0) std::this_thread::sleep_for(pause);
   }
