@@ -22,6 +22,7 @@ struct CommunicatorProgress {
                                      // (the most recent); unset: none did
   std::optional<double> waited_s;    // the longest wait of a running recording rank in one of
                                      // its collectives, sends or recvs; unset: none waits
+  bool operator==(const CommunicatorProgress&) const = default;
 };
 
 // A node's progress: its communicators, by key (ascending, the first communicator first).
