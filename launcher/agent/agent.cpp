@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <random>
 #include <system_error>
 #include <thread>
@@ -314,7 +315,8 @@ class Agent::Impl {
     }
     exchange_.publish(workers_->round(), views);
     std::vector<RankView> remote = exchange_.remote();
-    views.insert(views.end(), remote.begin(), remote.end());
+    views.insert(views.end(), std::make_move_iterator(remote.begin()),
+                 std::make_move_iterator(remote.end()));
     return views;
   }
 

@@ -1,6 +1,7 @@
 #include "collective_exchange.hpp"
 
 #include <algorithm>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string_view>
@@ -105,12 +106,22 @@ std::vector<std::string> multi_get(store::Client& client, const std::vector<std:
   return values;
 }
 
+// Views as held: their step history apart (copied only where it is needed).
+std::vector<std::vector<StepInfo>> take_steps(std::vector<RankView>& views) {
+  std::vector<std::vector<StepInfo>> steps;
+  steps.reserve(views.size());
+  for (RankView& view : views) steps.push_back(std::move(view.recent_steps));
+  return steps;
+}
+
 // Step history comes every kStepsEvery: a rank's views without it keep the last one received.
-void keep_steps(std::vector<RankView>& views, const std::vector<RankView>& before) {
-  for (RankView& view : views) {
-    if (!view.recent_steps.empty()) continue;
-    for (const RankView& old : before) {
-      if (old.rank == view.rank) view.recent_steps = old.recent_steps;
+void keep_steps(const std::vector<RankView>& views, std::vector<std::vector<StepInfo>>& steps,
+                const std::vector<RankView>& before,
+                const std::vector<std::vector<StepInfo>>& steps_before) {
+  for (std::size_t i = 0; i < views.size(); ++i) {
+    if (!steps[i].empty()) continue;
+    for (std::size_t j = 0; j < before.size(); ++j) {
+      if (before[j].rank == views[i].rank) steps[i] = steps_before[j];
     }
   }
 }
@@ -164,7 +175,11 @@ std::vector<RankView> CollectiveExchange::remote() const {
   for (const auto& [group_rank, received] : remote_) {
     if (!received.current) continue;
     std::vector<RankView> views = aged(received.views, received.at, now);
-    all.insert(all.end(), views.begin(), views.end());
+    for (std::size_t i = 0; i < views.size() && !hung_; ++i) {
+      views[i].recent_steps = received.steps[i];
+    }
+    all.insert(all.end(), std::make_move_iterator(views.begin()),
+               std::make_move_iterator(views.end()));
   }
   return all;
 }
@@ -177,11 +192,13 @@ std::optional<CollectiveDiagnosis> CollectiveExchange::judge(const std::vector<R
     // Alone, or cut off from the others: what this node's ranks say.
     if (!round_ || round_->members.size() <= 1 || failing_)
       return judge_hang(views, hang_timeout_s);
-    if (!verdict_ || remote_round_ != round_->round) return std::nullopt;
-    if (gathering_ || !*verdict_) return *verdict_;
+    if (!verdict_ || remote_round_ != round_->round || !*verdict_) return std::nullopt;
     verdict = *verdict_;
   }
-  verdict->ranks = diagnose(views).ranks;  // this node's ranks
+  std::vector<RankView> local;  // this node's ranks (the gatherer's views hold the others' too)
+  std::copy_if(views.begin(), views.end(), std::back_inserter(local),
+               [](const RankView& v) { return !v.remote; });
+  verdict->ranks = diagnose(std::move(local)).ranks;
   return verdict;
 }
 
@@ -262,6 +279,7 @@ void CollectiveExchange::begin_round(const elastic::RoundInfo& round) {
   verdict_.reset();
   remote_round_ = round.round;
   gathering_ = acting_;
+  hung_ = false;
 }
 
 // This node's views out (when they changed); on the gatherer every node's progress in, the
@@ -295,6 +313,7 @@ void CollectiveExchange::follow(store::Client& client, const elastic::RoundInfo&
       std::lock_guard lock(mutex_);
       remote_.clear();
       gathering_ = false;
+      hung_ = false;
     }
     if (!acting_) {
       writer_rank_ = verdict.by;
@@ -348,28 +367,32 @@ void CollectiveExchange::gather(store::Client& client, const elastic::RoundInfo&
   if (hang_timeout_s_ > 0 && complete) hung = hung_communicators(progress, hang_timeout_s_);
 
   const bool views_changed = read_views(client, round, views_to_read(round, !hung.empty()));
+  const bool hang_possible = !hung.empty();
   std::optional<CollectiveDiagnosis> d;
-  if (hung.empty()) {
-    judged_.reset();
-  } else {
+  if (hang_possible) {
     d = verdict_over_views(local, local_at, std::move(hung), views_changed);
+  } else {
+    judged_.reset();
   }
   write_verdict(client, round, d);
   std::lock_guard lock(mutex_);
   for (auto& [g, received] : remote_) {
-    received.current = received.seq >= nodes_[static_cast<std::size_t>(g)].seq;
+    received.current = received.seq >= nodes_[static_cast<std::size_t>(g)].content_seq;
   }
   verdict_ = std::move(d);
+  hung_ = hang_possible;
 }
 
 void CollectiveExchange::read_progress(store::Client& client, const elastic::RoundInfo& round) {
   auto take = [this](int g, std::string_view value, Clock::time_point at) {
     if (value.empty()) return;  // made by the gatherer: nothing written yet
     Node& node = nodes_[static_cast<std::size_t>(g)];
-    auto [seq, text] = split_seq(value, ' ');
+    auto [seq, rest] = split_seq(value, ' ');
     if (seq <= node.seq) return;  // read before
+    auto [content_seq, text] = split_seq(rest, ' ');
     node.progress = decode_progress(text);
     node.seq = seq;
+    node.content_seq = content_seq;
     node.at = at;
   };
   std::vector<int> present;
@@ -398,7 +421,10 @@ std::vector<int> CollectiveExchange::views_to_read(const elastic::RoundInfo& rou
   const std::size_t n = nodes_.size();
   for (std::size_t i = 0; i < n; ++i) {
     const std::size_t g = (next_views_ + i) % n;
-    if (static_cast<int>(g) == round.group_rank || nodes_[g].seq <= nodes_[g].held) continue;
+    // While a hang is possible, only views that changed in more than their steps (nothing
+    // steps then, but each node's last steps may come after the hang began).
+    const std::uint64_t wanted = hang_possible ? nodes_[g].content_seq : nodes_[g].seq;
+    if (static_cast<int>(g) == round.group_rank || wanted <= nodes_[g].held) continue;
     behind.push_back(static_cast<int>(g));
     if (!hang_possible && behind.size() == kViewsPerTick) break;
   }
@@ -416,6 +442,7 @@ bool CollectiveExchange::read_views(store::Client& client, const elastic::RoundI
   const std::vector<std::string> values = multi_get(client, keys, kViewsPerRequest);
   const auto now = Clock::now();
   std::map<int, Received> received;
+  bool changed = false;
   for (std::size_t i = 0; i < nodes.size(); ++i) {
     Node& node = nodes_[static_cast<std::size_t>(nodes[i])];
     auto [seq, text] = split_seq(values[i], '\n');
@@ -424,18 +451,24 @@ bool CollectiveExchange::read_views(store::Client& client, const elastic::RoundI
     for (RankView& view : views) view.remote = true;
     if (seq > node.seq) {  // written since its progress was read: newer still
       node.seq = seq;
+      node.content_seq = seq;  // whether it changed is not known: as if it did
       node.progress = progress_of(views);
       node.at = now;
     }
+    changed = changed || node.held < node.content_seq;
     node.held = seq;
-    received[nodes[i]] = {seq, std::move(views), seq == node.seq ? node.at : now, true};
+    std::vector<std::vector<StepInfo>> steps = take_steps(views);
+    received[nodes[i]] = {seq, std::move(views), std::move(steps), seq == node.seq ? node.at : now,
+                          true};
   }
   std::lock_guard lock(mutex_);
   for (auto& [g, r] : received) {
-    if (auto old = remote_.find(g); old != remote_.end()) keep_steps(r.views, old->second.views);
+    if (auto old = remote_.find(g); old != remote_.end()) {
+      keep_steps(r.views, r.steps, old->second.views, old->second.steps);
+    }
     remote_[g] = std::move(r);
   }
-  return !received.empty();
+  return changed;
 }
 
 std::optional<CollectiveDiagnosis> CollectiveExchange::verdict_over_views(
@@ -457,7 +490,7 @@ std::optional<CollectiveDiagnosis> CollectiveExchange::verdict_over_views(
                  std::make_move_iterator(views.end()));
     }
   }
-  judged_ = Judged{std::move(hung), now, judge_hang(all, hang_timeout_s_)};
+  judged_ = Judged{std::move(hung), now, judge_hang(all, hang_timeout_s_, false)};
   return judged_->diagnosis;
 }
 

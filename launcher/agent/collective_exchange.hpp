@@ -82,13 +82,14 @@ class CollectiveExchange {
 
   // The other nodes' views of the round last published that the gatherer holds as they are
   // now (none it knows to have changed since it read them), aged to now: every node's while a
-  // hang is possible, else those read lately; empty on the other nodes.
+  // hang is possible (then without their step history: nothing steps), else those read lately;
+  // empty on the other nodes.
   std::vector<RankView> remote() const;
 
-  // Whether the job hangs, for this node's HangMonitor: on the gatherer its verdict as judged
-  // on the exchange's thread (a rank line for every rank); on the others the gatherer's
-  // verdict (its headline and ranks to blame; rank lines for this node's ranks only); on a
-  // lone node, or while this node cannot reach the store, judge_hang over views.
+  // Whether the job hangs, for this node's HangMonitor: the gatherer's verdict (its headline
+  // and ranks to blame; on the gatherer as judged on the exchange's thread), with rank lines
+  // for this node's ranks (those of views not remote); on a lone node, or while this node
+  // cannot reach the store, judge_hang over views.
   std::optional<CollectiveDiagnosis> judge(const std::vector<RankView>& views,
                                            double hang_timeout_s) const;
 
@@ -99,16 +100,18 @@ class CollectiveExchange {
 
  private:
   struct Received {
-    std::uint64_t seq = 0;  // the writer's sequence number of views
-    std::vector<RankView> views;
+    std::uint64_t seq = 0;                     // the writer's sequence number of views
+    std::vector<RankView> views;               // without their step history, which is in `steps`
+    std::vector<std::vector<StepInfo>> steps;  // each view's recent steps
     std::chrono::steady_clock::time_point at;  // when seq was first read: ages are as of then
-    bool current = true;                       // no newer progress of the node was read since
+    bool current = true;  // the node's views have not changed since (but for their steps)
   };
   // Another node as the gatherer knows it from its progress.
   struct Node {
     bool present = false;   // its progress key exists (made empty by the gatherer if need be)
     std::uint64_t seq = 0;  // the sequence number of its last progress read (0: none yet)
-    NodeProgress progress;  // as of `at`
+    std::uint64_t content_seq = 0;  // the last write that changed its views (but for steps)
+    NodeProgress progress;          // as of `at`
     std::chrono::steady_clock::time_point at;  // when seq was first read
     std::uint64_t held = 0;                    // the sequence number of its views held
   };
@@ -134,7 +137,8 @@ class CollectiveExchange {
               const std::vector<RankView>& local, std::chrono::steady_clock::time_point local_at);
   // Every other node's progress, in one request (after the first of a round).
   void read_progress(store::Client& client, const elastic::RoundInfo& round);
-  // The views of the nodes given, in one request; says whether any was new.
+  // The views of the nodes given, in one request; says whether any changed in more than its
+  // step history.
   bool read_views(store::Client& client, const elastic::RoundInfo& round,
                   const std::vector<int>& nodes);
   // The nodes whose views to read this tick: all behind while a hang is possible, else a few.
@@ -161,6 +165,7 @@ class CollectiveExchange {
   int failed_round_ = -1;   // the round whose failure was said
   bool failing_ = false;    // the last exchange failed: judge() judges this node's views
   bool gathering_ = false;  // this node is the gatherer of remote_round_
+  bool hung_ = false;       // and the job may hang: remote() leaves the step history out
   // The verdict of remote_round_: the gatherer's own, or the one read; nullopt inside: no hang.
   std::optional<std::optional<CollectiveDiagnosis>> verdict_;
   std::thread thread_;  // started by publish; empty until then

@@ -11,7 +11,9 @@ inline std::string views_key(int round, int group_rank) {
   return "ddprun/collectives/" + std::to_string(round) + "/" + std::to_string(group_rank);
 }
 
-// A node's progress (node_progress.hpp), written with its views: "<seq> <encode_progress>".
+// A node's progress (node_progress.hpp), written with its views: "<seq> <content seq>
+// <encode_progress>", the content seq being the last write that changed the views in more
+// than their step history (views_writer.hpp).
 inline std::string progress_key(int round, int group_rank) {
   return views_key(round, group_rank) + "/progress";
 }

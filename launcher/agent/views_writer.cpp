@@ -41,6 +41,7 @@ bool ViewsWriter::write(store::Client& client, const elastic::RoundInfo& round,
   if (round_ != round.round) {  // a new round: everything counts from the start
     round_ = round.round;
     seq_ = 0;
+    content_seq_ = 0;
     content_.clear();
     steps_.clear();
   }
@@ -50,13 +51,14 @@ bool ViewsWriter::write(store::Client& client, const elastic::RoundInfo& round,
   const bool steps_due = seq_ == 0 || (now - steps_sent_at_ >= kStepsEvery && steps != steps_);
   std::string content = content_of(local);
   if (!steps_due && content == content_) return false;
+  if (content != content_) content_seq_ = seq_ + 1;
   const std::string seq = std::to_string(seq_ + 1);
   // The views first, then the progress that tells the gatherer to read them (one request;
   // 1.x: two SETs in this order): a progress it reads always has its views in the store.
   client.multi_set(
       {views_key(round.round, round.group_rank), progress_key(round.round, round.group_rank)},
       {seq + "\n" + encode_views(local, steps_due),
-       seq + " " + encode_progress(progress_of(local))});
+       seq + " " + std::to_string(content_seq_) + " " + encode_progress(progress_of(local))});
   ++seq_;
   content_ = std::move(content);
   if (steps_due) {

@@ -2,8 +2,9 @@
 // A node's side of sharing its ranks' collective records (collective_exchange.hpp): writes its
 // views and their progress (node_progress.hpp) under the round's keys, in one request, when
 // they changed in more than their ages (the readers age what they have), with its ranks' step
-// history every kStepsEvery while their steps move. Call from one thread. Internal to the
-// launcher.
+// history every kStepsEvery while their steps move. The progress says which write last
+// changed the views in more than their step history ("<seq> <content seq> <progress>"): a
+// reader that holds those needs no other. Call from one thread. Internal to the launcher.
 
 #include <chrono>
 #include <cstdint>
@@ -32,9 +33,10 @@ class ViewsWriter {
 
  private:
   int round_ = -1;
-  std::uint64_t seq_ = 0;  // the sequence number last written in round_
-  std::string content_;    // what was written, ages and steps aside
-  std::string steps_;      // which steps the last step history written held
+  std::uint64_t seq_ = 0;          // the sequence number last written in round_
+  std::uint64_t content_seq_ = 0;  // the last that changed content_
+  std::string content_;            // what was written, ages and steps aside
+  std::string steps_;              // which steps the last step history written held
   std::chrono::steady_clock::time_point steps_sent_at_;
 };
 

@@ -245,8 +245,8 @@ GathererReport run_gatherer(const Plan& plan, Clock::time_point start, std::uint
   };
   double loop_s = 0;  // the agent loop's CPU in the exchange's calls
   std::map<double, std::pair<double, double>> marks;  // time -> (thread, loop) CPU
-  const std::vector<double> at = {plan.warm, plan.hang(), plan.hang(), plan.hang_window(),
-                                  plan.hang_window(), plan.end()};
+  const std::vector<double> at = {plan.warm,          plan.hang(),        plan.hang(),
+                                  plan.hang_window(), plan.hang_window(), plan.end()};
   std::size_t next_mark = 0;
   for (auto tick = start + kTick;; tick += kTick) {
     std::this_thread::sleep_until(tick);
@@ -261,8 +261,9 @@ GathererReport run_gatherer(const Plan& plan, Clock::time_point start, std::uint
     const double cpu0 = thread_cpu_s(main_tid);
     exchange->publish(round, local);
     std::vector<RankView> views = local;
-    std::vector<RankView> remote = exchange->remote();
-    views.insert(views.end(), remote.begin(), remote.end());
+    std::vector<RankView> remote = exchange->remote();  // as the agent's rank_views()
+    views.insert(views.end(), std::make_move_iterator(remote.begin()),
+                 std::make_move_iterator(remote.end()));
     const auto verdict = exchange->judge(views, plan.hang_timeout);
     loop_s += thread_cpu_s(main_tid) - cpu0;
     if (verdict && report.named_after_s < 0) {
@@ -343,16 +344,16 @@ int main(int argc, char** argv) {
     if (::read(down[0], &message, sizeof message) != sizeof message) ::_exit(1);
     const GathererReport r =
         run_gatherer(plan, Clock::time_point(Clock::duration(message.start)), message.port);
-    const std::string line = nlohmann::json{{"training_thread_s", r.training_thread_s},
-                                            {"training_loop_s", r.training_loop_s},
-                                            {"onset_thread_s", r.onset_thread_s},
-                                            {"hang_thread_s", r.hang_thread_s},
-                                            {"hang_loop_s", r.hang_loop_s},
-                                            {"training_rss", r.training_rss},
-                                            {"hang_rss", r.hang_rss},
-                                            {"named_after_s", r.named_after_s},
-                                            {"headline", r.headline}}
-                                 .dump();
+    const std::string line = nlohmann::json{
+        {"training_thread_s", r.training_thread_s},
+        {"training_loop_s", r.training_loop_s},
+        {"onset_thread_s", r.onset_thread_s},
+        {"hang_thread_s", r.hang_thread_s},
+        {"hang_loop_s", r.hang_loop_s},
+        {"training_rss", r.training_rss},
+        {"hang_rss", r.hang_rss},
+        {"named_after_s", r.named_after_s},
+        {"headline", r.headline}}.dump();
     const bool sent = ::write(up[1], line.data(), line.size()) == static_cast<ssize_t>(line.size());
     ::_exit(sent ? 0 : 1);
   }
@@ -382,9 +383,8 @@ int main(int argc, char** argv) {
   std::atomic<int> late_ticks{0};
   std::vector<std::future<std::map<int, double>>> simulators;
   for (int s = 0; s < kSimulators; ++s) {
-    simulators.push_back(std::async(std::launch::async, [&, s] {
-      return simulate(plan, start, proxy.port(), s, late_ticks);
-    }));
+    simulators.push_back(std::async(
+        std::launch::async, [&, s] { return simulate(plan, start, proxy.port(), s, late_ticks); }));
   }
   // The store's side of each window: its loop's CPU, the bytes through it, what it holds.
   struct Mark {
@@ -445,10 +445,10 @@ int main(int argc, char** argv) {
                "%d nodes: rank %d blocked; named by the gatherer %.1f s after (--hang_timeout %.0f "
                "s), read by every agent %.1f s after; the gatherer's onset (reading every view, "
                "judging) took %.0f ms of CPU; simulation ticks late: %d\n  %s\n",
-               plan.nodes, plan.blocked_rank, named, plan.hang_timeout, named_all, 
+               plan.nodes, plan.blocked_rank, named, plan.hang_timeout, named_all,
                1000.0 * g["onset_thread_s"].get<double>(), late_ticks.load(),
                g["headline"].get<std::string>().c_str());
-  const bool in_time = named >= 0 && named <= plan.hang_timeout + 10 &&
-                       named_all <= plan.hang_timeout + 10;
+  const bool in_time =
+      named >= 0 && named <= plan.hang_timeout + 10 && named_all <= plan.hang_timeout + 10;
   return WIFEXITED(status) && WEXITSTATUS(status) == 0 && in_time ? 0 : 1;
 }
