@@ -172,14 +172,19 @@ std::vector<RankView> CollectiveExchange::remote() const {
   std::vector<RankView> all;
   if (!round_ || remote_round_ != round_->round) return all;
   const auto now = Clock::now();
+  std::size_t count = 0;
+  for (const auto& [group_rank, received] : remote_) {
+    if (received.current) count += received.views.size();
+  }
+  all.reserve(count);  // a thousand nodes' views while a hang holds: copied once
   for (const auto& [group_rank, received] : remote_) {
     if (!received.current) continue;
-    std::vector<RankView> views = aged(received.views, received.at, now);
-    for (std::size_t i = 0; i < views.size() && !hung_; ++i) {
-      views[i].recent_steps = received.steps[i];
+    const double age = seconds_between(received.at, now);
+    for (std::size_t i = 0; i < received.views.size(); ++i) {
+      all.push_back(received.views[i]);
+      age_view(all.back(), age);
+      if (!hung_) all.back().recent_steps = received.steps[i];
     }
-    all.insert(all.end(), std::make_move_iterator(views.begin()),
-               std::make_move_iterator(views.end()));
   }
   return all;
 }
@@ -484,10 +489,12 @@ std::optional<CollectiveDiagnosis> CollectiveExchange::verdict_over_views(
   std::vector<RankView> all = aged(local, local_at, now);
   {
     std::lock_guard lock(mutex_);
+    std::size_t count = all.size();
+    for (const auto& [g, r] : remote_) count += r.views.size();
+    all.reserve(count);
     for (const auto& [g, r] : remote_) {
-      std::vector<RankView> views = aged(r.views, r.at, now);
-      all.insert(all.end(), std::make_move_iterator(views.begin()),
-                 std::make_move_iterator(views.end()));
+      const double age = seconds_between(r.at, now);
+      for (const RankView& view : r.views) age_view(all.emplace_back(view), age);
     }
   }
   judged_ = Judged{std::move(hung), now, judge_hang(all, hang_timeout_s_, false)};

@@ -178,13 +178,15 @@ std::vector<RankView> decode_views(const std::string& text) {
 }
 
 void age_views(std::vector<RankView>& views, double seconds) {
-  for (RankView& v : views) {
-    if (v.since_finished_s) *v.since_finished_s += seconds;
-    if (v.pending) v.pending->age_s += seconds;
-    if (v.last) v.last->age_s += seconds;
-    if (v.p2p) v.p2p->age_s += seconds;
-    age_views(v.lanes, seconds);
-  }
+  for (RankView& v : views) age_view(v, seconds);
+}
+
+void age_view(RankView& v, double seconds) {
+  if (v.since_finished_s) *v.since_finished_s += seconds;
+  if (v.pending) v.pending->age_s += seconds;
+  if (v.last) v.last->age_s += seconds;
+  if (v.p2p) v.p2p->age_s += seconds;
+  age_views(v.lanes, seconds);
 }
 
 }  // namespace ddp::launcher
