@@ -11,7 +11,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <iterator>
 #include <random>
 #include <system_error>
 #include <thread>
@@ -314,9 +313,7 @@ class Agent::Impl {
       return views;
     }
     exchange_.publish(workers_->round(), views);
-    std::vector<RankView> remote = exchange_.remote();
-    views.insert(views.end(), std::make_move_iterator(remote.begin()),
-                 std::make_move_iterator(remote.end()));
+    exchange_.append_remote(views);
     return views;
   }
 

@@ -168,11 +168,16 @@ void CollectiveExchange::publish(const elastic::RoundInfo& round, std::vector<Ra
 }
 
 std::vector<RankView> CollectiveExchange::remote() const {
-  std::lock_guard lock(mutex_);
   std::vector<RankView> all;
-  if (!round_ || remote_round_ != round_->round) return all;
+  append_remote(all);
+  return all;
+}
+
+void CollectiveExchange::append_remote(std::vector<RankView>& all) const {
+  std::lock_guard lock(mutex_);
+  if (!round_ || remote_round_ != round_->round) return;
   const auto now = Clock::now();
-  std::size_t count = 0;
+  std::size_t count = all.size();
   for (const auto& [group_rank, received] : remote_) {
     if (received.current) count += received.views.size();
   }
@@ -186,7 +191,6 @@ std::vector<RankView> CollectiveExchange::remote() const {
       if (!hung_) all.back().recent_steps = received.steps[i];
     }
   }
-  return all;
 }
 
 std::optional<CollectiveDiagnosis> CollectiveExchange::judge(const std::vector<RankView>& views,

@@ -85,6 +85,8 @@ class CollectiveExchange {
   // hang is possible (then without their step history: nothing steps), else those read lately;
   // empty on the other nodes.
   std::vector<RankView> remote() const;
+  // The same, appended to views (one allocation for the whole job's views).
+  void append_remote(std::vector<RankView>& views) const;
 
   // Whether the job hangs, for this node's HangMonitor: the gatherer's verdict (its headline
   // and ranks to blame; on the gatherer as judged on the exchange's thread), with rank lines

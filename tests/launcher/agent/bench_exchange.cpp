@@ -2,7 +2,7 @@
 // soon a hang of one rank is named (scripts/bench-exchange). NODES agents of 8 ranks each:
 // - the gatherer (group rank 0) is the real CollectiveExchange, in a process of its own (its
 //   memory is that process's), whose main thread plays its agent's loop: every 0.5 s tick
-//   (HangMonitor's) it publishes its ranks' views and calls remote() and judge();
+//   (HangMonitor's) it publishes its ranks' views and calls append_remote() and judge();
 // - the other NODES - 1 agents are simulated by a few threads of the first process: each tick,
 //   each writes its views as an agent does (ViewsWriter, the agents' own code) and reads the
 //   verdict as a follower does (its count, then the verdict when it moved);
@@ -65,7 +65,8 @@ struct Plan {
   int blocked_rank = 0;
   double warm = 0;  // until the training window
   double hang() const { return warm + seconds; }
-  double hang_window() const { return hang() + hang_timeout + 4; }
+  // After the hang is named (within hang_timeout + 10 s, or the bench fails): nothing moves.
+  double hang_window() const { return hang() + hang_timeout + 10; }
   double end() const { return hang_window() + seconds; }
 };
 
@@ -261,9 +262,7 @@ GathererReport run_gatherer(const Plan& plan, Clock::time_point start, std::uint
     const double cpu0 = thread_cpu_s(main_tid);
     exchange->publish(round, local);
     std::vector<RankView> views = local;
-    std::vector<RankView> remote = exchange->remote();  // as the agent's rank_views()
-    views.insert(views.end(), std::make_move_iterator(remote.begin()),
-                 std::make_move_iterator(remote.end()));
+    exchange->append_remote(views);  // as the agent's rank_views()
     const auto verdict = exchange->judge(views, plan.hang_timeout);
     loop_s += thread_cpu_s(main_tid) - cpu0;
     if (verdict && report.named_after_s < 0) {
