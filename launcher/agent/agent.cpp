@@ -313,8 +313,7 @@ class Agent::Impl {
       return views;
     }
     exchange_.publish(workers_->round(), views);
-    std::vector<RankView> remote = exchange_.remote();
-    views.insert(views.end(), remote.begin(), remote.end());
+    exchange_.append_remote(views);
     return views;
   }
 

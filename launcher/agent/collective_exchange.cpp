@@ -1,10 +1,13 @@
 #include "collective_exchange.hpp"
 
 #include <algorithm>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <stdexcept>
+#include <string_view>
 
 #include "../diagnosis/rank_view_json.hpp"
+#include "collective_keys.hpp"
 #include "ddp/store/client.hpp"
 #include "workers_store_client.hpp"
 
@@ -13,34 +16,22 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// A MULTI_GET of views asks for at most this many keys (its reply stays a few megabytes);
+// one of progress for at most kProgressPerRequest (a few dozen bytes each).
+constexpr std::size_t kViewsPerRequest = 64;
+constexpr std::size_t kProgressPerRequest = 4096;
+
 double seconds_between(Clock::time_point from, Clock::time_point to) {
   return std::chrono::duration<double>(to - from).count();
 }
 
-// What a node's views say, ages aside: while only their ages change, nothing is written (the
-// others age what they have).
-void zero_ages(std::vector<RankView>& views) {
-  for (RankView& v : views) {
-    if (v.since_finished_s) v.since_finished_s = 0.0;
-    if (v.pending) v.pending->age_s = 0;
-    if (v.last) v.last->age_s = 0;
-    if (v.p2p) v.p2p->age_s = 0;
-    zero_ages(v.lanes);
-  }
-}
-
-std::string content_of(std::vector<RankView> views) {
-  zero_ages(views);
-  return encode_views(views, false);
-}
-
-// "<seq>\n<text>", as written: the writer's sequence number and what it wrote.
-std::pair<std::uint64_t, std::string> split_seq(const std::string& value) {
-  const auto newline = value.find('\n');
-  if (newline == std::string::npos) {
+// "<seq><separator><text>", as written: the writer's sequence number and what it wrote.
+std::pair<std::uint64_t, std::string_view> split_seq(std::string_view value, char separator) {
+  const auto at = value.find(separator);
+  if (at == std::string_view::npos) {
     throw std::invalid_argument("not what an agent shares (no sequence number)");
   }
-  return {std::stoull(value.substr(0, newline)), value.substr(newline + 1)};
+  return {std::stoull(std::string(value.substr(0, at))), value.substr(at + 1)};
 }
 
 // Ranks as [first, last] ranges, at most kVerdictRanges of them.
@@ -57,8 +48,8 @@ nlohmann::json rank_ranges(std::vector<int> ranks) {
   return ranges;
 }
 
-std::string encode_verdict(const std::optional<CollectiveDiagnosis>& d) {
-  nlohmann::json j = {{"hung", d.has_value()}};
+std::string encode_verdict(int by, const std::optional<CollectiveDiagnosis>& d) {
+  nlohmann::json j = {{"by", by}, {"hung", d.has_value()}};
   if (d) {
     j["headline"] = d->headline;
     j["desync"] = d->desync;
@@ -68,10 +59,17 @@ std::string encode_verdict(const std::optional<CollectiveDiagnosis>& d) {
   return j.dump();
 }
 
-std::optional<CollectiveDiagnosis> decode_verdict(const std::string& text) {
+struct Verdict {
+  int by = 0;  // the group rank of the gatherer that wrote it
+  std::optional<CollectiveDiagnosis> diagnosis;
+};
+
+Verdict decode_verdict(const std::string& text) {
   try {
     const nlohmann::json j = nlohmann::json::parse(text);
-    if (!j.at("hung").get<bool>()) return std::nullopt;
+    Verdict v;
+    v.by = j.at("by").get<int>();
+    if (!j.at("hung").get<bool>()) return v;
     CollectiveDiagnosis d;
     d.headline = j.at("headline").get<std::string>();
     d.desync = j.at("desync").get<bool>();
@@ -79,7 +77,8 @@ std::optional<CollectiveDiagnosis> decode_verdict(const std::string& text) {
       for (int r = range.at(0).get<int>(); r <= range.at(1).get<int>(); ++r) d.blamed.push_back(r);
     }
     if (j.contains("collective")) d.collective = j["collective"].get<std::uint64_t>();
-    return d;
+    v.diagnosis = std::move(d);
+    return v;
   } catch (const nlohmann::json::exception& e) {
     throw std::invalid_argument(std::string("not the gatherer's verdict: ") + e.what());
   }
@@ -90,6 +89,41 @@ std::vector<RankView> aged(std::vector<RankView> views, Clock::time_point at,
                            Clock::time_point now) {
   age_views(views, seconds_between(at, now));
   return views;
+}
+
+// The values of keys, at most `per_request` keys a request (every key exists).
+std::vector<std::string> multi_get(store::Client& client, const std::vector<std::string>& keys,
+                                   std::size_t per_request) {
+  std::vector<std::string> values;
+  values.reserve(keys.size());
+  for (std::size_t i = 0; i < keys.size(); i += per_request) {
+    const auto end =
+        keys.begin() + static_cast<std::ptrdiff_t>(std::min(keys.size(), i + per_request));
+    std::vector<std::string> some = client.multi_get(
+        std::vector<std::string>(keys.begin() + static_cast<std::ptrdiff_t>(i), end));
+    for (std::string& v : some) values.push_back(std::move(v));
+  }
+  return values;
+}
+
+// Views as held: their step history apart (copied only where it is needed).
+std::vector<std::vector<StepInfo>> take_steps(std::vector<RankView>& views) {
+  std::vector<std::vector<StepInfo>> steps;
+  steps.reserve(views.size());
+  for (RankView& view : views) steps.push_back(std::move(view.recent_steps));
+  return steps;
+}
+
+// Step history comes every kStepsEvery: a rank's views without it keep the last one received.
+void keep_steps(const std::vector<RankView>& views, std::vector<std::vector<StepInfo>>& steps,
+                const std::vector<RankView>& before,
+                const std::vector<std::vector<StepInfo>>& steps_before) {
+  for (std::size_t i = 0; i < views.size(); ++i) {
+    if (!steps[i].empty()) continue;
+    for (std::size_t j = 0; j < before.size(); ++j) {
+      if (before[j].rank == views[i].rank) steps[i] = steps_before[j];
+    }
+  }
 }
 
 }  // namespace
@@ -115,12 +149,10 @@ CollectiveExchange::~CollectiveExchange() {
 }
 
 std::string CollectiveExchange::key(int round, int group_rank) {
-  return "ddprun/collectives/" + std::to_string(round) + "/" + std::to_string(group_rank);
+  return views_key(round, group_rank);
 }
 
-std::string CollectiveExchange::verdict_key(int round) {
-  return "ddprun/collectives/" + std::to_string(round) + "/verdict";
-}
+std::string CollectiveExchange::verdict_key(int round) { return launcher::verdict_key(round); }
 
 void CollectiveExchange::publish(const elastic::RoundInfo& round, std::vector<RankView> local) {
   if (round.members.size() <= 1) return;
@@ -136,15 +168,29 @@ void CollectiveExchange::publish(const elastic::RoundInfo& round, std::vector<Ra
 }
 
 std::vector<RankView> CollectiveExchange::remote() const {
-  std::lock_guard lock(mutex_);
   std::vector<RankView> all;
-  if (!round_ || remote_round_ != round_->round) return all;
-  const auto now = Clock::now();
-  for (const auto& [group_rank, received] : remote_) {
-    std::vector<RankView> views = aged(received.views, received.at, now);
-    all.insert(all.end(), views.begin(), views.end());
-  }
+  append_remote(all);
   return all;
+}
+
+void CollectiveExchange::append_remote(std::vector<RankView>& all) const {
+  std::lock_guard lock(mutex_);
+  if (!round_ || remote_round_ != round_->round) return;
+  const auto now = Clock::now();
+  std::size_t count = all.size();
+  for (const auto& [group_rank, received] : remote_) {
+    if (received.current) count += received.views.size();
+  }
+  all.reserve(count);  // a thousand nodes' views while a hang holds: copied once
+  for (const auto& [group_rank, received] : remote_) {
+    if (!received.current) continue;
+    const double age = seconds_between(received.at, now);
+    for (std::size_t i = 0; i < received.views.size(); ++i) {
+      all.push_back(received.views[i]);
+      age_view(all.back(), age);
+      if (!hung_) all.back().recent_steps = received.steps[i];
+    }
+  }
 }
 
 std::optional<CollectiveDiagnosis> CollectiveExchange::judge(const std::vector<RankView>& views,
@@ -152,13 +198,16 @@ std::optional<CollectiveDiagnosis> CollectiveExchange::judge(const std::vector<R
   std::optional<CollectiveDiagnosis> verdict;
   {
     std::lock_guard lock(mutex_);
-    const bool follows =
-        round_ && round_->members.size() > 1 && round_->group_rank != 0 && !falling_back_;
-    if (!follows) return judge_hang(views, hang_timeout_s);
-    if (!verdict_ || remote_round_ != round_->round || !verdict_->diagnosis) return std::nullopt;
-    verdict = verdict_->diagnosis;
+    // Alone, or cut off from the others: what this node's ranks say.
+    if (!round_ || round_->members.size() <= 1 || failing_)
+      return judge_hang(views, hang_timeout_s);
+    if (!verdict_ || remote_round_ != round_->round || !*verdict_) return std::nullopt;
+    verdict = *verdict_;
   }
-  verdict->ranks = diagnose(views).ranks;  // this node's ranks
+  std::vector<RankView> local;  // this node's ranks (the gatherer's views hold the others' too)
+  std::copy_if(views.begin(), views.end(), std::back_inserter(local),
+               [](const RankView& v) { return !v.remote; });
+  verdict->ranks = diagnose(std::move(local)).ranks;
   return verdict;
 }
 
@@ -178,12 +227,15 @@ void CollectiveExchange::run() {
     }
     // Between publishes only the gatherer goes on, once they stopped (its ranks ended while
     // the others' may wait in a collective): the others still need its verdict.
-    if (!fed && (round_->group_rank != 0 || now - fed_at_ < 2 * kGatherEvery)) continue;
+    const bool gatherer = round_->group_rank == 0 || gathering_;
+    if (!fed && (!gatherer || now - fed_at_ < 2 * kGatherEvery)) continue;
     const elastic::RoundInfo round = *round_;
     lock.unlock();
+    bool failed = false;
     try {
       exchange(round, local, local_at);
     } catch (const std::exception& e) {
+      failed = true;
       lock.lock();
       const bool said = failed_round_ == round.round || !fed;  // unfed: the job may be over
       if (fed) failed_round_ = round.round;
@@ -197,6 +249,7 @@ void CollectiveExchange::run() {
       }
     }
     lock.lock();
+    failing_ = failed;
   }
 }
 
@@ -204,7 +257,11 @@ store::Client& CollectiveExchange::client_for(const elastic::RoundInfo& round) {
   const std::string endpoint = round.master_addr + ":" + std::to_string(round.master_port);
   if (!client_ || client_endpoint_ != endpoint) {
     drop_client();
-    auto client = std::make_unique<store::Client>(workers_store_options(round, kExchangeTimeout));
+    store::ClientOptions options = workers_store_options(round, kExchangeTimeout);
+    // An agent's store speaks both dialects (a probe would pick 1.x); only 2.x reads and
+    // writes many keys in one request.
+    options.dialect = store::Dialect::V2;
+    auto client = std::make_unique<store::Client>(options);
     std::lock_guard lock(client_mutex_);
     client_ = std::move(client);
     client_endpoint_ = endpoint;
@@ -217,143 +274,241 @@ void CollectiveExchange::drop_client() {
   client_.reset();
 }
 
-void CollectiveExchange::send(store::Client& client, const elastic::RoundInfo& round,
-                              const std::vector<RankView>& local) {
-  const auto now = Clock::now();
-  const bool steps_due = sent_seq_ == 0 || now - steps_sent_at_ >= kStepsEvery;
-  std::string content = content_of(local);
-  if (!steps_due && content == sent_content_) return;  // the others age what they have
-  const std::string k = key(round.round, round.group_rank);
-  // The views first, then the count that tells the others to read them: a count they see
-  // always has its views in the store.
-  client.set(k, std::to_string(sent_seq_ + 1) + "\n" + encode_views(local, steps_due));
-  client.add(k + "/seq", 1);
-  ++sent_seq_;
-  sent_content_ = std::move(content);
-  if (steps_due) steps_sent_at_ = now;
+void CollectiveExchange::begin_round(const elastic::RoundInfo& round) {
+  round_no_ = round.round;
+  acting_ = round.group_rank == 0;
+  nodes_.assign(round.members.size(), Node{});
+  next_views_ = 0;
+  judged_.reset();
+  writer_rank_ = 0;
+  verdict_count_ = 0;
+  verdict_moved_at_ = Clock::now();
+  std::lock_guard lock(mutex_);
+  remote_.clear();
+  verdict_.reset();
+  remote_round_ = round.round;
+  gathering_ = acting_;
+  hung_ = false;
 }
 
-std::map<int, CollectiveExchange::Received> CollectiveExchange::gather(
-    store::Client& client, const elastic::RoundInfo& round, const std::map<int, Received>& known) {
-  std::map<int, Received> received;
-  for (int g = 0; g < static_cast<int>(round.members.size()); ++g) {
-    if (g == round.group_rank) continue;
-    const std::string k = key(round.round, g);
-    const auto count = static_cast<std::uint64_t>(client.add(k + "/seq", 0));
-    if (count == 0) continue;  // nothing written yet
-    auto old = known.find(g);
-    if (old != known.end() && old->second.seq >= count) continue;  // unchanged
-    auto [seq, text] = split_seq(client.get(k));
-    if (old != known.end() && old->second.seq == seq) continue;  // read before
-    std::vector<RankView> views = decode_views(text);
-    for (RankView& view : views) view.remote = true;
-    received[g] = {seq, std::move(views), Clock::now()};
+// This node's views out (when they changed); on the gatherer every node's progress in, the
+// views it needs, and its verdict out; elsewhere the gatherer's verdict in. Over the one
+// connection, which a failure drops, to be made again next time.
+void CollectiveExchange::exchange(const elastic::RoundInfo& round,
+                                  const std::vector<RankView>& local, Clock::time_point local_at) {
+  if (round_no_ != round.round) begin_round(round);
+  try {
+    store::Client& client = client_for(round);
+    writer_.write(client, round, local);
+    if (round.group_rank != 0) follow(client, round);
+    if (acting_) gather(client, round, local, local_at);
+  } catch (const std::exception&) {
+    drop_client();
+    throw;
   }
-  return received;
+}
+
+void CollectiveExchange::follow(store::Client& client, const elastic::RoundInfo& round) {
+  const int self = round.group_rank;
+  const auto now = Clock::now();
+  const std::int64_t count = client.add(verdict_count_key(round.round), 0);
+  if (count != verdict_count_) {
+    verdict_count_ = count;
+    Verdict verdict = decode_verdict(client.get(launcher::verdict_key(round.round)));
+    if (acting_ && verdict.by < self) {
+      acting_ = false;  // the node it replaced (or one before it) gathers again
+      judged_.reset();
+      for (Node& node : nodes_) node.held = 0;
+      std::lock_guard lock(mutex_);
+      remote_.clear();
+      gathering_ = false;
+      hung_ = false;
+    }
+    if (!acting_) {
+      writer_rank_ = verdict.by;
+      verdict_moved_at_ = now;
+      std::lock_guard lock(mutex_);
+      verdict_ = std::move(verdict.diagnosis);
+    }
+  }
+  if (acting_) return;
+  // The group ranks after the verdict's writer take over one after the other.
+  const int nodes = static_cast<int>(round.members.size());
+  int distance = (self - writer_rank_ + nodes) % nodes;
+  if (distance == 0) distance = nodes;
+  if (now - verdict_moved_at_ >= distance * kGathererQuiet) {
+    acting_ = true;
+    std::lock_guard lock(mutex_);
+    gathering_ = true;
+    verdict_.reset();
+  }
+}
+
+void CollectiveExchange::gather(store::Client& client, const elastic::RoundInfo& round,
+                                const std::vector<RankView>& local, Clock::time_point local_at) {
+  read_progress(client, round);
+  const auto now = Clock::now();
+  // Whether the job could hang, from every node's progress aged to now (this node's from its
+  // views): judged once every node's progress reached the gatherer, as a verdict over some of
+  // the job would call the ranks of a node not heard from yet absent, or miss them; but for
+  // the gatherers this one replaced, which may be gone before they wrote any.
+  const int self = round.group_rank;
+  const int nodes = static_cast<int>(nodes_.size());
+  auto replaced = [&](int g) {
+    return (g - writer_rank_ + nodes) % nodes < (self - writer_rank_ + nodes) % nodes;
+  };
+  bool complete = true;
+  std::vector<NodeProgress> progress;
+  progress.reserve(nodes_.size());
+  for (int g = 0; g < nodes; ++g) {
+    if (g == self) continue;
+    const Node& node = nodes_[static_cast<std::size_t>(g)];
+    if (node.seq == 0) {
+      if (!replaced(g)) complete = false;
+      continue;
+    }
+    progress.push_back(node.progress);
+    age_progress(progress.back(), seconds_between(node.at, now));
+  }
+  progress.push_back(progress_of(local));
+  age_progress(progress.back(), seconds_between(local_at, now));
+  std::vector<std::uint64_t> hung;
+  if (hang_timeout_s_ > 0 && complete) hung = hung_communicators(progress, hang_timeout_s_);
+
+  const bool views_changed = read_views(client, round, views_to_read(round, !hung.empty()));
+  const bool hang_possible = !hung.empty();
+  std::optional<CollectiveDiagnosis> d;
+  if (hang_possible) {
+    d = verdict_over_views(local, local_at, std::move(hung), views_changed);
+  } else {
+    judged_.reset();
+  }
+  write_verdict(client, round, d);
+  std::lock_guard lock(mutex_);
+  for (auto& [g, received] : remote_) {
+    received.current = received.seq >= nodes_[static_cast<std::size_t>(g)].content_seq;
+  }
+  verdict_ = std::move(d);
+  hung_ = hang_possible;
+}
+
+void CollectiveExchange::read_progress(store::Client& client, const elastic::RoundInfo& round) {
+  auto take = [this](int g, std::string_view value, Clock::time_point at) {
+    if (value.empty()) return;  // made by the gatherer: nothing written yet
+    Node& node = nodes_[static_cast<std::size_t>(g)];
+    auto [seq, rest] = split_seq(value, ' ');
+    if (seq <= node.seq) return;  // read before
+    auto [content_seq, text] = split_seq(rest, ' ');
+    node.progress = decode_progress(text);
+    node.seq = seq;
+    node.content_seq = content_seq;
+    node.at = at;
+  };
+  std::vector<int> present;
+  std::vector<std::string> keys;
+  for (int g = 0; g < static_cast<int>(nodes_.size()); ++g) {
+    if (g == round.group_rank) continue;
+    Node& node = nodes_[static_cast<std::size_t>(g)];
+    if (node.present) {
+      present.push_back(g);
+      keys.push_back(progress_key(round.round, g));
+      continue;
+    }
+    // Once a round a node: its key made (empty) unless it was written, so that one MULTI_GET,
+    // which waits for every key it asks for, reads every node's from now on.
+    take(g, client.compare_set(progress_key(round.round, g), "", ""), Clock::now());
+    node.present = true;
+  }
+  const std::vector<std::string> values = multi_get(client, keys, kProgressPerRequest);
+  const auto now = Clock::now();
+  for (std::size_t i = 0; i < present.size(); ++i) take(present[i], values[i], now);
+}
+
+std::vector<int> CollectiveExchange::views_to_read(const elastic::RoundInfo& round,
+                                                   bool hang_possible) {
+  std::vector<int> behind;
+  const std::size_t n = nodes_.size();
+  for (std::size_t i = 0; i < n; ++i) {
+    const std::size_t g = (next_views_ + i) % n;
+    // While a hang is possible, only views that changed in more than their steps (nothing
+    // steps then, but each node's last steps may come after the hang began).
+    const std::uint64_t wanted = hang_possible ? nodes_[g].content_seq : nodes_[g].seq;
+    if (static_cast<int>(g) == round.group_rank || wanted <= nodes_[g].held) continue;
+    behind.push_back(static_cast<int>(g));
+    if (!hang_possible && behind.size() == kViewsPerTick) break;
+  }
+  if (!hang_possible && !behind.empty()) {
+    next_views_ = (static_cast<std::size_t>(behind.back()) + 1) % n;
+  }
+  return behind;
+}
+
+bool CollectiveExchange::read_views(store::Client& client, const elastic::RoundInfo& round,
+                                    const std::vector<int>& nodes) {
+  if (nodes.empty()) return false;
+  std::vector<std::string> keys;
+  for (int g : nodes) keys.push_back(views_key(round.round, g));
+  const std::vector<std::string> values = multi_get(client, keys, kViewsPerRequest);
+  const auto now = Clock::now();
+  std::map<int, Received> received;
+  bool changed = false;
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
+    Node& node = nodes_[static_cast<std::size_t>(nodes[i])];
+    auto [seq, text] = split_seq(values[i], '\n');
+    if (seq <= node.held) continue;
+    std::vector<RankView> views = decode_views(std::string(text));
+    for (RankView& view : views) view.remote = true;
+    if (seq > node.seq) {  // written since its progress was read: newer still
+      node.seq = seq;
+      node.content_seq = seq;  // whether it changed is not known: as if it did
+      node.progress = progress_of(views);
+      node.at = now;
+    }
+    changed = changed || node.held < node.content_seq;
+    node.held = seq;
+    std::vector<std::vector<StepInfo>> steps = take_steps(views);
+    received[nodes[i]] = {seq, std::move(views), std::move(steps), seq == node.seq ? node.at : now,
+                          true};
+  }
+  std::lock_guard lock(mutex_);
+  for (auto& [g, r] : received) {
+    if (auto old = remote_.find(g); old != remote_.end()) {
+      keep_steps(r.views, r.steps, old->second.views, old->second.steps);
+    }
+    remote_[g] = std::move(r);
+  }
+  return changed;
+}
+
+std::optional<CollectiveDiagnosis> CollectiveExchange::verdict_over_views(
+    const std::vector<RankView>& local, Clock::time_point local_at, std::vector<std::uint64_t> hung,
+    bool views_changed) {
+  const auto now = Clock::now();
+  // While nothing changed but the ages, the last judgement stands (kVerdictRefresh: its
+  // durations); one that found no hang where the progress says one is possible is redone.
+  if (judged_ && !views_changed && judged_->hung == hung && judged_->diagnosis &&
+      now - judged_->at < kVerdictRefresh) {
+    return judged_->diagnosis;
+  }
+  std::vector<RankView> all = aged(local, local_at, now);
+  {
+    std::lock_guard lock(mutex_);
+    std::size_t count = all.size();
+    for (const auto& [g, r] : remote_) count += r.views.size();
+    all.reserve(count);
+    for (const auto& [g, r] : remote_) {
+      const double age = seconds_between(r.at, now);
+      for (const RankView& view : r.views) age_view(all.emplace_back(view), age);
+    }
+  }
+  judged_ = Judged{std::move(hung), now, judge_hang(all, hang_timeout_s_, false)};
+  return judged_->diagnosis;
 }
 
 void CollectiveExchange::write_verdict(store::Client& client, const elastic::RoundInfo& round,
-                                       std::vector<RankView> all, bool complete) {
-  std::optional<CollectiveDiagnosis> d;
-  if (hang_timeout_s_ > 0 && complete) d = judge_hang(all, hang_timeout_s_);
-  const std::string k = verdict_key(round.round);
-  client.set(k, std::to_string(verdict_seq_ + 1) + "\n" + encode_verdict(d));
-  client.add(k + "/seq", 1);
-  ++verdict_seq_;
-}
-
-bool CollectiveExchange::read_verdict(store::Client& client, const elastic::RoundInfo& round) {
-  const std::string k = verdict_key(round.round);
-  const auto count = static_cast<std::uint64_t>(client.add(k + "/seq", 0));
-  if (count == 0 || count <= verdict_seq_) return false;
-  auto [seq, text] = split_seq(client.get(k));
-  if (seq <= verdict_seq_) return false;
-  Verdict verdict{seq, decode_verdict(text)};
-  verdict_seq_ = seq;
-  verdict_moved_at_ = Clock::now();
-  std::lock_guard lock(mutex_);
-  if (remote_round_ != round.round) {
-    remote_.clear();
-    remote_round_ = round.round;
-  }
-  verdict_ = std::move(verdict);
-  return true;
-}
-
-// This node's views out (when they changed); on the gatherer (or falling back) the other
-// nodes' in (those that changed since last read), elsewhere the gatherer's verdict; over the
-// one connection, which a failure drops, to be made again next time.
-void CollectiveExchange::exchange(const elastic::RoundInfo& round,
-                                  const std::vector<RankView>& local, Clock::time_point local_at) {
-  const bool gatherer = round.group_rank == 0;
-  bool gatherer_complete = true;
-  const auto now = Clock::now();
-  if (sent_round_ != round.round) {  // a new round: everything counts from the start
-    sent_round_ = round.round;
-    sent_seq_ = 0;
-    sent_content_.clear();
-    verdict_seq_ = 0;
-    verdict_moved_at_ = now;
-  }
-  std::map<int, Received> known;
-  {
-    std::lock_guard lock(mutex_);
-    if (remote_round_ == round.round) known = remote_;
-  }
-  std::map<int, Received> received;
-  bool falling_back = false;
-  try {
-    store::Client& client = client_for(round);
-    send(client, round, local);
-    if (!gatherer) {
-      read_verdict(client, round);
-      falling_back = Clock::now() - verdict_moved_at_ >= kGathererQuiet;
-    }
-    if (gatherer || falling_back) received = gather(client, round, known);
-  } catch (const std::exception&) {
-    drop_client();
-    throw;
-  }
-  std::vector<RankView> all;
-  {
-    std::lock_guard lock(mutex_);
-    if (remote_round_ != round.round) {
-      remote_.clear();
-      verdict_.reset();
-    }
-    remote_round_ = round.round;
-    falling_back_ = falling_back;
-    if (!gatherer && !falling_back) remote_.clear();  // the gatherer's verdict says it all
-    for (auto& [g, r] : received) {
-      // Step history comes every kStepsEvery: keep the last one received until then.
-      if (auto old = remote_.find(g); old != remote_.end()) {
-        for (RankView& view : r.views) {
-          if (!view.recent_steps.empty()) continue;
-          for (const RankView& before : old->second.views) {
-            if (before.rank == view.rank) view.recent_steps = before.recent_steps;
-          }
-        }
-      }
-      remote_[g] = std::move(r);
-    }
-    // The gatherer judges once every node's views reached it: a verdict over some of the
-    // job would call the ranks of a node not heard from yet absent, or miss them.
-    if (gatherer && remote_.size() + 1 < round.members.size()) gatherer_complete = false;
-    if (gatherer) {
-      all = aged(local, local_at, now);
-      for (const auto& [g, r] : remote_) {
-        std::vector<RankView> views = aged(r.views, r.at, now);
-        all.insert(all.end(), views.begin(), views.end());
-      }
-    }
-  }
-  if (!gatherer) return;
-  try {
-    write_verdict(*client_, round, std::move(all), gatherer_complete);
-  } catch (const std::exception&) {
-    drop_client();
-    throw;
-  }
+                                       const std::optional<CollectiveDiagnosis>& d) {
+  client.set(launcher::verdict_key(round.round), encode_verdict(round.group_rank, d));
+  client.add(verdict_count_key(round.round), 1);
 }
 
 }  // namespace ddp::launcher

@@ -1,23 +1,34 @@
 #pragma once
 // Agents share their ranks' collective records, so that a hang is judged over the whole job
 // and a culprit on another node is named. Through the round's workers' store (the store at
-// MASTER_ADDR:MASTER_PORT that some agent serves, with every rendezvous backend), linear in
-// the nodes:
-// - every node writes its views under ddprun/collectives/<round>/<group rank>, with its own
-//   sequence number, and counts that number up under the same key + "/seq"; it writes only
-//   when its views changed in more than their ages, and its ranks' step history only every
-//   kStepsEvery;
-// - one gatherer, the node of group rank 0, reads the others' counts (a few bytes) and their
-//   views only when a count moved, judges the hang over the whole job and writes its verdict
-//   under ddprun/collectives/<round>/verdict (a line and the ranks to blame as ranges), every
+// MASTER_ADDR:MASTER_PORT that some agent serves, with every rendezvous backend), with one
+// gatherer whose work a tick is a few requests, whatever the number of nodes:
+// - every node writes its views under ddprun/collectives/<round>/<group rank> and, in the same
+//   request, their progress under key + "/progress" (node_progress.hpp: per communicator, how
+//   long ago its ranks last finished a collective and how long the longest waiter among them
+//   has waited; a few bytes), both with its own sequence number; it writes only when its views
+//   changed in more than their ages, and its ranks' step history only every kStepsEvery
+//   (ViewsWriter);
+// - one gatherer, at first the node of group rank 0, reads every node's progress in one request
+//   every kGatherEvery, and from those alone knows whether the job could hang. Only then does
+//   it read the views it does not hold yet (in one request) and judge the hang over every rank
+//   (judge_hang: the same verdict and names as over views read all along); otherwise it reads
+//   at most kViewsPerTick nodes' changed views a tick, in turn (what kill -USR1 and stragglers
+//   on its node see of the others). It writes its verdict under
+//   ddprun/collectives/<round>/verdict (a line and the ranks to blame as ranges) every
 //   kGatherEvery, also when its own ranks have ended;
-// - the other nodes read only that verdict; when it stops moving for kGathererQuiet (the
-//   gatherer's agent is gone), each reads every node's views itself, as a fallback.
-// A view is aged from when its sequence number was first read: a node that stopped writing
-// (its ranks ended) grows older, as it would have said itself. One connection to the store,
-// kept across exchanges and rounds (made again after a failure). On a thread of its own, so
-// that a slow store never holds the agent's loop; the thread starts at the first publish of
-// a round with several nodes (never for one node). Internal to the launcher.
+// - the other nodes read only that verdict. When it stops moving for kGathererQuiet (its
+//   writer's agent is gone), the next group rank takes over as the gatherer (the one after
+//   that after twice as long, and so on), and the others go on reading the one verdict; a
+//   gatherer that reads a verdict of a lower group rank (the node it replaced is back) follows
+//   it again.
+// A view or progress is aged from when its sequence number was first read: a node that
+// stopped writing (its ranks ended) grows older, as it would have said itself. One connection
+// to the store, kept across exchanges and rounds (made again after a failure), in the 2.x
+// dialect (an agent's store speaks both; only 2.x reads or writes many keys in one request).
+// On a thread of its own, so that a slow store never holds the agent's loop; the thread starts
+// at the first publish of a round with several nodes (never for one node). Internal to the
+// launcher.
 
 #include <chrono>
 #include <condition_variable>
@@ -32,23 +43,27 @@
 #include <vector>
 
 #include "../diagnosis/collective_diagnosis.hpp"
+#include "../diagnosis/node_progress.hpp"
 #include "../diagnosis/rank_view.hpp"
 #include "ddp/elastic/rendezvous.hpp"
 #include "ddp/store/client.hpp"
+#include "views_writer.hpp"
 
 namespace ddp::launcher {
 
 // How long one store operation of the exchange may take.
 inline constexpr std::chrono::milliseconds kExchangeTimeout{2000};
-// A node's ranks' recent steps (for stragglers across nodes) are shared this often; stragglers
-// are named at most once a minute anyway.
-inline constexpr std::chrono::seconds kStepsEvery{10};
 // The gatherer judges and writes its verdict this often (HangMonitor's tick at most).
 inline constexpr std::chrono::milliseconds kGatherEvery{500};
-// A verdict that has not moved for this long: the gatherer is gone, every node gathers.
+// A verdict that has not moved for this long: its writer is gone, the next group rank gathers.
 inline constexpr std::chrono::seconds kGathererQuiet{4};
 // A verdict names at most this many ranges of ranks to blame (a line, not the world).
 inline constexpr std::size_t kVerdictRanges = 256;
+// While no hang is possible, the gatherer reads at most this many nodes' changed views a tick.
+inline constexpr std::size_t kViewsPerTick = 8;
+// While a hang holds and no view changes, the verdict is judged again this often (for the
+// durations it gives); at once when a view or the hung communicators changed.
+inline constexpr std::chrono::seconds kVerdictRefresh{5};
 
 class CollectiveExchange {
  public:
@@ -65,45 +80,77 @@ class CollectiveExchange {
   // loop). Rounds of one node (group world size 1) are not shared.
   void publish(const elastic::RoundInfo& round, std::vector<RankView> local);
 
-  // The other nodes' views of the round last published, as last received, aged to now: on the
-  // gatherer (and on every node while it falls back); empty elsewhere.
+  // The other nodes' views of the round last published that the gatherer holds as they are
+  // now (none it knows to have changed since it read them), aged to now: every node's while a
+  // hang is possible (then without their step history: nothing steps), else those read lately;
+  // empty on the other nodes.
   std::vector<RankView> remote() const;
+  // The same, appended to views (one allocation for the whole job's views).
+  void append_remote(std::vector<RankView>& views) const;
 
-  // Whether the job hangs, for this node's HangMonitor: judge_hang over views (this node's and
-  // remote()) on the gatherer, a lone node, or while falling back; elsewhere the gatherer's
-  // verdict (its headline and ranks to blame; rank lines for this node's ranks only).
+  // Whether the job hangs, for this node's HangMonitor: the gatherer's verdict (its headline
+  // and ranks to blame; on the gatherer as judged on the exchange's thread), with rank lines
+  // for this node's ranks (those of views not remote); on a lone node, or while this node
+  // cannot reach the store, judge_hang over views.
   std::optional<CollectiveDiagnosis> judge(const std::vector<RankView>& views,
                                            double hang_timeout_s) const;
 
-  // The key a node's views of a round are under; its sequence number is under key + "/seq".
+  // The key a node's views of a round are under (collective_keys.hpp).
   static std::string key(int round, int group_rank);
   // The key of the gatherer's verdict of a round (its count under key + "/seq").
   static std::string verdict_key(int round);
 
  private:
   struct Received {
-    std::uint64_t seq = 0;  // the writer's sequence number of views
-    std::vector<RankView> views;
+    std::uint64_t seq = 0;                     // the writer's sequence number of views
+    std::vector<RankView> views;               // without their step history, which is in `steps`
+    std::vector<std::vector<StepInfo>> steps;  // each view's recent steps
     std::chrono::steady_clock::time_point at;  // when seq was first read: ages are as of then
+    bool current = true;  // the node's views have not changed since (but for their steps)
+  };
+  // Another node as the gatherer knows it from its progress.
+  struct Node {
+    bool present = false;   // its progress key exists (made empty by the gatherer if need be)
+    std::uint64_t seq = 0;  // the sequence number of its last progress read (0: none yet)
+    std::uint64_t content_seq = 0;  // the last write that changed its views (but for steps)
+    NodeProgress progress;          // as of `at`
+    std::chrono::steady_clock::time_point at;  // when seq was first read
+    std::uint64_t held = 0;                    // the sequence number of its views held
+  };
+  // The gatherer's last judgement over the views, kept while nothing it rests on changed.
+  struct Judged {
+    std::vector<std::uint64_t> hung;  // the communicators that could hang
+    std::chrono::steady_clock::time_point at;
+    std::optional<CollectiveDiagnosis> diagnosis;
   };
 
   void run();
   void exchange(const elastic::RoundInfo& round, const std::vector<RankView>& local,
                 std::chrono::steady_clock::time_point local_at);
+  // Everything of the exchange thread's that belongs to a round, from the start.
+  void begin_round(const elastic::RoundInfo& round);
   // Drops the connection (after a failure): made again next time.
   void drop_client();
-  // Writes this node's views when they changed in more than their ages (or the steps are due).
-  void send(store::Client& client, const elastic::RoundInfo& round,
-            const std::vector<RankView>& local);
-  // The other nodes' views whose count moved since known.
-  std::map<int, Received> gather(store::Client& client, const elastic::RoundInfo& round,
-                                 const std::map<int, Received>& known);
-  // The gatherer's verdict over every view, written for the others; none until every node's
-  // views arrived (complete).
+  // A follower's (and a gatherer's that replaced another): reads the verdict when it moved;
+  // takes over when it has been quiet for long enough, follows a lower group rank's.
+  void follow(store::Client& client, const elastic::RoundInfo& round);
+  // The gatherer's tick: progress in, views as needed, the verdict out.
+  void gather(store::Client& client, const elastic::RoundInfo& round,
+              const std::vector<RankView>& local, std::chrono::steady_clock::time_point local_at);
+  // Every other node's progress, in one request (after the first of a round).
+  void read_progress(store::Client& client, const elastic::RoundInfo& round);
+  // The views of the nodes given, in one request; says whether any changed in more than its
+  // step history.
+  bool read_views(store::Client& client, const elastic::RoundInfo& round,
+                  const std::vector<int>& nodes);
+  // The nodes whose views to read this tick: all behind while a hang is possible, else a few.
+  std::vector<int> views_to_read(const elastic::RoundInfo& round, bool hang_possible);
+  // The verdict over every rank held: judged again only when what it rests on changed.
+  std::optional<CollectiveDiagnosis> verdict_over_views(
+      const std::vector<RankView>& local, std::chrono::steady_clock::time_point local_at,
+      std::vector<std::uint64_t> hung, bool views_changed);
   void write_verdict(store::Client& client, const elastic::RoundInfo& round,
-                     std::vector<RankView> all, bool complete);
-  // The gatherer's verdict, when it moved; says whether it moved.
-  bool read_verdict(store::Client& client, const elastic::RoundInfo& round);
+                     const std::optional<CollectiveDiagnosis>& d);
   // The connection to the round's workers' store, made when there is none or it moved.
   store::Client& client_for(const elastic::RoundInfo& round);
 
@@ -117,24 +164,26 @@ class CollectiveExchange {
   std::chrono::steady_clock::time_point fed_at_;  // the last publish
   std::map<int, Received> remote_;                // by group rank, for remote_round_
   int remote_round_ = -1;
-  int failed_round_ = -1;      // the round whose failure was said
-  bool falling_back_ = false;  // no verdict for kGathererQuiet: this node gathers too
-  struct Verdict {
-    std::uint64_t seq = 0;
-    std::optional<CollectiveDiagnosis> diagnosis;  // nullopt: no hang
-  };
-  std::optional<Verdict> verdict_;  // the gatherer's last, for remote_round_
-  std::thread thread_;              // started by publish; empty until then
+  int failed_round_ = -1;   // the round whose failure was said
+  bool failing_ = false;    // the last exchange failed: judge() judges this node's views
+  bool gathering_ = false;  // this node is the gatherer of remote_round_
+  bool hung_ = false;       // and the job may hang: remote() leaves the step history out
+  // The verdict of remote_round_: the gatherer's own, or the one read; nullopt inside: no hang.
+  std::optional<std::optional<CollectiveDiagnosis>> verdict_;
+  std::thread thread_;  // started by publish; empty until then
 
   // The exchange thread's own (no lock), but for client_, which the destructor interrupts.
   std::mutex client_mutex_;  // guards client_ (the pointer) against the destructor
   std::unique_ptr<store::Client> client_;
   std::string client_endpoint_;  // host:port of client_
-  int sent_round_ = -1;
-  std::uint64_t sent_seq_ = 0;  // the sequence number last written in sent_round_
-  std::string sent_content_;    // what was written, ages and steps aside
-  std::chrono::steady_clock::time_point steps_sent_at_;
-  std::uint64_t verdict_seq_ = 0;  // the gatherer's verdicts written in sent_round_
+  ViewsWriter writer_;
+  int round_no_ = -1;               // the round of what follows
+  bool acting_ = false;             // this node gathers
+  std::vector<Node> nodes_;         // by group rank (the gatherer's)
+  std::size_t next_views_ = 0;      // the group rank to read views from next, in turn
+  std::optional<Judged> judged_;    // the gatherer's
+  int writer_rank_ = 0;             // the group rank that wrote the verdict last read
+  std::int64_t verdict_count_ = 0;  // the verdict's count as last read
   std::chrono::steady_clock::time_point
       verdict_moved_at_;  // a verdict last moved (or the round began)
 };

@@ -239,7 +239,7 @@ std::string duration_text(double seconds) {
   return text;
 }
 
-CollectiveDiagnosis diagnose(std::vector<RankView> ranks) {
+CollectiveDiagnosis diagnose(std::vector<RankView> ranks, bool rank_lines) {
   std::sort(ranks.begin(), ranks.end(),
             [](const RankView& a, const RankView& b) { return a.rank < b.rank; });
   CollectiveDiagnosis d;
@@ -248,12 +248,16 @@ CollectiveDiagnosis diagnose(std::vector<RankView> ranks) {
     if (r.attached) lowest = std::min(lowest.value_or(r.finished), r.finished);
   }
   if (!lowest) {
-    for (const RankView& r : ranks) d.ranks.push_back(rank_line(r, 0));
+    for (const RankView& r : ranks) {
+      if (rank_lines) d.ranks.push_back(rank_line(r, 0));
+    }
     return d;
   }
   const std::uint64_t k = *lowest + 1;
   d.collective = k;
-  for (const RankView& r : ranks) d.ranks.push_back(rank_line(r, k));
+  for (const RankView& r : ranks) {
+    if (rank_lines) d.ranks.push_back(rank_line(r, k));
+  }
 
   // Who entered collective k (and with which call), who never did.
   std::vector<int> waiting, absent;
@@ -326,7 +330,7 @@ namespace {
 
 // judge_hang over one communicator's views.
 std::optional<CollectiveDiagnosis> judge_lane(const std::vector<RankView>& ranks,
-                                              double hang_timeout_s) {
+                                              double hang_timeout_s, bool rank_lines) {
   bool stuck = false;
   for (const RankView& r : ranks) {
     if (!r.attached) continue;
@@ -337,7 +341,7 @@ std::optional<CollectiveDiagnosis> judge_lane(const std::vector<RankView>& ranks
     if (r.running && r.p2p && r.p2p->age_s >= hang_timeout_s) stuck = true;
   }
   if (!stuck) return std::nullopt;
-  return diagnose(ranks);
+  return diagnose(ranks, rank_lines);
 }
 
 // "communicator 2 (nccl)": the name of lane `lane` as its first recording rank gives it.
@@ -351,15 +355,15 @@ std::string lane_name(const std::vector<RankView>& views) {
 }  // namespace
 
 std::optional<CollectiveDiagnosis> judge_hang(const std::vector<RankView>& ranks,
-                                              double hang_timeout_s) {
+                                              double hang_timeout_s, bool rank_lines) {
   // Each communicator on its own: lane i of every rank is the same communicator.
-  if (auto d = judge_lane(ranks, hang_timeout_s)) {
+  if (auto d = judge_lane(ranks, hang_timeout_s, rank_lines)) {
     d->headline = capped("the job hung at " + d->headline);
     return d;
   }
   for (std::uint64_t key : extra_communicators(ranks)) {
     const std::vector<RankView> views = communicator_views(ranks, key);
-    if (auto d = judge_lane(views, hang_timeout_s)) {
+    if (auto d = judge_lane(views, hang_timeout_s, rank_lines)) {
       d->headline = capped("the job hung in " + lane_name(views) + " at " + d->headline);
       return d;
     }

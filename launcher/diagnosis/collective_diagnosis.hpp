@@ -24,8 +24,9 @@ struct CollectiveDiagnosis {
 };
 
 // The state of the job's collectives now (for kill -USR1 and failure reports). ranks: every
-// rank the agent knows of, in any order.
-CollectiveDiagnosis diagnose(std::vector<RankView> ranks);
+// rank the agent knows of, in any order. rank_lines false: `ranks` left empty (a verdict for
+// other nodes, which print their own ranks' lines).
+CollectiveDiagnosis diagnose(std::vector<RankView> ranks, bool rank_lines = true);
 
 // The same for each of the processes' other communicators (RankView::lanes), named
 // ("communicator 2 (nccl)"), in lane order; empty when every process has one communicator.
@@ -37,7 +38,7 @@ std::vector<std::pair<std::string, CollectiveDiagnosis>> diagnose_lanes(
 // headline starts "the job hung at collective K" (the processes' first communicator) or "the
 // job hung in communicator 2 (nccl) at collective K" (another one); otherwise nullopt.
 std::optional<CollectiveDiagnosis> judge_hang(const std::vector<RankView>& ranks,
-                                              double hang_timeout_s);
+                                              double hang_timeout_s, bool rank_lines = true);
 
 // A list of ranks names at most this many runs ("0-511" is one run), then says how many more.
 inline constexpr std::size_t kRankListRuns = 16;

@@ -17,5 +17,6 @@ std::vector<RankView> decode_views(const std::string& text);
 
 // Every age in views grown by seconds (a view received that long ago).
 void age_views(std::vector<RankView>& views, double seconds);
+void age_view(RankView& view, double seconds);
 
 }  // namespace ddp::launcher

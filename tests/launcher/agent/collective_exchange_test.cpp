@@ -1,11 +1,16 @@
 // Agents sharing their ranks' views through a real store server (in-process): a node that
-// stopped publishing has its views age from when it wrote them, and what travels is compact.
+// stopped publishing has its views age from when it wrote them, what travels is compact, the
+// gatherer's requests a tick do not grow with the nodes, and a gatherer that is gone is
+// replaced by the next group rank.
 #include "agent/collective_exchange.hpp"
 
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <nlohmann/json.hpp>
 #include <thread>
 
+#include "agent/collective_keys.hpp"
+#include "agent/views_writer.hpp"
 #include "ddp/store/client.hpp"
 #include "store_fixture.hpp"
 
@@ -144,7 +149,8 @@ TEST_CASE("the gatherer judges over every node, and the others follow its verdic
   CHECK(node1.remote().empty());        // node 1 read no other node's views
 }
 
-TEST_CASE("no verdict from the gatherer for a while: every node reads the views itself") {
+TEST_CASE(
+    "no verdict from the gatherer for a while: the next group rank gathers, the other follows") {
   ddp::test::TestServer server;
   auto quiet = [](const std::string&) {};
   // Three nodes; the gatherer's agent (group rank 0) never shows up.
@@ -166,5 +172,226 @@ TEST_CASE("no verdict from the gatherer for a while: every node reads the views 
   }
   REQUIRE(verdict);
   CHECK_THAT(verdict->headline, Catch::Contains("rank 2 (host node-0, pid 4002) never entered"));
-  CHECK(node1.remote().size() == 1);
+  CHECK(node1.remote().size() == 1);  // node 1 gathers
+  // Node 2 follows node 1's verdict (it would take over only after node 1 were quiet too).
+  std::optional<CollectiveDiagnosis> followed;
+  while (!followed && std::chrono::steady_clock::now() < deadline) {
+    node2.publish(round2, local2);
+    followed = node2.judge(local2, 60);
+    if (!followed) std::this_thread::sleep_for(20ms);
+  }
+  REQUIRE(followed);
+  CHECK(followed->headline == verdict->headline);
+  CHECK(node2.remote().empty());
+}
+
+namespace {
+
+// A rank that finished `finished` collectives and waits in the next one (unless absent: it
+// never entered it), both for waited_s.
+RankView rank_at(int rank, std::uint64_t finished, double waited_s, bool absent = false) {
+  RankView v = view(rank, finished, waited_s);
+  if (absent) return v;
+  v.queued = finished + 1;
+  v.pending = CollectiveInfo{finished + 1, "all_reduce", "float32", 1024, 4096, {}, waited_s, true};
+  return v;
+}
+
+// A node's 8 ranks, in training (a step a tick) or in a hang of 100 s where `blocked` never
+// entered the collective the others wait in.
+std::vector<RankView> node_ranks(int g, std::uint64_t step, std::optional<int> blocked) {
+  std::vector<RankView> views;
+  for (int r = g * 8; r < g * 8 + 8; ++r) {
+    views.push_back(blocked ? rank_at(r, step, 100, r == *blocked) : rank_at(r, step, 0.01));
+  }
+  return views;
+}
+
+// The gatherer (node 0, real) of `nodes` nodes whose others (1..) the test writes as agents do
+// (ViewsWriter), through one client; the store's own count of requests, less the test's,
+// gives the gatherer's, and its verdict's count its ticks.
+class GathererRig {
+ public:
+  explicit GathererRig(int nodes)
+      : nodes_(nodes),
+        gatherer_([](const std::string&) {}, 60s),
+        client_(client_options(server_.port())),
+        probe_(client_options(server_.port())),
+        writers_(static_cast<std::size_t>(nodes)) {}
+
+  // One tick: every node's views written (the others' by the test), then the gatherer's tick
+  // awaited (its verdict's count moves).
+  void tick(std::uint64_t step, std::optional<int> blocked = {}) {
+    const std::int64_t count = ticks();
+    for (int g = 1; g < nodes_; ++g) {
+      if (writers_[static_cast<std::size_t>(g)].write(client_, round_of(g, nodes_, server_.port()),
+                                                      node_ranks(g, step, blocked))) {
+        ++test_requests_;  // one MULTI_SET
+      }
+    }
+    gatherer_.publish(round_of(0, nodes_, server_.port()), node_ranks(0, step, blocked));
+    const auto deadline = std::chrono::steady_clock::now() + 10s;
+    while (ticks() == count && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(2ms);
+    }
+  }
+  // The gatherer's ticks so far (its verdicts written).
+  std::int64_t ticks() {
+    ++test_requests_;
+    return probe_.add(verdict_count_key(0), 0);
+  }
+  // Requests to the store so far, but for the test's own.
+  std::int64_t gatherer_requests() { return server_.stats().requests - test_requests_; }
+  std::optional<CollectiveDiagnosis> judge(std::uint64_t step, std::optional<int> blocked) {
+    return gatherer_.judge(node_ranks(0, step, blocked), 60);
+  }
+  // The verdict as the other agents read it.
+  nlohmann::json verdict() {
+    ++test_requests_;
+    return nlohmann::json::parse(probe_.get(verdict_key(0)));
+  }
+
+ private:
+  static ddp::store::ClientOptions client_options(std::uint16_t port) {
+    ddp::store::ClientOptions options;
+    options.port = port;
+    return options;
+  }
+  int nodes_;
+  ddp::test::TestServer server_;
+  CollectiveExchange gatherer_;
+  ddp::store::Client client_, probe_;
+  std::vector<ViewsWriter> writers_;
+  std::int64_t test_requests_ = 0;
+};
+
+struct Measured {
+  double training = 0;  // the gatherer's requests a tick while every node's views change
+  double hang = 0;      // while one rank of the job blocks the others and nothing changes
+  std::optional<CollectiveDiagnosis> verdict;
+  nlohmann::json shared;      // the verdict the others read
+  std::uint64_t hung_at = 0;  // the collective the job hung at
+};
+
+// The gatherer's requests a tick over `ticks` ticks from now, tick(step) making them.
+double requests_a_tick(GathererRig& rig, int ticks, const std::function<void()>& tick) {
+  const std::int64_t requests = rig.gatherer_requests(), first = rig.ticks();
+  for (int i = 0; i < ticks; ++i) tick();
+  const std::int64_t done = rig.ticks() - first;
+  REQUIRE(done >= ticks);
+  return static_cast<double>(rig.gatherer_requests() - requests) / static_cast<double>(done);
+}
+
+Measured measure_gatherer(int nodes, int blocked) {
+  GathererRig rig(nodes);
+  Measured m;
+  std::uint64_t step = 100;
+  for (int i = 0; i < 3; ++i) rig.tick(++step);  // each node's progress key made, read once
+  m.training = requests_a_tick(rig, 6, [&] { rig.tick(++step); });
+  // Rank `blocked` never enters the next collective; every other rank has waited in it 100 s.
+  ++step;
+  const auto deadline = std::chrono::steady_clock::now() + 20s;
+  while (!m.verdict && std::chrono::steady_clock::now() < deadline) {
+    rig.tick(step, blocked);
+    m.verdict = rig.judge(step, blocked);
+  }
+  m.hang = requests_a_tick(rig, 6, [&] { rig.tick(step, blocked); });
+  m.shared = rig.verdict();
+  m.hung_at = step + 1;
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("the gatherer's requests a tick do not grow with the nodes, in training or a hang") {
+  // 50 and 200 nodes of 8 ranks; one rank of the job blocks the others.
+  const Measured small = measure_gatherer(50, 203), large = measure_gatherer(200, 1203);
+  INFO("a tick: 50 nodes " << small.training << " requests in training, " << small.hang
+                           << " in a hang; 200 nodes " << large.training << ", " << large.hang);
+  // Its own views, every node's progress (one MULTI_GET: 2 requests with its WAIT), a few
+  // nodes' views (2), its verdict (2).
+  CHECK(large.training <= 8);
+  CHECK(large.training <= small.training + 0.5);
+  CHECK(large.hang <= 8);
+  CHECK(large.hang <= small.hang + 0.5);
+  // The hang named as over every view: the rank that never entered, on its node.
+  REQUIRE(large.verdict);
+  CHECK_THAT(large.verdict->headline,
+             Catch::StartsWith("the job hung at collective " + std::to_string(large.hung_at)) &&
+                 Catch::Contains("rank 1203 (host node-150, pid 5203) never entered it"));
+  CHECK(large.verdict->blamed == std::vector<int>{1203});
+  CHECK(large.verdict->ranks.size() == 8);  // its own ranks' lines
+  CHECK(large.shared.at("by") == 0);
+  CHECK(large.shared.at("blamed") == nlohmann::json::array({{1203, 1203}}));
+  CHECK(large.shared.at("headline") == large.verdict->headline);
+}
+
+TEST_CASE("a gatherer that is gone: the next group rank takes over, the others follow it") {
+  ddp::test::TestServer server;
+  auto quiet = [](const std::string&) {};
+  auto node0 = std::make_unique<CollectiveExchange>(quiet, 60s);
+  CollectiveExchange node1(quiet, 60s), node2(quiet, 60s), node3(quiet, 60s);
+  std::vector<ddp::elastic::RoundInfo> rounds;
+  for (int g = 0; g < 4; ++g) rounds.push_back(round_of(g, 4, server.port()));
+  ddp::store::ClientOptions options;
+  options.port = server.port();
+  ddp::store::Client probe(options);
+  auto writer = [&] {
+    return nlohmann::json::parse(probe.get(CollectiveExchange::verdict_key(0))).at("by").get<int>();
+  };
+  // Training: node 0 gathers.
+  std::uint64_t step = 10;
+  auto publish = [&](std::optional<int> blocked) {
+    if (node0) node0->publish(rounds[0], node_ranks(0, step, blocked));
+    node1.publish(rounds[1], node_ranks(1, step, blocked));
+    node2.publish(rounds[2], node_ranks(2, step, blocked));
+    node3.publish(rounds[3], node_ranks(3, step, blocked));
+  };
+  auto deadline = std::chrono::steady_clock::now() + 15s;
+  while (!(probe.check({CollectiveExchange::verdict_key(0)}) && writer() == 0) &&
+         std::chrono::steady_clock::now() < deadline) {
+    ++step;
+    publish({});
+    std::this_thread::sleep_for(20ms);
+  }
+  REQUIRE(writer() == 0);
+  // Rank 17 (node 2) never enters the next collective; node 0 names it.
+  ++step;
+  deadline = std::chrono::steady_clock::now() + 15s;
+  std::optional<CollectiveDiagnosis> verdict2, verdict3;
+  while (!verdict3 && std::chrono::steady_clock::now() < deadline) {
+    publish(17);
+    verdict3 = node3.judge(node_ranks(3, step, 17), 60);
+    std::this_thread::sleep_for(20ms);
+  }
+  REQUIRE(verdict3);
+  // Node 0's agent is gone: node 1 takes over, nodes 2 and 3 follow it.
+  node0.reset();
+  deadline = std::chrono::steady_clock::now() + kGathererQuiet + 15s;
+  while (writer() != 1 && std::chrono::steady_clock::now() < deadline) {
+    publish(17);
+    std::this_thread::sleep_for(20ms);
+  }
+  REQUIRE(writer() == 1);
+  publish(17);
+  verdict2 = node2.judge(node_ranks(2, step, 17), 60);
+  verdict3 = node3.judge(node_ranks(3, step, 17), 60);
+  REQUIRE(verdict2);
+  REQUIRE(verdict3);
+  CHECK_THAT(verdict3->headline, Catch::Contains("rank 17 (host node-2, pid 4017) never entered"));
+  CHECK(verdict2->blamed == std::vector<int>{17});
+  CHECK(node1.remote().size() == 24);  // it read the views of nodes 0 (its last), 2 and 3
+  CHECK(node2.remote().empty());       // the others read only its verdict
+  CHECK(node3.remote().empty());
+  // Node 0's agent is back: node 1 follows it again.
+  node0 = std::make_unique<CollectiveExchange>(quiet, 60s);
+  deadline = std::chrono::steady_clock::now() + 15s;
+  while (!(writer() == 0 && node1.remote().empty()) &&
+         std::chrono::steady_clock::now() < deadline) {
+    publish(17);
+    std::this_thread::sleep_for(20ms);
+  }
+  CHECK(writer() == 0);
+  CHECK(node1.remote().empty());
+  REQUIRE(node1.judge(node_ranks(1, step, 17), 60));
 }

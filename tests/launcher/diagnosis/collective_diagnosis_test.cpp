@@ -390,3 +390,26 @@ TEST_CASE("stacks group by their shape, addresses and thread ids aside") {
         "1 rank (2):\n  thread:\n    #0 poll\n    #1 main\n"
         "rank 3 (pid 14): no stack: eu-stack not found\n");
 }
+
+TEST_CASE("views as agents share them: the step history to the millisecond, read back as written") {
+  RankView v;
+  v.rank = 3;
+  v.attached = true;
+  v.recent_steps = {{41, 0.2504, 0.0099}, {42, 1.0, 0.0}, {18446744073709551615ull, 12.3456, 7e-4}};
+  const auto decoded = decode_views(encode_views({v}, true));
+  REQUIRE(decoded.size() == 1);
+  const auto& steps = decoded[0].recent_steps;
+  REQUIRE(steps.size() == 3);
+  CHECK(steps[0].step == 41);
+  CHECK(steps[0].compute_s == 0.25);
+  CHECK(steps[0].wait_s == 0.01);
+  CHECK(steps[1].compute_s == 1.0);
+  CHECK(steps[2].step == 18446744073709551615ull);
+  CHECK(steps[2].compute_s == 12.346);
+  CHECK(steps[2].wait_s == 0.001);
+  CHECK(decode_views(encode_views({v}, false))[0].recent_steps.empty());
+  CHECK_THROWS_AS(decode_views(R"([{"rank":3,"local_rank":0,"host":"h","pid":1,"running":true,)"
+                               R"("attached":true,"backend":"gloo","queued":0,"finished":0,)"
+                               R"("recent_steps":"41 x 0.1"}])"),
+                  std::invalid_argument);
+}
