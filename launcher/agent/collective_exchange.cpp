@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <iterator>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <stdexcept>
 #include <string_view>
 
@@ -229,16 +230,31 @@ void CollectiveExchange::run() {
     // the others' may wait in a collective): the others still need its verdict.
     const bool gatherer = round_->group_rank == 0 || gathering_;
     if (!fed && (!gatherer || now - fed_at_ < 2 * kGatherEvery)) continue;
+    if (now < retry_at_) continue;  // backing off after a failure
     const elastic::RoundInfo round = *round_;
     lock.unlock();
     bool failed = false;
     try {
       exchange(round, local, local_at);
+      retry_pause_ = std::chrono::milliseconds(0);
+      failing_since_.reset();
     } catch (const std::exception& e) {
       failed = true;
+      // Try again after a pause that doubles, with jitter: a thousand agents whose first
+      // exchange found the store busy do not all come back on the next tick.
+      retry_pause_ = std::clamp(retry_pause_ * 2, kGatherEvery, kRetryLast);
+      thread_local std::minstd_rand random{std::random_device{}()};
+      std::uniform_int_distribution<long> draw(retry_pause_.count() / 2,
+                                               retry_pause_.count() * 3 / 2);
+      const auto failed_at = Clock::now();
+      retry_at_ = failed_at + std::chrono::milliseconds(draw(random));
+      if (!failing_since_) failing_since_ = failed_at;
+      // A store that answers late is busy: said only once that lasts (kBusyGrace).
+      const bool late = dynamic_cast<const store::StoreTimeout*>(&e) != nullptr;
+      const bool lasting = !late || failed_at - *failing_since_ >= kBusyGrace;
       lock.lock();
-      const bool said = failed_round_ == round.round || !fed;  // unfed: the job may be over
-      if (fed) failed_round_ = round.round;
+      const bool said = failed_round_ == round.round || !fed || !lasting;  // unfed: job over?
+      if (fed && lasting) failed_round_ = round.round;
       lock.unlock();
       if (!said) {
         notice_(

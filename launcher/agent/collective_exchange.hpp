@@ -57,6 +57,10 @@ inline constexpr std::chrono::milliseconds kExchangeTimeout{2000};
 inline constexpr std::chrono::milliseconds kGatherEvery{500};
 // A verdict that has not moved for this long: its writer is gone, the next group rank gathers.
 inline constexpr std::chrono::seconds kGathererQuiet{4};
+// After failed exchanges the thread waits at most this long (with jitter) before the next.
+inline constexpr std::chrono::milliseconds kRetryLast{8000};
+// A store that answers late (timeouts) is only mentioned once its exchanges fail this long.
+inline constexpr std::chrono::seconds kBusyGrace{5};
 // A verdict names at most this many ranges of ranks to blame (a line, not the world).
 inline constexpr std::size_t kVerdictRanges = 256;
 // While no hang is possible, the gatherer reads at most this many nodes' changed views a tick.
@@ -164,7 +168,12 @@ class CollectiveExchange {
   std::chrono::steady_clock::time_point fed_at_;  // the last publish
   std::map<int, Received> remote_;                // by group rank, for remote_round_
   int remote_round_ = -1;
-  int failed_round_ = -1;   // the round whose failure was said
+  int failed_round_ = -1;  // the round whose failure was said
+  // After a failed exchange: when the thread tries again, the pause it drew that from (it
+  // doubles, from kGatherEvery to kRetryLast), and since when exchanges fail.
+  std::chrono::steady_clock::time_point retry_at_{};
+  std::chrono::milliseconds retry_pause_{0};
+  std::optional<std::chrono::steady_clock::time_point> failing_since_;
   bool failing_ = false;    // the last exchange failed: judge() judges this node's views
   bool gathering_ = false;  // this node is the gatherer of remote_round_
   bool hung_ = false;       // and the job may hang: remote() leaves the step history out
