@@ -75,8 +75,8 @@ std::string seconds_text(std::chrono::milliseconds duration);
 // The backends' connect() loop: attempt() until it returns a store, `pause` between failed
 // attempts. A StoreError is a failed attempt (its text goes to on_failure, which may be
 // empty; a StoreTimeout's only once the attempts have failed for 5 s: a store slow to answer
-// is busy, not gone); anything else attempt() throws ends the loop at once. Cancelled when cancel is set;
-// past the deadline a RendezvousError of give_up(how long it tried, the last error).
+// is busy, not gone); anything else attempt() throws ends the loop at once. Cancelled when cancel
+// is set; past the deadline a RendezvousError of give_up(how long it tried, the last error).
 std::unique_ptr<store::Store> connect_with_retries(
     Clock::time_point deadline, const std::atomic<bool>& cancel,
     const std::function<void(const std::string&)>& on_failure, std::chrono::milliseconds pause,

@@ -38,7 +38,8 @@ int main(int argc, char** argv) {
   const char* rank_text = std::getenv("RANK");
   const char* world_text = std::getenv("WORLD_SIZE");
   if (!rank_text || !world_text) {
-    std::fprintf(stderr, "ddp-record-worker: RANK and WORLD_SIZE must be set (run it under ddprun)\n");
+    std::fprintf(stderr,
+                 "ddp-record-worker: RANK and WORLD_SIZE must be set (run it under ddprun)\n");
     return 2;
   }
   const int rank = std::atoi(rank_text);
@@ -53,9 +54,9 @@ int main(int argc, char** argv) {
   for (long k = 1;; ++k) {
     std::this_thread::sleep_for(std::chrono::milliseconds(every_ms));
     if (k == stuck_at && rank == stuck_rank) break;
-    const std::uint64_t seq = recorder->on_queued(ddp::record::Op::kAllReduce,
-                                                  ddp::record::pack_name("float32"), 1024, 4096,
-                                                  ddp::record::kNoBucket);
+    const std::uint64_t seq =
+        recorder->on_queued(ddp::record::Op::kAllReduce, ddp::record::pack_name("float32"), 1024,
+                            4096, ddp::record::kNoBucket);
     recorder->on_started(seq);
     if (k == stuck_at) break;
     recorder->on_finished(seq, false);
