@@ -2,13 +2,13 @@
 
 #include <algorithm>
 #include <iterator>
-#include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string_view>
 
 #include "../diagnosis/rank_view_json.hpp"
 #include "collective_keys.hpp"
 #include "ddp/store/client.hpp"
+#include "shared_verdict.hpp"
 #include "workers_store_client.hpp"
 
 namespace ddp::launcher {
@@ -33,56 +33,6 @@ std::pair<std::uint64_t, std::string_view> split_seq(std::string_view value, cha
     throw std::invalid_argument("not what an agent shares (no sequence number)");
   }
   return {std::stoull(std::string(value.substr(0, at))), value.substr(at + 1)};
-}
-
-// Ranks as [first, last] ranges, at most kVerdictRanges of them.
-nlohmann::json rank_ranges(std::vector<int> ranks) {
-  std::sort(ranks.begin(), ranks.end());
-  ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
-  nlohmann::json ranges = nlohmann::json::array();
-  for (std::size_t i = 0; i < ranks.size() && ranges.size() < kVerdictRanges;) {
-    std::size_t j = i;
-    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
-    ranges.push_back({ranks[i], ranks[j]});
-    i = j + 1;
-  }
-  return ranges;
-}
-
-std::string encode_verdict(int by, const std::optional<CollectiveDiagnosis>& d) {
-  nlohmann::json j = {{"by", by}, {"hung", d.has_value()}};
-  if (d) {
-    j["headline"] = d->headline;
-    j["desync"] = d->desync;
-    j["blamed"] = rank_ranges(d->blamed);
-    if (d->collective) j["collective"] = *d->collective;
-  }
-  return j.dump();
-}
-
-struct Verdict {
-  int by = 0;  // the group rank of the gatherer that wrote it
-  std::optional<CollectiveDiagnosis> diagnosis;
-};
-
-Verdict decode_verdict(const std::string& text) {
-  try {
-    const nlohmann::json j = nlohmann::json::parse(text);
-    Verdict v;
-    v.by = j.at("by").get<int>();
-    if (!j.at("hung").get<bool>()) return v;
-    CollectiveDiagnosis d;
-    d.headline = j.at("headline").get<std::string>();
-    d.desync = j.at("desync").get<bool>();
-    for (const auto& range : j.at("blamed")) {
-      for (int r = range.at(0).get<int>(); r <= range.at(1).get<int>(); ++r) d.blamed.push_back(r);
-    }
-    if (j.contains("collective")) d.collective = j["collective"].get<std::uint64_t>();
-    v.diagnosis = std::move(d);
-    return v;
-  } catch (const nlohmann::json::exception& e) {
-    throw std::invalid_argument(std::string("not the gatherer's verdict: ") + e.what());
-  }
 }
 
 // Views received at `at`, aged to now.
@@ -318,7 +268,7 @@ void CollectiveExchange::follow(store::Client& client, const elastic::RoundInfo&
   const std::int64_t count = client.add(verdict_count_key(round.round), 0);
   if (count != verdict_count_) {
     verdict_count_ = count;
-    Verdict verdict = decode_verdict(client.get(launcher::verdict_key(round.round)));
+    SharedVerdict verdict = decode_verdict(client.get(launcher::verdict_key(round.round)));
     if (acting_ && verdict.by < self) {
       acting_ = false;  // the node it replaced (or one before it) gathers again
       judged_.reset();
@@ -548,7 +498,7 @@ std::optional<CollectiveDiagnosis> CollectiveExchange::verdict_over_views(
 
 void CollectiveExchange::write_verdict(store::Client& client, const elastic::RoundInfo& round,
                                        const std::optional<CollectiveDiagnosis>& d) {
-  client.set(launcher::verdict_key(round.round), encode_verdict(round.group_rank, d));
+  client.set(launcher::verdict_key(round.round), encode_verdict({round.group_rank, d}));
   client.add(verdict_count_key(round.round), 1);
 }
 

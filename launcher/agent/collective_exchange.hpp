@@ -47,6 +47,7 @@
 #include "../diagnosis/rank_view.hpp"
 #include "ddp/elastic/rendezvous.hpp"
 #include "ddp/store/client.hpp"
+#include "shared_verdict.hpp"
 #include "views_writer.hpp"
 
 namespace ddp::launcher {
@@ -57,8 +58,6 @@ inline constexpr std::chrono::milliseconds kExchangeTimeout{2000};
 inline constexpr std::chrono::milliseconds kGatherEvery{500};
 // A verdict that has not moved for this long: its writer is gone, the next group rank gathers.
 inline constexpr std::chrono::seconds kGathererQuiet{4};
-// A verdict names at most this many ranges of ranks to blame (a line, not the world).
-inline constexpr std::size_t kVerdictRanges = 256;
 // While no hang is possible, the gatherer reads the changed views of at most this many ranks a
 // tick (whole nodes, at least one); while one is, at most kRanksPerHangTick (its verdict waits
 // until it holds every rank's: a few ticks at 100,000 ranks), so that a tick stays short.
