@@ -11,24 +11,26 @@
 //   (ViewsWriter);
 // - one gatherer, at first the node of group rank 0, reads every node's progress in one request
 //   every kGatherEvery, and from those alone knows whether the job could hang. Only then does
-//   it read the views it does not hold yet (in one request) and judge the hang over every rank
-//   (judge_hang: the same verdict and names as over views read all along); otherwise it reads
-//   the changed views of at most kRanksPerTick ranks a tick, in turn (what kill -USR1 and
-//   stragglers on its node see of the others). It writes its verdict under
-//   ddprun/collectives/<round>/verdict (a line and the ranks to blame as ranges) every
-//   kGatherEvery, also when its own ranks have ended;
+//   it read the views that changed since it read them (a few requests, kRanksPerHangTick
+//   ranks' a tick at most) and, holding every rank's, judge the hang over them all (judge_hang:
+//   the same verdict and names as over views read all along; judged again only when a view
+//   changed, or for its durations after kVerdictRefresh). Otherwise it reads the changed views
+//   of at most kRanksPerTick ranks a tick, in turn (what kill -USR1 and stragglers on its node
+//   see of the others). It writes its verdict (shared_verdict.hpp) under
+//   ddprun/collectives/<round>/verdict every kGatherEvery, also when its own ranks have ended;
 // - the other nodes read only that verdict. When it stops moving for kGathererQuiet (its
 //   writer's agent is gone), the next group rank takes over as the gatherer (the one after
 //   that after twice as long, and so on), and the others go on reading the one verdict; a
 //   gatherer that reads a verdict of a lower group rank (the node it replaced is back) follows
 //   it again.
 // A view or progress is aged from when its sequence number was first read: a node that
-// stopped writing (its ranks ended) grows older, as it would have said itself. One connection
-// to the store, kept across exchanges and rounds (made again after a failure), in the 2.x
-// dialect (an agent's store speaks both; only 2.x reads or writes many keys in one request).
-// On a thread of its own, so that a slow store never holds the agent's loop; the thread starts
-// at the first publish of a round with several nodes (never for one node). Internal to the
-// launcher.
+// stopped writing (its ranks ended) grows older, as it would have said itself. Every node
+// prints the verdict with its own ranks' lines; one that cannot reach the store judges its own
+// ranks. One connection to the store, kept across exchanges and rounds (made again after a
+// failure), in the 2.x dialect (an agent's store speaks both; only 2.x reads or writes many
+// keys in one request). On a thread of its own, so that a slow store never holds the agent's
+// loop; the thread starts at the first publish of a round with several nodes (never for one
+// node). Internal to the launcher.
 
 #include <chrono>
 #include <condition_variable>
