@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <iterator>
-#include <nlohmann/json.hpp>
 #include <random>
 #include <stdexcept>
 #include <string_view>
@@ -10,6 +9,7 @@
 #include "../diagnosis/rank_view_json.hpp"
 #include "collective_keys.hpp"
 #include "ddp/store/client.hpp"
+#include "shared_verdict.hpp"
 #include "workers_store_client.hpp"
 
 namespace ddp::launcher {
@@ -17,9 +17,10 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-// A MULTI_GET of views asks for at most this many keys (its reply stays a few megabytes);
-// one of progress for at most kProgressPerRequest (a few dozen bytes each).
-constexpr std::size_t kViewsPerRequest = 64;
+// A MULTI_GET of views asks for the views of at most this many ranks (whole nodes, at least
+// one: a reply of a megabyte or two); one of progress for at most kProgressPerRequest nodes'
+// (a few dozen bytes each).
+constexpr std::size_t kRanksPerRequest = 1024;
 constexpr std::size_t kProgressPerRequest = 4096;
 
 double seconds_between(Clock::time_point from, Clock::time_point to) {
@@ -33,56 +34,6 @@ std::pair<std::uint64_t, std::string_view> split_seq(std::string_view value, cha
     throw std::invalid_argument("not what an agent shares (no sequence number)");
   }
   return {std::stoull(std::string(value.substr(0, at))), value.substr(at + 1)};
-}
-
-// Ranks as [first, last] ranges, at most kVerdictRanges of them.
-nlohmann::json rank_ranges(std::vector<int> ranks) {
-  std::sort(ranks.begin(), ranks.end());
-  ranks.erase(std::unique(ranks.begin(), ranks.end()), ranks.end());
-  nlohmann::json ranges = nlohmann::json::array();
-  for (std::size_t i = 0; i < ranks.size() && ranges.size() < kVerdictRanges;) {
-    std::size_t j = i;
-    while (j + 1 < ranks.size() && ranks[j + 1] == ranks[j] + 1) ++j;
-    ranges.push_back({ranks[i], ranks[j]});
-    i = j + 1;
-  }
-  return ranges;
-}
-
-std::string encode_verdict(int by, const std::optional<CollectiveDiagnosis>& d) {
-  nlohmann::json j = {{"by", by}, {"hung", d.has_value()}};
-  if (d) {
-    j["headline"] = d->headline;
-    j["desync"] = d->desync;
-    j["blamed"] = rank_ranges(d->blamed);
-    if (d->collective) j["collective"] = *d->collective;
-  }
-  return j.dump();
-}
-
-struct Verdict {
-  int by = 0;  // the group rank of the gatherer that wrote it
-  std::optional<CollectiveDiagnosis> diagnosis;
-};
-
-Verdict decode_verdict(const std::string& text) {
-  try {
-    const nlohmann::json j = nlohmann::json::parse(text);
-    Verdict v;
-    v.by = j.at("by").get<int>();
-    if (!j.at("hung").get<bool>()) return v;
-    CollectiveDiagnosis d;
-    d.headline = j.at("headline").get<std::string>();
-    d.desync = j.at("desync").get<bool>();
-    for (const auto& range : j.at("blamed")) {
-      for (int r = range.at(0).get<int>(); r <= range.at(1).get<int>(); ++r) d.blamed.push_back(r);
-    }
-    if (j.contains("collective")) d.collective = j["collective"].get<std::uint64_t>();
-    v.diagnosis = std::move(d);
-    return v;
-  } catch (const nlohmann::json::exception& e) {
-    throw std::invalid_argument(std::string("not the gatherer's verdict: ") + e.what());
-  }
 }
 
 // Views received at `at`, aged to now.
@@ -199,15 +150,18 @@ std::optional<CollectiveDiagnosis> CollectiveExchange::judge(const std::vector<R
   std::optional<CollectiveDiagnosis> verdict;
   {
     std::lock_guard lock(mutex_);
-    // Alone, or cut off from the others: what this node's ranks say.
-    if (!round_ || round_->members.size() <= 1 || failing_)
-      return judge_hang(views, hang_timeout_s);
-    if (!verdict_ || remote_round_ != round_->round || !*verdict_) return std::nullopt;
-    verdict = *verdict_;
+    if (!round_ || round_->members.size() <= 1) return judge_hang(views, hang_timeout_s);
+    if (!failing_) {
+      if (!verdict_ || remote_round_ != round_->round || !*verdict_) return std::nullopt;
+      verdict = *verdict_;
+    }
   }
   std::vector<RankView> local;  // this node's ranks (the gatherer's views hold the others' too)
   std::copy_if(views.begin(), views.end(), std::back_inserter(local),
                [](const RankView& v) { return !v.remote; });
+  // Cut off from the others: what this node's ranks say (a part of the others' would blame
+  // ranks wrongly).
+  if (!verdict) return judge_hang(local, hang_timeout_s);
   verdict->ranks = diagnose(std::move(local)).ranks;
   return verdict;
 }
@@ -330,7 +284,7 @@ void CollectiveExchange::follow(store::Client& client, const elastic::RoundInfo&
   const std::int64_t count = client.add(verdict_count_key(round.round), 0);
   if (count != verdict_count_) {
     verdict_count_ = count;
-    Verdict verdict = decode_verdict(client.get(launcher::verdict_key(round.round)));
+    SharedVerdict verdict = decode_verdict(client.get(launcher::verdict_key(round.round)));
     if (acting_ && verdict.by < self) {
       acting_ = false;  // the node it replaced (or one before it) gathers again
       judged_.reset();
@@ -391,13 +345,18 @@ void CollectiveExchange::gather(store::Client& client, const elastic::RoundInfo&
   std::vector<std::uint64_t> hung;
   if (hang_timeout_s_ > 0 && complete) hung = hung_communicators(progress, hang_timeout_s_);
 
-  const bool views_changed = read_views(client, round, views_to_read(round, !hung.empty()));
   const bool hang_possible = !hung.empty();
+  if (hang_possible && !hung_) drop_steps();  // nothing steps now: held for nothing
+  if (read_views(client, round, views_to_read(round, hang_possible), !hang_possible)) {
+    views_changed_ = true;
+  }
   std::optional<CollectiveDiagnosis> d;
-  if (hang_possible) {
-    d = verdict_over_views(local, local_at, std::move(hung), views_changed);
-  } else {
+  if (!hang_possible) {
     judged_.reset();
+  } else if (views_behind(round)) {
+    if (judged_) d = judged_->diagnosis;  // reading the rest: the last verdict stands
+  } else {
+    d = verdict_over_views(local, local_at, std::move(hung));
   }
   write_verdict(client, round, d);
   std::lock_guard lock(mutex_);
@@ -414,10 +373,12 @@ void CollectiveExchange::read_progress(store::Client& client, const elastic::Rou
     Node& node = nodes_[static_cast<std::size_t>(g)];
     auto [seq, rest] = split_seq(value, ' ');
     if (seq <= node.seq) return;  // read before
-    auto [content_seq, text] = split_seq(rest, ' ');
+    auto [content_seq, rest2] = split_seq(rest, ' ');
+    auto [ranks, text] = split_seq(rest2, ' ');
     node.progress = decode_progress(text);
     node.seq = seq;
     node.content_seq = content_seq;
+    node.ranks = static_cast<std::size_t>(ranks);
     node.at = at;
   };
   std::vector<int> present;
@@ -443,67 +404,95 @@ void CollectiveExchange::read_progress(store::Client& client, const elastic::Rou
 std::vector<int> CollectiveExchange::views_to_read(const elastic::RoundInfo& round,
                                                    bool hang_possible) {
   std::vector<int> behind;
+  std::size_t ranks = 0;
   const std::size_t n = nodes_.size();
-  for (std::size_t i = 0; i < n; ++i) {
+  const std::size_t budget = hang_possible ? kRanksPerHangTick : kRanksPerTick;
+  for (std::size_t i = 0; i < n && ranks < budget; ++i) {
     const std::size_t g = (next_views_ + i) % n;
     // While a hang is possible, only views that changed in more than their steps (nothing
     // steps then, but each node's last steps may come after the hang began).
     const std::uint64_t wanted = hang_possible ? nodes_[g].content_seq : nodes_[g].seq;
     if (static_cast<int>(g) == round.group_rank || wanted <= nodes_[g].held) continue;
     behind.push_back(static_cast<int>(g));
-    if (!hang_possible && behind.size() == kViewsPerTick) break;
+    ranks += std::max<std::size_t>(nodes_[g].ranks, 1);
   }
-  if (!hang_possible && !behind.empty()) {
-    next_views_ = (static_cast<std::size_t>(behind.back()) + 1) % n;
-  }
+  if (!behind.empty()) next_views_ = (static_cast<std::size_t>(behind.back()) + 1) % n;
   return behind;
 }
 
-bool CollectiveExchange::read_views(store::Client& client, const elastic::RoundInfo& round,
-                                    const std::vector<int>& nodes) {
-  if (nodes.empty()) return false;
-  std::vector<std::string> keys;
-  for (int g : nodes) keys.push_back(views_key(round.round, g));
-  const std::vector<std::string> values = multi_get(client, keys, kViewsPerRequest);
-  const auto now = Clock::now();
-  std::map<int, Received> received;
-  bool changed = false;
-  for (std::size_t i = 0; i < nodes.size(); ++i) {
-    Node& node = nodes_[static_cast<std::size_t>(nodes[i])];
-    auto [seq, text] = split_seq(values[i], '\n');
-    if (seq <= node.held) continue;
-    std::vector<RankView> views = decode_views(std::string(text));
-    for (RankView& view : views) view.remote = true;
-    if (seq > node.seq) {  // written since its progress was read: newer still
-      node.seq = seq;
-      node.content_seq = seq;  // whether it changed is not known: as if it did
-      node.progress = progress_of(views);
-      node.at = now;
+bool CollectiveExchange::views_behind(const elastic::RoundInfo& round) const {
+  for (std::size_t g = 0; g < nodes_.size(); ++g) {
+    if (static_cast<int>(g) != round.group_rank && nodes_[g].content_seq > nodes_[g].held) {
+      return true;
     }
-    changed = changed || node.held < node.content_seq;
-    node.held = seq;
-    std::vector<std::vector<StepInfo>> steps = take_steps(views);
-    received[nodes[i]] = {seq, std::move(views), std::move(steps), seq == node.seq ? node.at : now,
-                          true};
   }
+  return false;
+}
+
+void CollectiveExchange::drop_steps() {
   std::lock_guard lock(mutex_);
-  for (auto& [g, r] : received) {
-    if (auto old = remote_.find(g); old != remote_.end()) {
-      keep_steps(r.views, r.steps, old->second.views, old->second.steps);
+  for (auto& [g, received] : remote_) {
+    for (auto& steps : received.steps) std::vector<StepInfo>().swap(steps);
+  }
+}
+
+bool CollectiveExchange::read_views(store::Client& client, const elastic::RoundInfo& round,
+                                    const std::vector<int>& nodes, bool with_steps) {
+  bool changed = false;
+  // A request for kRanksPerRequest ranks' views at most, each taken in before the next, so that
+  // what was read stays read should a later request fail.
+  for (std::size_t first = 0; first < nodes.size();) {
+    std::size_t end = first, ranks = 0;
+    std::vector<std::string> keys;
+    while (end < nodes.size() && (keys.empty() || ranks < kRanksPerRequest)) {
+      ranks += std::max<std::size_t>(nodes_[static_cast<std::size_t>(nodes[end])].ranks, 1);
+      keys.push_back(views_key(round.round, nodes[end++]));
     }
-    remote_[g] = std::move(r);
+    const std::vector<std::string> values = client.multi_get(keys);
+    for (std::size_t i = 0; i < keys.size(); ++i) {
+      if (take_views(nodes[first + i], values[i], with_steps)) changed = true;
+    }
+    first = end;
   }
   return changed;
 }
 
+bool CollectiveExchange::take_views(int g, const std::string& value, bool with_steps) {
+  Node& node = nodes_[static_cast<std::size_t>(g)];
+  auto [seq, text] = split_seq(value, '\n');
+  if (seq <= node.held) return false;
+  const auto now = Clock::now();
+  std::vector<RankView> views = decode_views(std::string(text));
+  for (RankView& view : views) view.remote = true;
+  if (seq > node.seq) {  // written since its progress was read: newer still
+    node.seq = seq;
+    node.content_seq = seq;  // whether it changed is not known: as if it did
+    node.progress = progress_of(views);
+    node.at = now;
+    node.ranks = views.size();
+  }
+  const bool changed = node.held < node.content_seq;
+  node.held = seq;
+  std::vector<std::vector<StepInfo>> steps = take_steps(views);
+  if (!with_steps) steps.assign(views.size(), {});
+  Received r{seq, std::move(views), std::move(steps), seq == node.seq ? node.at : now, true};
+  std::lock_guard lock(mutex_);
+  if (auto old = remote_.find(g); old != remote_.end()) {
+    keep_steps(r.views, r.steps, old->second.views, old->second.steps);
+  }
+  remote_[g] = std::move(r);
+  return changed;
+}
+
 std::optional<CollectiveDiagnosis> CollectiveExchange::verdict_over_views(
-    const std::vector<RankView>& local, Clock::time_point local_at, std::vector<std::uint64_t> hung,
-    bool views_changed) {
+    const std::vector<RankView>& local, Clock::time_point local_at,
+    std::vector<std::uint64_t> hung) {
   const auto now = Clock::now();
   // While nothing changed but the ages, the last judgement stands (kVerdictRefresh: its
   // durations); one that found no hang where the progress says one is possible is redone.
-  if (judged_ && !views_changed && judged_->hung == hung && judged_->diagnosis &&
-      now - judged_->at < kVerdictRefresh) {
+  if (judged_ && !views_changed_ && judged_->hung == hung && judged_->diagnosis &&
+      now - judged_->at <
+          std::max<Clock::duration>(kVerdictRefresh, kRejudgeAfter * judged_->took)) {
     return judged_->diagnosis;
   }
   std::vector<RankView> all = aged(local, local_at, now);
@@ -517,13 +506,15 @@ std::optional<CollectiveDiagnosis> CollectiveExchange::verdict_over_views(
       for (const RankView& view : r.views) age_view(all.emplace_back(view), age);
     }
   }
-  judged_ = Judged{std::move(hung), now, judge_hang(all, hang_timeout_s_, false)};
+  views_changed_ = false;
+  std::optional<CollectiveDiagnosis> d = judge_hang(all, hang_timeout_s_, false);
+  judged_ = Judged{std::move(hung), now, Clock::now() - now, std::move(d)};
   return judged_->diagnosis;
 }
 
 void CollectiveExchange::write_verdict(store::Client& client, const elastic::RoundInfo& round,
                                        const std::optional<CollectiveDiagnosis>& d) {
-  client.set(launcher::verdict_key(round.round), encode_verdict(round.group_rank, d));
+  client.set(launcher::verdict_key(round.round), encode_verdict({round.group_rank, d}));
   client.add(verdict_count_key(round.round), 1);
 }
 

@@ -11,24 +11,26 @@
 //   (ViewsWriter);
 // - one gatherer, at first the node of group rank 0, reads every node's progress in one request
 //   every kGatherEvery, and from those alone knows whether the job could hang. Only then does
-//   it read the views it does not hold yet (in one request) and judge the hang over every rank
-//   (judge_hang: the same verdict and names as over views read all along); otherwise it reads
-//   at most kViewsPerTick nodes' changed views a tick, in turn (what kill -USR1 and stragglers
-//   on its node see of the others). It writes its verdict under
-//   ddprun/collectives/<round>/verdict (a line and the ranks to blame as ranges) every
-//   kGatherEvery, also when its own ranks have ended;
+//   it read the views that changed since it read them (a few requests, kRanksPerHangTick
+//   ranks' a tick at most) and, holding every rank's, judge the hang over them all (judge_hang:
+//   the same verdict and names as over views read all along; judged again only when a view
+//   changed, or for its durations after kVerdictRefresh). Otherwise it reads the changed views
+//   of at most kRanksPerTick ranks a tick, in turn (what kill -USR1 and stragglers on its node
+//   see of the others). It writes its verdict (shared_verdict.hpp) under
+//   ddprun/collectives/<round>/verdict every kGatherEvery, also when its own ranks have ended;
 // - the other nodes read only that verdict. When it stops moving for kGathererQuiet (its
 //   writer's agent is gone), the next group rank takes over as the gatherer (the one after
 //   that after twice as long, and so on), and the others go on reading the one verdict; a
 //   gatherer that reads a verdict of a lower group rank (the node it replaced is back) follows
 //   it again.
 // A view or progress is aged from when its sequence number was first read: a node that
-// stopped writing (its ranks ended) grows older, as it would have said itself. One connection
-// to the store, kept across exchanges and rounds (made again after a failure), in the 2.x
-// dialect (an agent's store speaks both; only 2.x reads or writes many keys in one request).
-// On a thread of its own, so that a slow store never holds the agent's loop; the thread starts
-// at the first publish of a round with several nodes (never for one node). Internal to the
-// launcher.
+// stopped writing (its ranks ended) grows older, as it would have said itself. Every node
+// prints the verdict with its own ranks' lines; one that cannot reach the store judges its own
+// ranks. One connection to the store, kept across exchanges and rounds (made again after a
+// failure), in the 2.x dialect (an agent's store speaks both; only 2.x reads or writes many
+// keys in one request). On a thread of its own, so that a slow store never holds the agent's
+// loop; the thread starts at the first publish of a round with several nodes (never for one
+// node). Internal to the launcher.
 
 #include <chrono>
 #include <condition_variable>
@@ -47,6 +49,7 @@
 #include "../diagnosis/rank_view.hpp"
 #include "ddp/elastic/rendezvous.hpp"
 #include "ddp/store/client.hpp"
+#include "shared_verdict.hpp"
 #include "views_writer.hpp"
 
 namespace ddp::launcher {
@@ -61,13 +64,17 @@ inline constexpr std::chrono::seconds kGathererQuiet{4};
 inline constexpr std::chrono::milliseconds kRetryLast{8000};
 // A store that answers late (timeouts) is only mentioned once its exchanges fail this long.
 inline constexpr std::chrono::seconds kBusyGrace{5};
-// A verdict names at most this many ranges of ranks to blame (a line, not the world).
-inline constexpr std::size_t kVerdictRanges = 256;
-// While no hang is possible, the gatherer reads at most this many nodes' changed views a tick.
-inline constexpr std::size_t kViewsPerTick = 8;
+// While no hang is possible, the gatherer reads the changed views of at most this many ranks a
+// tick (whole nodes, at least one); while one is, at most kRanksPerHangTick (its verdict waits
+// until it holds every rank's: a few ticks at 100,000 ranks), so that a tick stays short.
+inline constexpr std::size_t kRanksPerTick = 64;
+inline constexpr std::size_t kRanksPerHangTick = 16384;
 // While a hang holds and no view changes, the verdict is judged again this often (for the
-// durations it gives); at once when a view or the hung communicators changed.
+// durations it gives), or kRejudgeAfter times as long as judging took when that is longer
+// (judging every rank then takes under 0.2 % of a core, however many); at once when a view or
+// the hung communicators changed.
 inline constexpr std::chrono::seconds kVerdictRefresh{5};
+inline constexpr int kRejudgeAfter = 500;
 
 class CollectiveExchange {
  public:
@@ -120,11 +127,13 @@ class CollectiveExchange {
     NodeProgress progress;          // as of `at`
     std::chrono::steady_clock::time_point at;  // when seq was first read
     std::uint64_t held = 0;                    // the sequence number of its views held
+    std::size_t ranks = 0;                     // how many ranks its views hold
   };
   // The gatherer's last judgement over the views, kept while nothing it rests on changed.
   struct Judged {
     std::vector<std::uint64_t> hung;  // the communicators that could hang
     std::chrono::steady_clock::time_point at;
+    std::chrono::steady_clock::duration took{};  // judging
     std::optional<CollectiveDiagnosis> diagnosis;
   };
 
@@ -143,16 +152,24 @@ class CollectiveExchange {
               const std::vector<RankView>& local, std::chrono::steady_clock::time_point local_at);
   // Every other node's progress, in one request (after the first of a round).
   void read_progress(store::Client& client, const elastic::RoundInfo& round);
-  // The views of the nodes given, in one request; says whether any changed in more than its
-  // step history.
+  // The views of the nodes given, in a few requests, with their step history or without;
+  // says whether any changed in more than its step history.
   bool read_views(store::Client& client, const elastic::RoundInfo& round,
-                  const std::vector<int>& nodes);
-  // The nodes whose views to read this tick: all behind while a hang is possible, else a few.
+                  const std::vector<int>& nodes, bool with_steps);
+  // Node g's views as read (value): held, unless held already.
+  bool take_views(int g, const std::string& value, bool with_steps);
+  // The nodes whose views to read this tick, in turn: while a hang is possible those whose
+  // views changed, up to kRanksPerHangTick ranks' (the verdict waits for the rest); else those
+  // that wrote, up to kRanksPerTick ranks'.
   std::vector<int> views_to_read(const elastic::RoundInfo& round, bool hang_possible);
+  // Whether some node's views changed since read (but for their steps).
+  bool views_behind(const elastic::RoundInfo& round) const;
+  // Frees the step history held (a hang: nothing steps).
+  void drop_steps();
   // The verdict over every rank held: judged again only when what it rests on changed.
   std::optional<CollectiveDiagnosis> verdict_over_views(
       const std::vector<RankView>& local, std::chrono::steady_clock::time_point local_at,
-      std::vector<std::uint64_t> hung, bool views_changed);
+      std::vector<std::uint64_t> hung);
   void write_verdict(store::Client& client, const elastic::RoundInfo& round,
                      const std::optional<CollectiveDiagnosis>& d);
   // The connection to the round's workers' store, made when there is none or it moved.
@@ -191,6 +208,7 @@ class CollectiveExchange {
   std::vector<Node> nodes_;         // by group rank (the gatherer's)
   std::size_t next_views_ = 0;      // the group rank to read views from next, in turn
   std::optional<Judged> judged_;    // the gatherer's
+  bool views_changed_ = false;      // views read changed since judged_
   int writer_rank_ = 0;             // the group rank that wrote the verdict last read
   std::int64_t verdict_count_ = 0;  // the verdict's count as last read
   std::chrono::steady_clock::time_point

@@ -11,9 +11,9 @@ inline std::string views_key(int round, int group_rank) {
   return "ddprun/collectives/" + std::to_string(round) + "/" + std::to_string(group_rank);
 }
 
-// A node's progress (node_progress.hpp), written with its views: "<seq> <content seq>
+// A node's progress (node_progress.hpp), written with its views: "<seq> <content seq> <ranks>
 // <encode_progress>", the content seq being the last write that changed the views in more
-// than their step history (views_writer.hpp).
+// than their step history (views_writer.hpp), ranks how many views they hold.
 inline std::string progress_key(int round, int group_rank) {
   return views_key(round, group_rank) + "/progress";
 }

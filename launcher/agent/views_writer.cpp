@@ -57,8 +57,9 @@ bool ViewsWriter::write(store::Client& client, const elastic::RoundInfo& round,
   // 1.x: two SETs in this order): a progress it reads always has its views in the store.
   client.multi_set(
       {views_key(round.round, round.group_rank), progress_key(round.round, round.group_rank)},
-      {seq + "\n" + encode_views(local, steps_due),
-       seq + " " + std::to_string(content_seq_) + " " + encode_progress(progress_of(local))});
+      {seq + "\n" + encode_views(local, steps_due), seq + " " + std::to_string(content_seq_) + " " +
+                                                        std::to_string(local.size()) + " " +
+                                                        encode_progress(progress_of(local))});
   ++seq_;
   content_ = std::move(content);
   if (steps_due) {

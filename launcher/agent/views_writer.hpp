@@ -3,8 +3,9 @@
 // views and their progress (node_progress.hpp) under the round's keys, in one request, when
 // they changed in more than their ages (the readers age what they have), with its ranks' step
 // history every kStepsEvery while their steps move. The progress says which write last
-// changed the views in more than their step history ("<seq> <content seq> <progress>"): a
-// reader that holds those needs no other. Call from one thread. Internal to the launcher.
+// changed the views in more than their step history, and how many ranks they hold
+// (collective_keys.hpp): a reader that holds those views needs no other. Call from one thread.
+// Internal to the launcher.
 
 #include <chrono>
 #include <cstdint>

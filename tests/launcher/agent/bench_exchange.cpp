@@ -1,5 +1,6 @@
 // How much the agents' sharing of rank views costs the gatherer and the workers' store, and how
-// soon a hang of one rank is named (scripts/bench-exchange). NODES agents of 8 ranks each:
+// soon a hang of one rank is named (scripts/bench-exchange). NODES agents of RANKS_PER_NODE
+// ranks each (default 8):
 // - the gatherer (group rank 0) is the real CollectiveExchange, in a process of its own (its
 //   memory is that process's), whose main thread plays its agent's loop: every 0.5 s tick
 //   (HangMonitor's) it publishes its ranks' views and calls append_remote() and judge();
@@ -15,7 +16,7 @@
 // what the store holds, the gatherer's exchange thread's CPU, its agent loop's CPU in
 // publish/remote/judge, and the gatherer process's memory (RSS over its start); then one line
 // on the hang: when the gatherer and every agent had it, and its verdict.
-//   ddp-bench-exchange NODES [SECONDS] [HANG_TIMEOUT_S] [MODE]
+//   ddp-bench-exchange NODES [SECONDS] [HANG_TIMEOUT_S] [MODE] [RANKS_PER_NODE]
 #include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -52,13 +53,13 @@ using Seconds = std::chrono::duration<double>;
 
 namespace {
 
-constexpr int kRanksPerNode = 8;
 constexpr std::chrono::milliseconds kTick{500};
 constexpr int kSimulators = 2;  // threads simulating the other agents
 
 // The bench's course, in seconds from its start (the same on both processes: CLOCK_MONOTONIC).
 struct Plan {
   int nodes = 0;
+  int ranks_per_node = 8;
   double seconds = 10;       // each measured window
   double hang_timeout = 10;  // --hang_timeout
   bool absent = true;        // the blocked rank never enters the collective (else waits in one)
@@ -163,11 +164,12 @@ CollectiveInfo all_reduce(std::uint64_t seq, double age_s, bool finished) {
 
 // A rank at `finished` collectives (and as many Reducer steps), in the next one for age_s
 // (none: between collectives), its last finished since_s ago.
-RankView rank_view(int rank, std::uint64_t finished, bool waits, double age_s, double since_s) {
+RankView rank_view(int rank, int per_node, std::uint64_t finished, bool waits, double age_s,
+                   double since_s) {
   RankView v;
   v.rank = rank;
-  v.local_rank = rank % kRanksPerNode;
-  v.host = "node-" + std::to_string(rank / kRanksPerNode);
+  v.local_rank = rank % per_node;
+  v.host = "node-" + std::to_string(rank / per_node);
   v.pid = 10000 + rank;
   v.attached = true;
   v.backend = "nccl";
@@ -191,18 +193,19 @@ std::vector<RankView> node_views(const Plan& plan, Clock::time_point start, int 
   const double t = Seconds(now - start).count();
   std::vector<RankView> views;
   const auto step = [&](double at) { return 100 + static_cast<std::uint64_t>(at / 0.5); };
-  for (int r = g * kRanksPerNode; r < (g + 1) * kRanksPerNode; ++r) {
+  const int n = plan.ranks_per_node;
+  for (int r = g * n; r < (g + 1) * n; ++r) {
     if (t < plan.hang()) {
-      views.push_back(rank_view(r, step(t), true, 0.01, 0.05));
+      views.push_back(rank_view(r, n, step(t), true, 0.01, 0.05));
       continue;
     }
     const std::uint64_t k = step(plan.hang());  // the collective the hang is at
     const double waited = t - plan.hang();
     if (r != plan.blocked_rank) {
-      views.push_back(plan.absent ? rank_view(r, k - 1, true, waited, waited)
-                                  : rank_view(r, k, true, waited, waited));
+      views.push_back(plan.absent ? rank_view(r, n, k - 1, true, waited, waited)
+                                  : rank_view(r, n, k, true, waited, waited));
     } else {
-      views.push_back(rank_view(r, k - 1, !plan.absent, waited, waited));
+      views.push_back(rank_view(r, n, k - 1, !plan.absent, waited, waited));
     }
   }
   return views;
@@ -223,6 +226,7 @@ struct GathererReport {
   double onset_thread_s = 0;  // from the hang to its window: reading every view, judging
   double training_rss = 0, hang_rss = 0;  // over the process's before the exchange
   double named_after_s = -1;              // judge() on the gatherer had the hang
+  std::size_t views = 0;                  // the ranks its node's loop then saw
   std::string headline;
 };
 
@@ -268,6 +272,7 @@ GathererReport run_gatherer(const Plan& plan, Clock::time_point start, std::uint
     if (verdict && report.named_after_s < 0) {
       report.named_after_s = t - plan.hang();
       report.headline = verdict->headline;
+      report.views = views.size();
     }
   }
   report.hang_rss = rss_bytes() - rss0;
@@ -316,7 +321,9 @@ std::map<int, double> simulate(const Plan& plan, Clock::time_point start, std::u
 
 int main(int argc, char** argv) {
   if (argc < 2) {
-    std::fprintf(stderr, "usage: ddp-bench-exchange NODES [SECONDS] [HANG_TIMEOUT_S] [MODE]\n");
+    std::fprintf(stderr,
+                 "usage: ddp-bench-exchange NODES [SECONDS] [HANG_TIMEOUT_S] [MODE] "
+                 "[RANKS_PER_NODE]\n");
     return 2;
   }
   Plan plan;
@@ -324,7 +331,8 @@ int main(int argc, char** argv) {
   if (argc > 2) plan.seconds = std::atof(argv[2]);
   if (argc > 3) plan.hang_timeout = std::atof(argv[3]);
   plan.absent = argc <= 4 || std::string(argv[4]) != "stuck";
-  plan.blocked_rank = (plan.nodes * kRanksPerNode * 5) / 8 + 3;  // on a node in the middle
+  if (argc > 5) plan.ranks_per_node = std::atoi(argv[5]);
+  plan.blocked_rank = (plan.nodes * plan.ranks_per_node * 5) / 8 + 3;  // on a node in the middle
   plan.warm = 5 + plan.nodes / 200.0;  // connections made, every key written once
   if (plan.nodes < 2) return 2;
 
@@ -352,6 +360,7 @@ int main(int argc, char** argv) {
         {"training_rss", r.training_rss},
         {"hang_rss", r.hang_rss},
         {"named_after_s", r.named_after_s},
+        {"views", r.views},
         {"headline", r.headline}}.dump();
     const bool sent = ::write(up[1], line.data(), line.size()) == static_cast<ssize_t>(line.size());
     ::_exit(sent ? 0 : 1);
@@ -429,7 +438,7 @@ int main(int argc, char** argv) {
                  double loop_s, double rss) {
     const double wall = Seconds(b.at - a.at).count();
     std::printf("| %d | %d | %s | %.0f KB/s | %.1f %% | %.1f MB | %.2f %% | %.2f %% | %.1f MB |\n",
-                plan.nodes, plan.nodes * kRanksPerNode, which,
+                plan.nodes, plan.nodes * plan.ranks_per_node, which,
                 static_cast<double>(b.bytes - a.bytes) / wall / 1000.0,
                 100.0 * (b.store_s - a.store_s) / wall, stored / 1e6, 100.0 * thread_s / wall,
                 100.0 * loop_s / wall, rss / 1e6);
@@ -442,11 +451,12 @@ int main(int argc, char** argv) {
   const double named = g["named_after_s"].get<double>();
   std::fprintf(stderr,
                "%d nodes: rank %d blocked; named by the gatherer %.1f s after (--hang_timeout %.0f "
-               "s), read by every agent %.1f s after; the gatherer's onset (reading every view, "
-               "judging) took %.0f ms of CPU; simulation ticks late: %d\n  %s\n",
-               plan.nodes, plan.blocked_rank, named, plan.hang_timeout, named_all,
-               1000.0 * g["onset_thread_s"].get<double>(), late_ticks.load(),
-               g["headline"].get<std::string>().c_str());
+               "s; its loop then saw %zu ranks), read by every agent %.1f s after; the "
+               "gatherer's onset (reading every view, judging) took %.0f ms of CPU; simulation "
+               "ticks late: %d\n  %s\n",
+               plan.nodes, plan.blocked_rank, named, plan.hang_timeout,
+               g["views"].get<std::size_t>(), named_all, 1000.0 * g["onset_thread_s"].get<double>(),
+               late_ticks.load(), g["headline"].get<std::string>().c_str());
   const bool in_time =
       named >= 0 && named <= plan.hang_timeout + 10 && named_all <= plan.hang_timeout + 10;
   return WIFEXITED(status) && WEXITSTATUS(status) == 0 && in_time ? 0 : 1;
