@@ -3,6 +3,7 @@
 #include <sched.h>
 #include <signal.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <array>
@@ -236,14 +237,26 @@ class ShardLoop {
 // Closes every descriptor the thread's new table copied from the process's, except stdio
 // (kept, so that a stray write to 2 can never reach a client) and the shard's end of the
 // pair. Until this ran, a connection the server closes would stay open through the copy.
+// close_range(2) through syscall(): glibc has the wrapper only from 2.34, and the packages
+// build against glibc 2.31 (docs/install.md).
+bool close_range_of(unsigned first, unsigned last) {
+#ifdef SYS_close_range
+  return ::syscall(SYS_close_range, first, last, 0u) == 0;
+#else
+  (void)first;
+  (void)last;
+  return false;  // headers older than Linux 5.9: the loop below
+#endif
+}
+
 void keep_only(int keep) {
   const auto k = static_cast<unsigned>(keep);
   bool done = true;
   if (k <= 2) {
-    done = ::close_range(3, ~0U, 0) == 0;
+    done = close_range_of(3, ~0U);
   } else {
-    if (k > 3) done = ::close_range(3, k - 1, 0) == 0;
-    done = done && ::close_range(k + 1, ~0U, 0) == 0;
+    if (k > 3) done = close_range_of(3, k - 1);
+    done = done && close_range_of(k + 1, ~0U);
   }
   if (done) return;
   const long highest = ::sysconf(_SC_OPEN_MAX);  // no close_range (before Linux 5.9)
