@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "process_harness.hpp"
+#include "skip.hpp"
 #include "test_support.hpp"
 
 using namespace ddp::test;
@@ -51,6 +52,9 @@ TEST_CASE(
     "kill -USR1 sends no stack signal to a worker that re-exec'd Python or took the signal "
     "back: both go on and exit 0",
     "[torch]") {
+  if (!torch_available()) {
+    return skip(torch_python() + " cannot import torch.distributed with Gloo");
+  }
   TempDir folder;
   const ProcessResult result = usr1_after("handler", folder.path());
   INFO("stderr:\n" << result.err << "\nstdout:\n" << result.out);
@@ -66,6 +70,9 @@ TEST_CASE(
     "descriptors and reopened the stack file's number, nor onto the descriptor the probe "
     "registered",
     "[torch]") {
+  if (!torch_available()) {
+    return skip(torch_python() + " cannot import torch.distributed with Gloo");
+  }
   TempDir folder;
   const ProcessResult result = usr1_after("reuse", folder.path());
   INFO("stderr:\n" << result.err << "\nstdout:\n" << result.out);
@@ -82,6 +89,9 @@ TEST_CASE(
 }
 
 TEST_CASE("kill -USR1 takes the stack of a worker that left the probe's set-up alone", "[torch]") {
+  if (!torch_available()) {
+    return skip(torch_python() + " cannot import torch.distributed with Gloo");
+  }
   TempDir folder;
   const ProcessResult result = usr1_after("plain", folder.path());
   INFO("stderr:\n" << result.err << "\nstdout:\n" << result.out);
@@ -94,6 +104,9 @@ TEST_CASE(
     "ddprun installed under a group-writable folder loads neither its Python probe nor its NCCL "
     "plugin, says so in one line each, and the job runs",
     "[torch]") {
+  if (!torch_available()) {
+    return skip(torch_python() + " cannot import torch.distributed with Gloo");
+  }
   // A copy of the installation: <temp>/shared/prefix/{bin/ddprun, share/ddprun/python, lib}.
   TempDir dir;
   const fs::path shared = dir.path() / "shared", prefix = shared / "prefix";
@@ -129,6 +142,9 @@ TEST_CASE(
     "a Python worker and its children see the PYTHONPATH they see under a plain python: "
     "unset, empty, \":\", \"a:b\"",
     "[torch]") {
+  if (!torch_available()) {
+    return skip(torch_python() + " cannot import torch.distributed with Gloo");
+  }
   auto paths_of = [](const std::string& output) {
     const auto at = output.find("paths {");
     REQUIRE(at != std::string::npos);

@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "process_harness.hpp"
+#include "skip.hpp"
 #include "test_support.hpp"
 
 using namespace ddp::test;
@@ -78,6 +79,9 @@ TEST_CASE(
     "a restarted worker forked from the warm template sees what an exec'd one sees ("
     "environment, argv, sys.path, streams, descriptors, signals, limits, its own session)",
     "[torch]") {
+  if (!torch_available()) {
+    return skip(torch_python() + " cannot import torch.distributed with Gloo");
+  }
   // How the entrypoint runs (a script, --run_path or -m, the last two through ddprun's -c
   // wrapper), and where the streams go (the console, pipes teed to files, files).
   const auto [entry, streams] = GENERATE(table<std::string, std::string>({
@@ -142,6 +146,9 @@ TEST_CASE(
     "traceback an exec'd worker prints and exits 1, and the template never imports the program's "
     "own modules",
     "[torch]") {
+  if (!torch_available()) {
+    return skip(torch_python() + " cannot import torch.distributed with Gloo");
+  }
   // A script, or --run_path through ddprun's @record wrapper (the error file's traceback).
   const std::string entry = GENERATE(std::string("script"), "--run_path");
   std::map<std::string, std::string> tracebacks;
@@ -189,6 +196,9 @@ TEST_CASE(
     "and the job succeeds (a preloaded module started a thread, changed on disk, or the "
     "template was killed)",
     "[torch]") {
+  if (!torch_available()) {
+    return skip(torch_python() + " cannot import torch.distributed with Gloo");
+  }
   const auto [mode, why] = GENERATE(table<std::string, std::string>({
       {"thread", "threads after its imports"},
       {"changed", "changed since the template imported it"},
@@ -218,6 +228,9 @@ TEST_CASE(
     "two agents each fork their restarted workers from their own warm template, with c10d and "
     "with static rendezvous",
     "[torch]") {
+  if (!torch_available()) {
+    return skip(torch_python() + " cannot import torch.distributed with Gloo");
+  }
   const std::string backend = GENERATE(std::string("c10d"), "static");
   if (backend == "static" && torch_version() && torch_version()->major >= 2) {
     // Not warm starts' doing: with static rendezvous on several nodes the agent's store keeps
@@ -306,6 +319,9 @@ struct WaitingJob {
 
 TEST_CASE("kill -9 of ddprun leaves neither its warm template nor the workers it forked",
           "[torch]") {
+  if (!torch_available()) {
+    return skip(torch_python() + " cannot import torch.distributed with Gloo");
+  }
   WaitingJob job;
   REQUIRE(job.workers.size() == 2);
   REQUIRE(job.template_pid > 0);
@@ -321,6 +337,9 @@ TEST_CASE(
     "kill -9 of the warm template leaves the workers it forked running, and the job ends as "
     "it would have",
     "[torch]") {
+  if (!torch_available()) {
+    return skip(torch_python() + " cannot import torch.distributed with Gloo");
+  }
   WaitingJob job;
   REQUIRE(job.template_pid > 0);
   ::kill(job.template_pid, SIGKILL);
@@ -333,6 +352,9 @@ TEST_CASE(
 
 TEST_CASE("kill -USR1 of ddprun shows the stacks of workers forked from the warm template",
           "[torch]") {
+  if (!torch_available()) {
+    return skip(torch_python() + " cannot import torch.distributed with Gloo");
+  }
   WaitingJob job;
   job.ddprun->signal(SIGUSR1);
   job.ddprun->wait_for_stderr("where each Python worker is:", milliseconds(20000));
