@@ -2,12 +2,12 @@
 
 #include <algorithm>
 #include <iterator>
-#include <random>
 #include <stdexcept>
 #include <string_view>
 
 #include "../diagnosis/rank_view_json.hpp"
 #include "collective_keys.hpp"
+#include "ddp/common/retry_pause.hpp"
 #include "ddp/store/client.hpp"
 #include "shared_verdict.hpp"
 #include "workers_store_client.hpp"
@@ -197,11 +197,8 @@ void CollectiveExchange::run() {
       // Try again after a pause that doubles, with jitter: a thousand agents whose first
       // exchange found the store busy do not all come back on the next tick.
       retry_pause_ = std::clamp(retry_pause_ * 2, kGatherEvery, kRetryLast);
-      thread_local std::minstd_rand random{std::random_device{}()};
-      std::uniform_int_distribution<long> draw(retry_pause_.count() / 2,
-                                               retry_pause_.count() * 3 / 2);
       const auto failed_at = Clock::now();
-      retry_at_ = failed_at + std::chrono::milliseconds(draw(random));
+      retry_at_ = failed_at + jittered(retry_pause_);
       if (!failing_since_) failing_since_ = failed_at;
       // A store that answers late is busy: said only once that lasts (kBusyGrace).
       const bool late = dynamic_cast<const store::StoreTimeout*>(&e) != nullptr;

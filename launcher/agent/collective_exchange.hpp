@@ -62,8 +62,6 @@ inline constexpr std::chrono::milliseconds kGatherEvery{500};
 inline constexpr std::chrono::seconds kGathererQuiet{4};
 // After failed exchanges the thread waits at most this long (with jitter) before the next.
 inline constexpr std::chrono::milliseconds kRetryLast{8000};
-// A store that answers late (timeouts) is only mentioned once its exchanges fail this long.
-inline constexpr std::chrono::seconds kBusyGrace{5};
 // While no hang is possible, the gatherer reads the changed views of at most this many ranks a
 // tick (whole nodes, at least one); while one is, at most kRanksPerHangTick (its verdict waits
 // until it holds every rank's: a few ticks at 100,000 ranks), so that a tick stays short.

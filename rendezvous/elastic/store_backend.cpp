@@ -8,9 +8,9 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <random>
 #include <thread>
 
+#include "ddp/common/retry_pause.hpp"
 #include "ddp/elastic/heartbeat_monitor.hpp"
 #include "ddp/store/client.hpp"
 #include "ddp/store/store_util.hpp"
@@ -50,12 +50,6 @@ constexpr std::chrono::milliseconds kConnectLast{4000};
 // The pause before the second attempt; it doubles with each (to 16 times this), and each
 // is drawn between half and one and a half of that.
 constexpr std::chrono::milliseconds kRetryPauseFirst{50};
-
-std::chrono::milliseconds jittered(std::chrono::milliseconds pause) {
-  thread_local std::minstd_rand random{std::random_device{}()};
-  std::uniform_int_distribution<long> draw(pause.count() / 2, pause.count() * 3 / 2);
-  return std::chrono::milliseconds(draw(random));
-}
 
 // How long one connect of the refusal probe (lost_for_good) may take: a live host refuses in
 // a round trip; and how long a connection it made must stay open to count as a live server.

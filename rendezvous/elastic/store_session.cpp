@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <thread>
 
+#include "ddp/common/retry_pause.hpp"
 #include "ddp/elastic/state_backend.hpp"
 
 namespace ddp::elastic {
@@ -80,13 +81,6 @@ std::optional<RoundState> StoreSession::modify(
 RoundEnd StoreSession::end_round(store::Store& store, int round, const RoundEnd& end) const {
   return decode_end(store.compare_set(keys.end(round), "", encode_end(end)));
 }
-
-namespace {
-
-// How long connection attempts that time out (the store answers, late) go unmentioned.
-constexpr std::chrono::seconds kBusyGrace{5};
-
-}  // namespace
 
 std::unique_ptr<store::Store> connect_with_retries(
     Clock::time_point deadline, const std::atomic<bool>& cancel,

@@ -97,23 +97,8 @@ std::string Shard::handover_error(int error) const {
 }
 
 Shard::Handover Shard::send_descriptor(std::uint64_t id, tcp::socket& socket) {
-  iovec data{&id, sizeof id};
-  alignas(cmsghdr) std::array<char, CMSG_SPACE(sizeof(int))> control{};
-  msghdr message{};
-  message.msg_iov = &data;
-  message.msg_iovlen = 1;
-  message.msg_control = control.data();
-  message.msg_controllen = control.size();
-  cmsghdr* header = CMSG_FIRSTHDR(&message);
-  header->cmsg_level = SOL_SOCKET;
-  header->cmsg_type = SCM_RIGHTS;
-  header->cmsg_len = CMSG_LEN(sizeof(int));
   const int fd = socket.native_handle();
-  std::memcpy(CMSG_DATA(header), &fd, sizeof fd);
-  ssize_t n = 0;
-  do {
-    n = ::sendmsg(pair_.native_handle(), &message, MSG_DONTWAIT | MSG_NOSIGNAL);
-  } while (n < 0 && errno == EINTR);
+  const ssize_t n = send_socket(pair_.native_handle(), id, fd);
   if (n < 0) return errno == EAGAIN || errno == EWOULDBLOCK ? Handover::kFull : Handover::kFailed;
   // Out of this loop's reactor first: close() alone would leave it registered there while
   // the shard holds the socket, and every event of it would wake this loop.

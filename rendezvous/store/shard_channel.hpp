@@ -5,7 +5,10 @@
 
 #include <sys/socket.h>
 
+#include <array>
+#include <cerrno>
 #include <cstdint>
+#include <cstring>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -70,6 +73,62 @@ inline constexpr std::uint64_t kDoorbell = 0;
 inline void ring_on(int fd) {
   const std::uint64_t bell = kDoorbell;
   ::send(fd, &bell, sizeof bell, MSG_DONTWAIT | MSG_NOSIGNAL);
+}
+
+// Sends one connection's id with its socket (SCM_RIGHTS) on the pair, never blocking.
+// Returns sendmsg's result (-1 with errno: EAGAIN when the pair is full).
+inline ssize_t send_socket(int pair, std::uint64_t id, int socket) {
+  iovec data{&id, sizeof id};
+  alignas(cmsghdr) std::array<char, CMSG_SPACE(sizeof(int))> control{};
+  msghdr message{};
+  message.msg_iov = &data;
+  message.msg_iovlen = 1;
+  message.msg_control = control.data();
+  message.msg_controllen = control.size();
+  cmsghdr* header = CMSG_FIRSTHDR(&message);
+  header->cmsg_level = SOL_SOCKET;
+  header->cmsg_type = SCM_RIGHTS;
+  header->cmsg_len = CMSG_LEN(sizeof(int));
+  std::memcpy(CMSG_DATA(header), &socket, sizeof socket);
+  ssize_t n = 0;
+  do {
+    n = ::sendmsg(pair, &message, MSG_DONTWAIT | MSG_NOSIGNAL);
+  } while (n < 0 && errno == EINTR);
+  return n;
+}
+
+// One message read from the pair: a doorbell (id kDoorbell), or a connection's id with its
+// socket (socket -1 when it did not come: `truncated` when the receiver's descriptor table was
+// full).
+struct ReceivedSocket {
+  std::uint64_t id = kDoorbell;
+  int socket = -1;
+  bool truncated = false;
+};
+
+// Reads one message from the pair, never blocking; the socket comes close-on-exec. Returns
+// recvmsg's result (0: the other end closed; -1 with errno: EAGAIN when none is waiting).
+inline ssize_t receive_socket(int pair, ReceivedSocket& into) {
+  into = ReceivedSocket{};
+  iovec data{&into.id, sizeof into.id};
+  alignas(cmsghdr) std::array<char, CMSG_SPACE(sizeof(int))> control{};
+  msghdr message{};
+  message.msg_iov = &data;
+  message.msg_iovlen = 1;
+  message.msg_control = control.data();
+  message.msg_controllen = control.size();
+  ssize_t n = 0;
+  do {
+    n = ::recvmsg(pair, &message, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+  } while (n < 0 && errno == EINTR);
+  if (n <= 0) return n;
+  for (cmsghdr* c = CMSG_FIRSTHDR(&message); c != nullptr; c = CMSG_NXTHDR(&message, c)) {
+    if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+      std::memcpy(&into.socket, CMSG_DATA(c), sizeof into.socket);
+    }
+  }
+  into.truncated = (message.msg_flags & MSG_CTRUNC) != 0;
+  return n;
 }
 
 }  // namespace ddp::store

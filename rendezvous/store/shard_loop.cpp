@@ -70,32 +70,20 @@ class ShardLoop {
 
   void take_sockets() {
     for (;;) {
-      std::uint64_t id = kDoorbell;
-      iovec data{&id, sizeof id};
-      alignas(cmsghdr) std::array<char, CMSG_SPACE(sizeof(int))> control{};
-      msghdr message{};
-      message.msg_iov = &data;
-      message.msg_iovlen = 1;
-      message.msg_control = control.data();
-      message.msg_controllen = control.size();
-      const ssize_t n = ::recvmsg(pair_.native_handle(), &message, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-      if (n < 0 && errno == EINTR) continue;
-      if (n <= 0) return;  // nothing more (or the server's end is closed: it stops us next)
-      int fd = -1;
-      for (cmsghdr* c = CMSG_FIRSTHDR(&message); c != nullptr; c = CMSG_NXTHDR(&message, c)) {
-        if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
-          std::memcpy(&fd, CMSG_DATA(c), sizeof fd);
-        }
+      ReceivedSocket message;
+      if (receive_socket(pair_.native_handle(), message) <= 0) {
+        return;  // nothing more (or the server's end is closed: it stops us next)
       }
+      const std::uint64_t id = message.id;
+      const int fd = message.socket;
       if (id == kDoorbell) {
         if (fd >= 0) ::close(fd);
         continue;
       }
       if (fd < 0) {
-        const bool full = (message.msg_flags & MSG_CTRUNC) != 0;
         post(ShardEvent{ShardEvent::Kind::kClosed, id,
-                        full ? "the connection shard's descriptor table was full"
-                             : "its socket did not reach the connection shard"});
+                        message.truncated ? "the connection shard's descriptor table was full"
+                                          : "its socket did not reach the connection shard"});
         continue;
       }
       adopt(id, fd);
