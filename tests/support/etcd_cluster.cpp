@@ -8,6 +8,8 @@
 #include <stdexcept>
 #include <thread>
 
+#include "test_support.hpp"
+
 extern char** environ;
 
 namespace ddp::test {
@@ -23,13 +25,6 @@ constexpr const char* kElectionMs = "500";
 constexpr auto kProbeInterval = 50ms;
 // Attempts at starting the cluster when a port picked as free was taken meanwhile.
 constexpr int kStartAttempts = 3;
-
-std::string read_file(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
 
 std::string url(bool tls, int port) {
   return std::string(tls ? "https" : "http") + "://127.0.0.1:" + std::to_string(port);

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <memory>
 #include <random>
+#include <sstream>
 #include <stdexcept>
 #include <system_error>
 #include <vector>
@@ -89,6 +90,13 @@ std::filesystem::path bin_path(const std::string& name) {
 
 std::filesystem::path source_path(const std::string& relative) {
   return std::filesystem::path(DDP_SOURCE_DIR) / relative;
+}
+
+std::string read_file(const std::filesystem::path& path) {
+  std::ifstream in(path);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
 }
 
 std::string torch_python() {

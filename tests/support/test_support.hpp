@@ -15,6 +15,8 @@ namespace ddp::test {
 std::filesystem::path bin_path(const std::string& name);
 // <source tree>/<relative>
 std::filesystem::path source_path(const std::string& relative);
+// The whole text of a file ("" when it cannot be read).
+std::string read_file(const std::filesystem::path& path);
 // The interpreter with PyTorch that the interop and parity tests run: the environment variable
 // DDP_TEST_PYTHON when set (CTest sets it for the second run of the [torch] tests, against
 // DDP_TEST_PYTHON2), else the CMake cache variable DDP_TEST_PYTHON (default Debian's

@@ -24,13 +24,6 @@ std::string script(const std::string& name) {
   return source_path("tests/launcher/agent/python/" + name).string();
 }
 
-std::string read_file(const fs::path& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
 // stack_file_safety.py <mode> under ddprun with two workers: once both are set up,
 // kill -USR1 <ddprun>; once ddprun printed the stacks, the workers may finish.
 ProcessResult usr1_after(const std::string& mode, const fs::path& folder) {

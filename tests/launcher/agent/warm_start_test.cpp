@@ -27,13 +27,6 @@ std::string script(const std::string& name) {
   return source_path("tests/launcher/agent/python/" + name).string();
 }
 
-std::string read_file(const fs::path& path) {
-  std::ifstream in(path);
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
-}
-
 json read_json(const fs::path& path) {
   std::ifstream in(path);
   REQUIRE(in.good());

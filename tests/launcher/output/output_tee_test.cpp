@@ -20,11 +20,6 @@ ConsoleSink to_fd(int fd) {
   return [fd](std::string line) { REQUIRE(write_all(fd, line.data(), line.size())); };
 }
 
-std::string read_all(const std::filesystem::path& path) {
-  std::ifstream in(path);
-  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
 }  // namespace
 
 TEST_CASE("a tee copies bytes to the file and prefixed whole lines to the console") {
@@ -49,8 +44,8 @@ TEST_CASE("a tee copies bytes to the file and prefixed whole lines to the consol
   writer.reset();
   io.run();
   CHECK(done);
-  CHECK(read_all(file_path) == "hello\nworld\n\ntail");
-  CHECK(read_all(console_path) == "[w3]:hello\n[w3]:world\n[w3]:\n[w3]:tail\n");
+  CHECK(ddp::test::read_file(file_path) == "hello\nworld\n\ntail");
+  CHECK(ddp::test::read_file(console_path) == "[w3]:hello\n[w3]:world\n[w3]:\n[w3]:tail\n");
 }
 
 TEST_CASE("a tee without console writes only the file") {
@@ -68,7 +63,7 @@ TEST_CASE("a tee without console writes only the file") {
   REQUIRE(write_all(writer.get(), big.data(), 65536));  // the pipe holds 64 KiB
   writer.reset();
   io.run();
-  CHECK(read_all(file_path).size() == 65536);
+  CHECK(ddp::test::read_file(file_path).size() == 65536);
 }
 
 TEST_CASE("a tee bounds a line without newline: it goes out in pieces of at most kMaxLine") {
@@ -90,10 +85,11 @@ TEST_CASE("a tee bounds a line without newline: it goes out in pieces of at most
     io.run_one();
   }
   const std::string piece = "[p]:" + std::string(OutputTee::kMaxLine, 'x') + "\n";
-  CHECK(read_all(console_path) == piece + piece + piece);  // before the stream ends
+  CHECK(ddp::test::read_file(console_path) == piece + piece + piece);  // before the stream ends
   writer.reset();
   io.run();
-  CHECK(read_all(console_path) == piece + piece + piece + "[p]:" + std::string(100, 'x') + "\n");
+  CHECK(ddp::test::read_file(console_path) ==
+        piece + piece + piece + "[p]:" + std::string(100, 'x') + "\n");
 }
 
 TEST_CASE("a full disk: said once, the console goes on, later output is tried again, and listed") {
@@ -117,7 +113,7 @@ TEST_CASE("a full disk: said once, the console goes on, later output is tried ag
   }
   writer.reset();
   io.run();
-  CHECK(read_all(console_path) == "[w0]:a\n[w0]:bb\n[w0]:ccc\n");
+  CHECK(ddp::test::read_file(console_path) == "[w0]:a\n[w0]:bb\n[w0]:ccc\n");
   REQUIRE(notices.size() == 1);  // once, with the file, the error and the bytes lost
   CHECK_THAT(notices[0], Catch::Contains("/dev/full") &&
                              Catch::Contains("No space left on device") &&
