@@ -8,8 +8,10 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
 #include <cerrno>
+#include <charconv>
 #include <cstdio>
 
+#include "ddp/elastic/round_state.hpp"
 #include "ddp/launcher/agent_store.hpp"
 #include "ddp/launcher/rdzv_settings.hpp"
 #include "local_rendezvous.hpp"
@@ -80,6 +82,28 @@ std::string single_node_notice(const LaunchConfig& config) {
 
 }  // namespace
 
+int round_closed_by(std::string_view key, std::string_view value) {
+  constexpr std::string_view kRuns = "/ddprun/", kState = "/state", kClosed = "/closed",
+                             kRound = "/round_";
+  if (!key.starts_with(kRuns)) return 0;
+  if (key.ends_with(kState)) {
+    try {
+      const elastic::RoundState state = elastic::decode_state(value);
+      return state.phase == elastic::Phase::kOpen ? 0 : state.round;
+    } catch (const std::exception&) {
+      return 0;  // not a state of ours
+    }
+  }
+  if (!key.ends_with(kClosed)) return 0;
+  key.remove_suffix(kClosed.size());
+  const std::size_t at = key.rfind(kRound);
+  if (at == std::string_view::npos || at < kRuns.size()) return 0;
+  const std::string_view digits = key.substr(at + kRound.size());
+  int round = 0;
+  const auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), round);
+  return error == std::errc() && end == digits.data() + digits.size() ? round : 0;
+}
+
 RendezvousHost::RendezvousHost(boost::asio::io_context& io, const LaunchConfig& config,
                                elastic::NodeInfo self, RendezvousHostOptions options)
     : io_(io),
@@ -123,9 +147,29 @@ void RendezvousHost::leave() {
   leaver_ = std::thread([engine = rendezvous_.get()] { engine->leave(); });
 }
 
+store::ServerOptions RendezvousHost::rendezvous_store_options(int port) const {
+  store::ServerOptions options = store_options(port, options_.notice);
+  if (!worker_stores_) {
+    // Static: the workers' MASTER_PORT is this store, for every attempt. Once every node has
+    // joined the next round (each after its workers of the last one exited), and before any
+    // of them starts its workers, the last attempt's worker keys go: PyTorch 2.x no longer
+    // prefixes them with the attempt, and its Gloo would dial the last attempt's addresses.
+    // ddprun's own keys (the rendezvous's, the collective exchange's, the clock) stay.
+    options.reset_after_set = [reset_for = 0](std::string_view key,
+                                              std::string_view value) mutable {
+      const int round = round_closed_by(key, value);
+      if (round <= reset_for) return false;  // round 0, or this round's keys went already
+      reset_for = round;
+      return true;
+    };
+    options.keep_on_reset = {"/ddprun/", "ddprun/"};
+  }
+  return options;
+}
+
 void RendezvousHost::host_rendezvous_store(const std::string& where, int port) {
   try {
-    rendezvous_store_ = std::make_unique<store::Server>(io_, store_options(port, options_.notice));
+    rendezvous_store_ = std::make_unique<store::Server>(io_, rendezvous_store_options(port));
     return;
   } catch (const store::StoreError&) {
     if (!port_taken(io_, port)) throw;
@@ -152,8 +196,7 @@ void RendezvousHost::retry_hosting(int port) {
   host_retry_timer_.async_wait([this, port](boost::system::error_code ec) {
     if (ec) return;  // shut down meanwhile
     try {
-      rendezvous_store_ =
-          std::make_unique<store::Server>(io_, store_options(port, options_.notice));
+      rendezvous_store_ = std::make_unique<store::Server>(io_, rendezvous_store_options(port));
       options_.notice("ddprun: port " + std::to_string(port) +
                       " is free now: this agent hosts the rendezvous store there");
     } catch (const store::StoreError&) {

@@ -79,6 +79,15 @@ bool Connection::process(const char* data, std::size_t size) {
   return true;
 }
 
+void Connection::reset_if_asked(std::string_view key) {
+  const ServerOptions& options = server_->options;
+  if (!options.reset_after_set) return;
+  const std::string* value = server_->table.find(key);
+  if (!value || !options.reset_after_set(key, *value)) return;
+  // The key itself may go too (the table's own string): nothing reads it after this.
+  server_->table.erase_all_but(options.keep_on_reset);
+}
+
 bool Connection::handle(Request& r) {
   auto& table = server_->table;
   if (!fits_store_budget(r)) return false;
@@ -94,9 +103,11 @@ bool Connection::handle(Request& r) {
       return true;
     case Command::Set:
       table.set(r.key(), std::move(r.values[0]));
+      reset_if_asked(r.key());
       return true;
     case Command::CompareSet:
       put_bytes(out_, table.compare_set(r.key(), std::move(r.values[0]), std::move(r.values[1])));
+      reset_if_asked(r.key());
       return true;
     case Command::Get: {
       // Like PyTorch's server: a missing key reads as empty (clients WAIT first).

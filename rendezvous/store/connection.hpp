@@ -73,6 +73,9 @@ class Connection : public Subscriber, public std::enable_shared_from_this<Connec
   void cancel_waits();
   // Answers one request; returns false after closing the connection for it.
   bool handle(Request& request);
+  // After a SET or COMPARE_SET of key: the store's reset, when ServerOptions::reset_after_set
+  // asks for it.
+  void reset_if_asked(std::string_view key);
   bool handle_wait(const Request& request);
   bool handle_multi_get(const Request& request);
   // How much the store would grow at most by handling request.

@@ -87,6 +87,32 @@ void StoreTable::clear_values() {
   stored_bytes_ = 0;
 }
 
+std::size_t StoreTable::erase_all_but(const std::vector<std::string>& keep) {
+  auto kept = [&keep](std::string_view key) {
+    for (const std::string& prefix : keep) {
+      if (key.starts_with(prefix)) return true;
+    }
+    return false;
+  };
+  std::vector<std::string> going;
+  for (const auto& [key, value] : data_) {
+    if (!kept(key)) going.push_back(key);
+  }
+  for (const std::string& key : going) erase(key);
+  std::size_t gone = going.size();
+  for (auto it = queues_.begin(); it != queues_.end();) {
+    if (kept(it->first)) {
+      ++it;
+      continue;
+    }
+    stored_bytes_ -= it->first.size();
+    for (const std::string& element : it->second) stored_bytes_ -= element.size();
+    it = queues_.erase(it);
+    ++gone;
+  }
+  return gone;
+}
+
 bool StoreTable::erase(std::string_view key) {
   auto it = data_.find(key);
   if (it == data_.end()) return false;

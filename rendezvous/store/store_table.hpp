@@ -84,6 +84,9 @@ class StoreTable {
   bool erase(std::string_view key);
   // Drops every value and queue (waiters and watchers stay registered): a store made new.
   void clear_values();
+  // Drops every value and queue whose key starts with none of `keep` (watchers are told, as
+  // by erase); returns how many keys went.
+  std::size_t erase_all_but(const std::vector<std::string>& keep);
   void append(std::string_view key, std::string_view bytes);
 
   void queue_push(std::string_view key, std::string&& value);

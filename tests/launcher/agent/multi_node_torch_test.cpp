@@ -1,10 +1,12 @@
 // A real PyTorch job (DDP_TEST_PYTHON's torch, Gloo, init_method="env://") across two agents on
 // loopback, 2 nodes × 2 workers: ddprun gives the same all_reduce result as torchrun, with
-// static and with c10d rendezvous. Skipped, saying why, where torch cannot be imported.
+// static and with c10d rendezvous; and after a worker's failure, each restarts and its next
+// attempt all-reduces. Skipped, saying why, where torch cannot be imported.
 #include <catch2/catch.hpp>
 #include <map>
 
 #include "multi_node_harness.hpp"
+#include "skip.hpp"
 
 using namespace ddp::test;
 
@@ -14,7 +16,8 @@ constexpr milliseconds kTorchJobTimeout{180000};  // python + torch imports, twi
 
 // One node's command line: ddprun, or that PyTorch's torchrun (torchrun_argv()).
 std::vector<std::string> node_command(const std::string& launcher, const std::string& backend,
-                                      int node_rank, int port) {
+                                      int node_rank, int port,
+                                      const std::vector<std::string>& extra = {}) {
   std::vector<std::string> argv;
   if (launcher == "ddprun") {
     argv = {bin_path("ddprun").string()};
@@ -30,6 +33,7 @@ std::vector<std::string> node_command(const std::string& launcher, const std::st
                 {"--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:" + std::to_string(port),
                  "--rdzv_id=torch-" + launcher});
   }
+  argv.insert(argv.end(), extra.begin(), extra.end());
   argv.push_back(source_path("tests/launcher/agent/python/torch_allreduce.py").string());
   return argv;
 }
@@ -57,8 +61,7 @@ std::map<int, std::string> run_job(const std::string& launcher, const std::strin
 TEST_CASE("PyTorch gloo on 2 nodes x 2 workers: ddprun's all_reduce matches torchrun's",
           "[torch]") {
   if (!torch_available()) {
-    WARN("skipped: " << torch_python() << " cannot import torch with Gloo");
-    return;
+    return skip(torch_python() + " cannot import torch.distributed with Gloo");
   }
   const std::string backend = GENERATE("static", "c10d");
   const auto under_torchrun = run_job("torchrun", backend);
@@ -71,4 +74,42 @@ TEST_CASE("PyTorch gloo on 2 nodes x 2 workers: ddprun's all_reduce matches torc
                                                {3, "allreduce rank=3 world=4 sum=10"}};
   CHECK(under_torchrun == expected);
   CHECK(under_ddprun == expected);
+}
+
+TEST_CASE(
+    "PyTorch gloo on 2 nodes x 2 workers: after a worker fails, each rendezvous restarts the "
+    "job and attempt 1 all-reduces (static keeps MASTER_PORT: the last attempt's keys go)",
+    "[torch]") {
+  if (!torch_available()) {
+    return skip(torch_python() + " cannot import torch.distributed with Gloo");
+  }
+  // Cold workers: the keys, not the warm template, are what this is about. PyTorch 2.x puts
+  // no attempt in its keys, so a store that outlives attempt 0 would hand attempt 1's Gloo
+  // attempt 0's addresses.
+  const std::string backend = GENERATE("static", "c10d");
+  const int port = reserve_port();
+  const std::map<std::string, std::string> env = {{"PYTHON_EXEC", torch_python()}};
+  const std::vector<std::string> extra = {"--max_restarts=1", "--warm_start=off"};
+  std::vector<std::string> node0_argv = node_command("ddprun", backend, 0, port, extra);
+  std::vector<std::string> node1_argv = node_command("ddprun", backend, 1, port, extra);
+  node0_argv.push_back("fail_first");
+  node1_argv.push_back("fail_first");
+  ChildProcess node0(node0_argv, env);
+  ChildProcess node1(node1_argv, env);
+  std::map<int, std::string> lines;
+  for (auto* node : {&node0, &node1}) {
+    ProcessResult r = node->wait(kTorchJobTimeout);
+    INFO(backend << ":\n" << r.out << r.err);
+    CHECK(r.status == 0);
+    CHECK_THAT(r.err, Catch::Contains("restart 1 of at most 1"));
+    for (const std::string& line : lines_of(r.out)) {
+      if (line.rfind("allreduce ", 0) == 0) lines[static_cast<int>(field_of(line, "rank"))] = line;
+    }
+  }
+  INFO(backend);
+  const std::map<int, std::string> expected = {{0, "allreduce rank=0 world=4 sum=10 attempt=1"},
+                                               {1, "allreduce rank=1 world=4 sum=10 attempt=1"},
+                                               {2, "allreduce rank=2 world=4 sum=10 attempt=1"},
+                                               {3, "allreduce rank=3 world=4 sum=10 attempt=1"}};
+  CHECK(lines == expected);
 }

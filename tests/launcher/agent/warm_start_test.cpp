@@ -225,15 +225,6 @@ TEST_CASE(
     return skip(torch_python() + " cannot import torch.distributed with Gloo");
   }
   const std::string backend = GENERATE(std::string("c10d"), "static");
-  if (backend == "static" && torch_version() && torch_version()->major >= 2) {
-    // Not warm starts' doing: with static rendezvous on several nodes the agent's store keeps
-    // the last attempt's keys, and PyTorch 2.x's Gloo then dials attempt 0's addresses (cold
-    // workers too; torchrun 2.14 fails the same way). Left for the store's own issue.
-    WARN(
-        "static rendezvous across nodes not run on PyTorch 2.x: its restarts read the last "
-        "attempt's Gloo addresses, cold as warm");
-    return;
-  }
   TempDir out;
   const int port = reserve_port();
   std::vector<std::unique_ptr<ChildProcess>> nodes;
@@ -255,9 +246,10 @@ TEST_CASE(
     nodes.push_back(std::make_unique<ChildProcess>(
         argv, std::map<std::string, std::string>{{"PYTHON_EXEC", torch_python()}}));
   }
+  INFO("rendezvous: " << backend);  // also when a wait throws
   for (auto& node : nodes) {
     const ProcessResult result = node->wait(milliseconds(180000));
-    INFO(backend << "\nstderr:\n" << result.err << "\nstdout:\n" << result.out);
+    INFO("stderr:\n" << result.err << "\nstdout:\n" << result.out);
     CHECK(result.status == 0);
     CHECK_THAT(result.err, Catch::Contains("warm start: attempt 1's 2 workers were forked"));
   }

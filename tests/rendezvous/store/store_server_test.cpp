@@ -102,6 +102,46 @@ TEST_CASE("clear_keys: every value and queue is gone, a connection and its wait 
   CHECK(waiter.get("/worker/0//cpu//0/1") == "attempt 1's address");
 }
 
+TEST_CASE(
+    "reset_after_set: the SET or COMPARE_SET it names erases every key and queue but those "
+    "under keep_on_reset, before the next request, and the store's budget counts what is left") {
+  ServerOptions options;
+  options.reset_after_set = [](std::string_view key, std::string_view value) {
+    return key == "/ddprun/run/round_1/closed" || value == "reset";
+  };
+  options.keep_on_reset = {"/ddprun/", "ddprun/"};
+  TestServer server(options);
+  Client agent(server.client_options(Dialect::V2));
+  Client worker(server.client_options(Dialect::V1));
+  agent.set("/ddprun/run/state", "running");
+  agent.add("ddprun/collectives/0/verdict/seq", 3);
+  worker.set("default_pg/0//cpu//0/rank_0", "attempt 0's address");
+  worker.add("/worker/attempt_0/init/", 2);
+  agent.queue_push("work", "x");
+  agent.set("/ddprun/run/round_0/closed", "1");  // not the one named: nothing goes
+  CHECK(agent.num_keys() == 5);
+  const std::int64_t before = server.stats().stored_bytes;
+  agent.set("/ddprun/run/round_1/closed", "1");
+  // The next request sees the reset already done.
+  CHECK_FALSE(worker.check({"default_pg/0//cpu//0/rank_0"}));
+  CHECK_FALSE(worker.check({"/worker/attempt_0/init/"}));
+  CHECK(agent.queue_len("work") == 0);
+  CHECK(agent.get("/ddprun/run/state") == "running");
+  CHECK(agent.add("ddprun/collectives/0/verdict/seq", 0) == 3);
+  CHECK(agent.check({"/ddprun/run/round_0/closed", "/ddprun/run/round_1/closed"}));
+  CHECK(agent.num_keys() == 4);
+  CHECK(server.stats().stored_bytes < before);
+  // The next attempt's workers write afresh.
+  worker.set("default_pg/0//cpu//0/rank_0", "attempt 1's address");
+  CHECK(agent.get("default_pg/0//cpu//0/rank_0") == "attempt 1's address");
+  // A COMPARE_SET is judged by the value the key holds after it: a lost one changes nothing.
+  CHECK(agent.compare_set("/ddprun/run/state", "open", "reset") == "running");
+  CHECK(worker.check({"default_pg/0//cpu//0/rank_0"}));
+  CHECK(agent.compare_set("/ddprun/run/state", "running", "reset") == "reset");
+  CHECK_FALSE(worker.check({"default_pg/0//cpu//0/rank_0"}));
+  CHECK(agent.get("/ddprun/run/state") == "reset");
+}
+
 TEST_CASE("clock key: an ADD to it reads the server's clock and stores nothing") {
   ServerOptions options;
   options.clock_key = kClockKey;

@@ -24,6 +24,7 @@
 #include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "ddp/store/admission.hpp"
 #include "ddp/store/store.hpp"
@@ -65,6 +66,14 @@ struct ServerOptions {
   Admission admission = Admission::anyone();
   // Connections held while admission is pending; one more is refused.
   std::size_t max_held_connections = kDefaultMaxHeldConnections;
+  // Called on the server's loop after each SET, and each COMPARE_SET, with the key and the
+  // value it holds now, before the reply: true erases every key that starts with none of
+  // keep_on_reset, at once, before any later request is read. For a store whose other clients
+  // come in generations, each one's keys unseen by the next (ddprun's static rendezvous
+  // across nodes: PyTorch 2.x no longer puts a restarted attempt's keys under a prefix of
+  // their own).
+  std::function<bool(std::string_view key, std::string_view value)> reset_after_set;
+  std::vector<std::string> keep_on_reset;
 };
 
 // The key ddprun's agents serve their clock under (ServerOptions::clock_key).
