@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "process_harness.hpp"
+#include "skip.hpp"
 #include "test_support.hpp"
 
 using namespace ddp::test;
@@ -46,8 +47,7 @@ TEST_CASE("is_netns_pair_name knows the names the helper makes") {
 
 TEST_CASE("NetnsPair: two namespaces, each with its own address and loopback, gone afterwards") {
   if (std::string reason = skip_reason(); !reason.empty()) {
-    WARN("skipped: " << reason);
-    return;
+    return ddp::test::skip(reason);
   }
   std::string names[2];
   {
@@ -76,8 +76,7 @@ TEST_CASE("NetnsPair: two namespaces, each with its own address and loopback, go
 
 TEST_CASE("NetnsPair: removed when the test fails with an exception") {
   if (std::string reason = skip_reason(); !reason.empty()) {
-    WARN("skipped: " << reason);
-    return;
+    return ddp::test::skip(reason);
   }
   std::string name;
   try {
@@ -93,8 +92,7 @@ TEST_CASE("NetnsPair: removed when the test fails with an exception") {
 
 TEST_CASE("NetnsPair: a pair left by a test process that died is removed by the next pair") {
   if (std::string reason = skip_reason(); !reason.empty()) {
-    WARN("skipped: " << reason);
-    return;
+    return ddp::test::skip(reason);
   }
   ChildProcess gone({"/bin/true"});
   REQUIRE(gone.wait().status == 0);  // reaped: its pid names no process now
@@ -109,12 +107,10 @@ TEST_CASE("NetnsPair: a pair left by a test process that died is removed by the 
 TEST_CASE("NetnsPair: ddpstore in A serves SET and GET to a client in B at A's address",
           "[torch]") {
   if (std::string reason = skip_reason(); !reason.empty()) {
-    WARN("skipped: " << reason);
-    return;
+    return ddp::test::skip(reason);
   }
   if (!torch_available()) {
-    WARN("skipped: " << torch_python() << " cannot import torch (the client is its TCPStore)");
-    return;
+    return ddp::test::skip(torch_python() + " cannot import torch (the client is its TCPStore)");
   }
   NetnsPair pair;  // declared first: the store stops before its namespace goes
   ChildProcess store(pair.command_in(

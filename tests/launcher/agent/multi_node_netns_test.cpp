@@ -7,6 +7,7 @@
 
 #include "multi_node_harness.hpp"
 #include "netns_pair.hpp"
+#include "skip.hpp"
 
 using namespace ddp::test;
 using Side = NetnsPair::Side;
@@ -32,8 +33,7 @@ void run_both(const NetnsPair& pair, const std::vector<std::string>& a,
 
 TEST_CASE("netns static: node 1 in B reaches node 0's store at A's address and gets its ranks") {
   if (std::string reason = skip_reason(); !reason.empty()) {
-    WARN("skipped: " << reason);
-    return;
+    return ddp::test::skip(reason);
   }
   TempDir dir;
   NetnsPair pair;  // declared after dir, before the agents: they stop before it goes
@@ -58,8 +58,7 @@ TEST_CASE("netns static: node 1 in B reaches node 0's store at A's address and g
 
 TEST_CASE("netns c10d: endpoint in A, and B's workers get A's address (group rank 0) as master") {
   if (std::string reason = skip_reason(); !reason.empty()) {
-    WARN("skipped: " << reason);
-    return;
+    return ddp::test::skip(reason);
   }
   TempDir dir;
   NetnsPair pair;
@@ -181,8 +180,7 @@ struct StoreJob {
 
 TEST_CASE("netns c10d: the workers' store serves the two nodes and refuses a third address") {
   if (std::string reason = skip_reason(); !reason.empty()) {
-    WARN("skipped: " << reason);
-    return;
+    return ddp::test::skip(reason);
   }
   TempDir dir;
   NetnsPair pair;
@@ -200,8 +198,7 @@ TEST_CASE("netns c10d: the workers' store serves the two nodes and refuses a thi
 
 TEST_CASE("netns c10d: --store_allow_any lets the third address in") {
   if (std::string reason = skip_reason(); !reason.empty()) {
-    WARN("skipped: " << reason);
-    return;
+    return ddp::test::skip(reason);
   }
   TempDir dir;
   NetnsPair pair;
@@ -214,8 +211,7 @@ TEST_CASE("netns c10d: --store_allow_any lets the third address in") {
 
 TEST_CASE("netns one node on A's address: its workers get in, a peer in B is refused") {
   if (std::string reason = skip_reason(); !reason.empty()) {
-    WARN("skipped: " << reason);
-    return;
+    return ddp::test::skip(reason);
   }
   TempDir dir;
   NetnsPair pair;
@@ -239,8 +235,7 @@ TEST_CASE("netns one node on A's address: its workers get in, a peer in B is ref
 
 TEST_CASE("netns c10d: after a restart the new round's workers' store admits both nodes again") {
   if (std::string reason = skip_reason(); !reason.empty()) {
-    WARN("skipped: " << reason);
-    return;
+    return ddp::test::skip(reason);
   }
   TempDir dir;
   NetnsPair pair;
