@@ -75,24 +75,35 @@ inline void ring_on(int fd) {
   ::send(fd, &bell, sizeof bell, MSG_DONTWAIT | MSG_NOSIGNAL);
 }
 
+// The buffers of one message on the pair, for sendmsg and recvmsg: `id` as its data, and
+// room for one descriptor (SCM_RIGHTS). It points into itself and at `id`: never copied.
+struct PairMessage {
+  explicit PairMessage(std::uint64_t& id) : data{&id, sizeof id} {
+    header.msg_iov = &data;
+    header.msg_iovlen = 1;
+    header.msg_control = control.data();
+    header.msg_controllen = control.size();
+  }
+  PairMessage(const PairMessage&) = delete;
+  PairMessage& operator=(const PairMessage&) = delete;
+
+  iovec data;
+  alignas(cmsghdr) std::array<char, CMSG_SPACE(sizeof(int))> control{};
+  msghdr header{};
+};
+
 // Sends one connection's id with its socket (SCM_RIGHTS) on the pair, never blocking.
 // Returns sendmsg's result (-1 with errno: EAGAIN when the pair is full).
 inline ssize_t send_socket(int pair, std::uint64_t id, int socket) {
-  iovec data{&id, sizeof id};
-  alignas(cmsghdr) std::array<char, CMSG_SPACE(sizeof(int))> control{};
-  msghdr message{};
-  message.msg_iov = &data;
-  message.msg_iovlen = 1;
-  message.msg_control = control.data();
-  message.msg_controllen = control.size();
-  cmsghdr* header = CMSG_FIRSTHDR(&message);
+  PairMessage message(id);
+  cmsghdr* header = CMSG_FIRSTHDR(&message.header);
   header->cmsg_level = SOL_SOCKET;
   header->cmsg_type = SCM_RIGHTS;
   header->cmsg_len = CMSG_LEN(sizeof(int));
   std::memcpy(CMSG_DATA(header), &socket, sizeof socket);
   ssize_t n = 0;
   do {
-    n = ::sendmsg(pair, &message, MSG_DONTWAIT | MSG_NOSIGNAL);
+    n = ::sendmsg(pair, &message.header, MSG_DONTWAIT | MSG_NOSIGNAL);
   } while (n < 0 && errno == EINTR);
   return n;
 }
@@ -110,24 +121,19 @@ struct ReceivedSocket {
 // recvmsg's result (0: the other end closed; -1 with errno: EAGAIN when none is waiting).
 inline ssize_t receive_socket(int pair, ReceivedSocket& into) {
   into = ReceivedSocket{};
-  iovec data{&into.id, sizeof into.id};
-  alignas(cmsghdr) std::array<char, CMSG_SPACE(sizeof(int))> control{};
-  msghdr message{};
-  message.msg_iov = &data;
-  message.msg_iovlen = 1;
-  message.msg_control = control.data();
-  message.msg_controllen = control.size();
+  PairMessage message(into.id);
   ssize_t n = 0;
   do {
-    n = ::recvmsg(pair, &message, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+    n = ::recvmsg(pair, &message.header, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
   } while (n < 0 && errno == EINTR);
   if (n <= 0) return n;
-  for (cmsghdr* c = CMSG_FIRSTHDR(&message); c != nullptr; c = CMSG_NXTHDR(&message, c)) {
+  for (cmsghdr* c = CMSG_FIRSTHDR(&message.header); c != nullptr;
+       c = CMSG_NXTHDR(&message.header, c)) {
     if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
       std::memcpy(&into.socket, CMSG_DATA(c), sizeof into.socket);
     }
   }
-  into.truncated = (message.msg_flags & MSG_CTRUNC) != 0;
+  into.truncated = (message.header.msg_flags & MSG_CTRUNC) != 0;
   return n;
 }
 

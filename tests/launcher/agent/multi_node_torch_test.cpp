@@ -17,7 +17,8 @@ constexpr milliseconds kTorchJobTimeout{180000};  // python + torch imports, twi
 // One node's command line: ddprun, or that PyTorch's torchrun (torchrun_argv()).
 std::vector<std::string> node_command(const std::string& launcher, const std::string& backend,
                                       int node_rank, int port,
-                                      const std::vector<std::string>& extra = {}) {
+                                      const std::vector<std::string>& options,
+                                      const std::vector<std::string>& script_args) {
   std::vector<std::string> argv;
   if (launcher == "ddprun") {
     argv = {bin_path("ddprun").string()};
@@ -33,22 +34,29 @@ std::vector<std::string> node_command(const std::string& launcher, const std::st
                 {"--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:" + std::to_string(port),
                  "--rdzv_id=torch-" + launcher});
   }
-  argv.insert(argv.end(), extra.begin(), extra.end());
+  argv.insert(argv.end(), options.begin(), options.end());
   argv.push_back(source_path("tests/launcher/agent/python/torch_allreduce.py").string());
+  argv.insert(argv.end(), script_args.begin(), script_args.end());
   return argv;
 }
 
-// The "allreduce rank=R world=W sum=S" lines of both nodes, by rank.
-std::map<int, std::string> run_job(const std::string& launcher, const std::string& backend) {
+// The "allreduce rank=R world=W sum=S" lines of both nodes, by rank. Each node's launcher
+// gets `options`, the script `script_args`; each node must exit 0 and print `err_line` (when
+// given) on stderr.
+std::map<int, std::string> run_job(const std::string& launcher, const std::string& backend,
+                                   const std::vector<std::string>& options = {},
+                                   const std::vector<std::string>& script_args = {},
+                                   const std::string& err_line = "") {
   const int port = reserve_port();
   const std::map<std::string, std::string> env = {{"PYTHON_EXEC", torch_python()}};
-  ChildProcess node0(node_command(launcher, backend, 0, port), env);
-  ChildProcess node1(node_command(launcher, backend, 1, port), env);
+  ChildProcess node0(node_command(launcher, backend, 0, port, options, script_args), env);
+  ChildProcess node1(node_command(launcher, backend, 1, port, options, script_args), env);
   std::map<int, std::string> lines;
   for (auto* node : {&node0, &node1}) {
     ProcessResult r = node->wait(kTorchJobTimeout);
     INFO(launcher << " " << backend << ":\n" << r.out << r.err);
     CHECK(r.status == 0);
+    if (!err_line.empty()) CHECK_THAT(r.err, Catch::Contains(err_line));
     for (const std::string& line : lines_of(r.out)) {
       if (line.rfind("allreduce ", 0) == 0) lines[static_cast<int>(field_of(line, "rank"))] = line;
     }
@@ -87,25 +95,8 @@ TEST_CASE(
   // no attempt in its keys, so a store that outlives attempt 0 would hand attempt 1's Gloo
   // attempt 0's addresses.
   const std::string backend = GENERATE("static", "c10d");
-  const int port = reserve_port();
-  const std::map<std::string, std::string> env = {{"PYTHON_EXEC", torch_python()}};
-  const std::vector<std::string> extra = {"--max_restarts=1", "--warm_start=off"};
-  std::vector<std::string> node0_argv = node_command("ddprun", backend, 0, port, extra);
-  std::vector<std::string> node1_argv = node_command("ddprun", backend, 1, port, extra);
-  node0_argv.push_back("fail_first");
-  node1_argv.push_back("fail_first");
-  ChildProcess node0(node0_argv, env);
-  ChildProcess node1(node1_argv, env);
-  std::map<int, std::string> lines;
-  for (auto* node : {&node0, &node1}) {
-    ProcessResult r = node->wait(kTorchJobTimeout);
-    INFO(backend << ":\n" << r.out << r.err);
-    CHECK(r.status == 0);
-    CHECK_THAT(r.err, Catch::Contains("restart 1 of at most 1"));
-    for (const std::string& line : lines_of(r.out)) {
-      if (line.rfind("allreduce ", 0) == 0) lines[static_cast<int>(field_of(line, "rank"))] = line;
-    }
-  }
+  const auto lines = run_job("ddprun", backend, {"--max_restarts=1", "--warm_start=off"},
+                             {"fail_first"}, "restart 1 of at most 1");
   INFO(backend);
   const std::map<int, std::string> expected = {{0, "allreduce rank=0 world=4 sum=10 attempt=1"},
                                                {1, "allreduce rank=1 world=4 sum=10 attempt=1"},
