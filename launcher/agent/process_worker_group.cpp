@@ -250,6 +250,7 @@ void ProcessWorkerGroup::start_worker(int local_rank, const fs::path& dir, ExitH
 
   auto worker = std::make_shared<Worker>(io_, local_rank);
   auto report_exit = [on_exit](Worker& w) { on_exit(w.local_rank(), *w.exit()); };
+  warm_->note_worker_environment(spawn.env);
   if (const std::optional<pid_t> forked = warm_->spawn(spawn)) {
     worker->adopt(*forked, report_exit);  // from the warm template: already running
   } else {

@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
 
 namespace ddp::launcher {
@@ -24,11 +25,25 @@ constexpr std::chrono::seconds kCheckInterval{1};
 constexpr std::chrono::seconds kWaitLimit{8};
 constexpr std::chrono::seconds kWaitLimitAlone{30};
 // Bytes added to the template's command line and environment, so that a forked worker's own,
-// which the template writes over them (/proc/PID/cmdline and environ: what ps shows), fit.
+// which the template writes over them (/proc/PID/cmdline and environ: what ps shows), fit:
+// the command line's room is the workers' command line and this much more; the environment's
+// this much more than the template's (a worker's adds its rank's variables).
 constexpr std::size_t kCommandLineRoom = 4096;
 constexpr std::size_t kEnvironmentRoom = 8192;
+// The kernel takes one argument of at most 128 KiB (MAX_ARG_STRLEN): the room is split.
+constexpr std::size_t kPadArgument = 64 * 1024;
 // Templates dropped (it died, a fork was refused) before warm starts stay off for the job.
 constexpr int kMaxFailures = 2;
+// Modules found reading a rank's variable at import, each stopped before by the next
+// template, before such a find counts as a failure.
+constexpr std::size_t kMaxStops = 8;
+
+// The bytes of a command line in /proc/PID/cmdline.
+std::size_t command_line_bytes(const std::vector<std::string>& argv) {
+  std::size_t bytes = 0;
+  for (const std::string& arg : argv) bytes += arg.size() + 1;
+  return bytes;
+}
 
 }  // namespace
 
@@ -43,7 +58,7 @@ WarmStarter::WarmStarter(boost::asio::io_context& io, WarmStarterOptions options
   const fs::path list = options_.log_root / "warm_template_always.txt";
   std::ofstream(list) << "torch\t\n";
   if (start_template()) {
-    template_->prepare({list.string()}, own_folders());
+    template_->prepare({list.string()}, own_folders(), {}, stops_);
   }
 }
 
@@ -85,8 +100,12 @@ bool WarmStarter::start_template() {
     spawn.argv.push_back(argv[i]);  // the interpreter's flags: the workers have the same
   }
   spawn.argv.push_back((options_.probe_dir / kTemplateScript).string());
-  // Room for a forked worker's longer command line (the template writes it over its own).
-  spawn.argv.push_back(std::string(kCommandLineRoom, ' '));
+  // Room for a forked worker's command line (the template writes it over its own).
+  for (std::size_t room = command_line_bytes(argv) + kCommandLineRoom; room > 0;) {
+    const std::size_t pad = std::min(room, kPadArgument);
+    spawn.argv.push_back(std::string(pad - 1, ' '));
+    room -= pad;
+  }
   spawn.env = options_.env;
   spawn.env.push_back("DDPRUN_TEMPLATE_PAD=" + std::string(kEnvironmentRoom, ' '));
   spawn.group_guard_fd = options_.group_guard_fd;
@@ -110,9 +129,23 @@ bool WarmStarter::start_template() {
 }
 
 void WarmStarter::drop_template(const std::string& why) {
+  const std::string stop = template_ ? template_->stop_before() : "";
   template_.reset();
   fed_.clear();
+  if (!stop.empty() && stops_.size() < kMaxStops &&
+      std::find(stops_.begin(), stops_.end(), stop) == stops_.end()) {
+    stops_.push_back(stop);
+    return;
+  }
   if (++failures_ >= kMaxFailures && off_.empty()) off_ = why;
+}
+
+void WarmStarter::note_worker_environment(const std::vector<std::string>& env) {
+  if (!enabled_) return;
+  const std::set<std::string> template_env(options_.env.begin(), options_.env.end());
+  for (const std::string& entry : env) {
+    if (!template_env.contains(entry)) varying_.insert(entry.substr(0, entry.find('=')));
+  }
 }
 
 std::map<std::string, std::pair<long long, long long>> WarmStarter::lists_in(
@@ -144,7 +177,7 @@ void WarmStarter::feed(const fs::path& dir, int local_world) {
     paths.push_back(path);
     fed_[path] = stamp;
   }
-  template_->prepare(paths, own_folders());
+  template_->prepare(paths, own_folders(), {varying_.begin(), varying_.end()}, stops_);
 }
 
 void WarmStarter::begin_round(int restart_count, const fs::path& previous, int local_world) {
@@ -172,7 +205,8 @@ void WarmStarter::begin_round(int restart_count, const fs::path& previous, int l
 std::optional<pid_t> WarmStarter::spawn(const SpawnOptions& options) {
   if (!round_warm_ || !template_) return std::nullopt;
   std::error_code ec;
-  auto result = template_->spawn(options, fs::current_path(ec).string(), wait_limit());
+  const bool blind = fed_.empty();  // no worker said what it imported: always's first
+  auto result = template_->spawn(options, fs::current_path(ec).string(), wait_limit(), blind);
   if (const pid_t* pid = std::get_if<pid_t>(&result)) {
     ++forked_;
     return *pid;

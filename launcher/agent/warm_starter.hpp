@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -55,6 +56,10 @@ class WarmStarter {
   // A worker of the round begun: its pid when the template forked it, else nullopt (start it
   // cold; the first such worker of a round says why, once).
   std::optional<pid_t> spawn(const SpawnOptions& options);
+  // A worker's environment, as it would be exec'd: the variables in which it differs from
+  // the template's (a rank's, an attempt's, ddprun's descriptors) are the ones an import
+  // must not read in the template.
+  void note_worker_environment(const std::vector<std::string>& env);
   // After the round's workers started (in `attempt_dir`): one line saying how they started,
   // and the timer that watches their lists.
   void end_round(const std::filesystem::path& attempt_dir, int local_world);
@@ -69,6 +74,8 @@ class WarmStarter {
   // How long the loop may wait for the template (kWaitLimit, or kWaitLimitAlone).
   std::chrono::milliseconds wait_limit() const;
   bool start_template();
+  // Drops the template; one that named a module to stop before does not count as a failure
+  // (the next one stops there), up to kMaxStops such modules.
   void drop_template(const std::string& why);
   std::vector<std::string> own_folders() const;
 
@@ -85,6 +92,8 @@ class WarmStarter {
   std::filesystem::path watched_dir_;
   int watched_world_ = 0;
   std::map<std::string, std::pair<long long, long long>> fed_;  // lists sent, as they were
+  std::set<std::string> varying_;  // variables that differ between a worker and the template
+  std::vector<std::string> stops_;  // modules the templates stop before
   boost::asio::steady_timer timer_;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };

@@ -142,15 +142,26 @@ void WorkerTemplate::on_prepared(const std::string& reply) {
     if (message.contains("problem") && message["problem"].is_string() && reason_.empty()) {
       reason_ = message["problem"].get<std::string>();
     }
+    if (message.contains("stop") && message["stop"].is_string()) {
+      stop_ = message["stop"].get<std::string>();
+    }
   } catch (const nlohmann::json::exception& e) {
     gone(std::string("the warm template answered garbage: ") + e.what());
   }
 }
 
 void WorkerTemplate::prepare(const std::vector<std::string>& lists,
-                             const std::vector<std::string>& own) {
+                             const std::vector<std::string>& own,
+                             const std::vector<std::string>& varying,
+                             const std::vector<std::string>& stop) {
   if (!reason_.empty()) return;
-  send(nlohmann::json{{"op", "prepare"}, {"lists", lists}, {"own", own}}.dump(), {});
+  send(nlohmann::json{{"op", "prepare"},
+                      {"lists", lists},
+                      {"own", own},
+                      {"varying", varying},
+                      {"stop", stop}}
+           .dump(),
+       {});
   if (socket_.valid()) ++pending_;
 }
 
@@ -159,6 +170,15 @@ void WorkerTemplate::poll() {
     auto reply = receive(std::chrono::milliseconds(0));
     if (!reply) return;
     on_prepared(*reply);
+  }
+  // Nothing asked: the socket is readable only when the template is gone (EOF).
+  if (!socket_.valid()) return;
+  pollfd ready{socket_.get(), POLLIN, 0};
+  if (::poll(&ready, 1, 0) == 1) {
+    char byte;
+    if (::recv(socket_.get(), &byte, 1, MSG_DONTWAIT | MSG_PEEK) == 0) {
+      gone("the warm template exited");
+    }
   }
 }
 
@@ -182,7 +202,8 @@ bool WorkerTemplate::wait_prepared(std::chrono::milliseconds timeout) {
 
 std::variant<pid_t, std::string> WorkerTemplate::spawn(const SpawnOptions& options,
                                                        const std::string& cwd,
-                                                       std::chrono::milliseconds timeout) {
+                                                       std::chrono::milliseconds timeout,
+                                                       bool blind) {
   if (!wait_prepared(timeout)) return reason_;
   std::vector<int> targets = {STDOUT_FILENO, STDERR_FILENO};
   std::vector<int> fds = {options.stdout_fd >= 0 ? options.stdout_fd : STDOUT_FILENO,
@@ -198,7 +219,8 @@ std::variant<pid_t, std::string> WorkerTemplate::spawn(const SpawnOptions& optio
   }
   const nlohmann::json request = {{"op", "spawn"},  {"argv", options.argv}, {"env", options.env},
                                   {"cwd", cwd},     {"cpus", options.cpus}, {"fds", targets},
-                                  {"guard", guard}, {"agent", ::getpid()},  {"given", env_}};
+                                  {"guard", guard}, {"agent", ::getpid()},  {"given", env_},
+                                  {"blind", blind}};
   // The worker is the template's grandchild until its parent exits: the orphan comes here.
   SubreaperScope subreaper;
   send(request.dump(), fds);
@@ -214,7 +236,12 @@ std::variant<pid_t, std::string> WorkerTemplate::spawn(const SpawnOptions& optio
       const auto message = nlohmann::json::parse(*reply);
       const std::string op = message.value("op", "");
       if (op == "spawned") return static_cast<pid_t>(message.at("pid").get<int>());
-      if (op == "cold") return message.value("reason", std::string("the template refused"));
+      if (op == "cold") {
+        if (message.contains("stop") && message["stop"].is_string()) {
+          stop_ = message["stop"].get<std::string>();
+        }
+        return message.value("reason", std::string("the template refused"));
+      }
       if (op == "prepared") on_prepared(*reply);
     } catch (const nlohmann::json::exception& e) {
       gone(std::string("the warm template answered garbage: ") + e.what());

@@ -36,9 +36,13 @@ class WorkerTemplate {
   WorkerTemplate& operator=(const WorkerTemplate&) = delete;
 
   // Asks it to import the installed modules the lists (the probe's modules.txt files) name,
-  // never from the `own` folders (the script's, the working directory). Does not wait.
-  void prepare(const std::vector<std::string>& lists, const std::vector<std::string>& own);
-  // Reads the replies that came, without waiting.
+  // never from the `own` folders (the script's, the working directory), each in the
+  // environment the workers imported it in. An import that reads one of the `varying`
+  // variables (they differ between workers) makes it unusable; it imports nothing from the
+  // first module in `stop` on. Does not wait.
+  void prepare(const std::vector<std::string>& lists, const std::vector<std::string>& own,
+               const std::vector<std::string>& varying, const std::vector<std::string>& stop);
+  // Reads the replies that came, and notices a template that died, without waiting.
   void poll();
   // Waits until every prepare was answered; false when `timeout` passed first or the
   // template is gone (reason() says).
@@ -46,12 +50,17 @@ class WorkerTemplate {
   bool preparing() const { return pending_ > 0; }
 
   // Forks a worker as `options` describe (program and argv as they would be exec'd, in
-  // `cwd`): its pid, or why it was not forked (the worker must start cold).
+  // `cwd`): its pid, or why it was not forked (the worker must start cold). `blind`: no
+  // worker of this job has run yet (--warm_start=always's first attempt), so the template
+  // checks the program's own source too.
   std::variant<pid_t, std::string> spawn(const SpawnOptions& options, const std::string& cwd,
-                                         std::chrono::milliseconds timeout);
+                                         std::chrono::milliseconds timeout, bool blind = false);
 
   // Why this template cannot fork (it died, an import made it unsafe); empty while it can.
   const std::string& reason() const { return reason_; }
+  // The module a next template must stop before to be usable (an import of it read a
+  // variable that differs between workers); empty when none would help.
+  const std::string& stop_before() const { return stop_; }
   // How many modules the template holds (its own start-up's included).
   std::size_t imported() const { return imported_; }
   double import_seconds() const { return import_seconds_; }
@@ -70,6 +79,7 @@ class WorkerTemplate {
   std::size_t imported_ = 0;
   double import_seconds_ = 0;
   std::string reason_;
+  std::string stop_;
   std::vector<std::string> env_;  // the template's, as given: its start-up's changes follow
 };
 

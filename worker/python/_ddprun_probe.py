@@ -967,7 +967,9 @@ def install():
     probe = _Probe(Recorder(words))
     modules_file = os.environ.get("DDPRUN_MODULES_FILE")
     if modules_file and _ddprun_modules is not None:  # ddprun warms restarts: it learns
-        report = _ddprun_modules.ModuleReport(modules_file)  # from this what to import
+        watch = _ddprun_modules.EnvironmentWatch()  # from this what to import, and in
+        sys.meta_path.insert(0, watch)  # which environment
+        report = _ddprun_modules.ModuleReport(modules_file, watch)
         probe.recorder.on_queued = report.collective
         atexit.register(report.write)
     os.register_at_fork(after_in_child=probe.recorder.forked)

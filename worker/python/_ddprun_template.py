@@ -72,6 +72,19 @@ try:
 except OSError:
     _EXEC_ENV = dict(_STARTUP_ENV)
 _STARTUP_FD = os.environ["DDPRUN_TEMPLATE_FD"]
+# The descriptors the interpreter's start-up opened (a .pth line or a sitecustomize that opens
+# a log, faulthandler.enable(file=...)): an exec'd worker opens its own; a forked one keeps
+# these at their numbers where sharing them is the same (_StartupFiles).
+def _still_open(fd):
+    try:
+        os.fstat(fd)
+        return True
+    except OSError:
+        return False
+
+
+_STARTUP_FDS = [_fd for _fd in sorted(int(_name) for _name in os.listdir("/proc/self/fd"))
+                if _fd > 2 and _fd != int(_STARTUP_FD) and _still_open(_fd)]
 for _name in ("DDPRUN_TEMPLATE_FD", "DDPRUN_TEMPLATE_PAD"):  # for the template alone
     _STARTUP_ENV.pop(_name, None)
     _EXEC_ENV.pop(_name, None)
@@ -81,6 +94,7 @@ _ORIG_PREFIX = list(getattr(sys, "orig_argv", []))
 _ORIG_PREFIX = _ORIG_PREFIX[:_ORIG_PREFIX.index(sys.argv[0])] if sys.argv[0] in _ORIG_PREFIX else []
 
 import _ddprun_modules  # noqa: E402  (from this file's folder, sys.path[0] until here)
+import _ddprun_warm_checks as _checks  # noqa: E402
 
 if sys.path and os.path.realpath(sys.path[0] or ".") == _FOLDER:
     del sys.path[0]  # a worker's sys.path[0] is its script's folder, set when it is forked
@@ -91,7 +105,12 @@ _MAX_FDS = 64
 
 
 class _Refuse(Exception):
-    """This template must not fork now: the reason goes back to the agent."""
+    """This template must not fork now: the reason goes back to the agent, with the listed
+    module a next template must stop before, if that is what makes it safe."""
+
+    def __init__(self, reason, stop=None):
+        super().__init__(reason)
+        self.stop = stop
 
 
 # --- Preparing: importing what the workers imported ---------------------------------------
@@ -138,6 +157,9 @@ def _fork_problem():
     threads = _threads()
     if threads > 1 and threads - 1 > max(_openblas_threads() - 1, 0):
         return "the template has %d threads after its imports (a fork keeps only one)" % threads
+    driver = _checks.cuda_driver_problem(_open_fds())
+    if driver:
+        return driver
     torch = sys.modules.get("torch")
     cuda = getattr(torch, "cuda", None)
     try:
@@ -149,24 +171,33 @@ def _fork_problem():
 
 
 class _Preloaded:
-    """The modules this template imported for the workers, and their files as they were."""
+    """The modules this template imported for the workers, what their imports read, and the
+    files they came from as they were (_ddprun_warm_checks says why each matters)."""
 
     def __init__(self):
-        self.files = {}  # name -> (path, mtime_ns, size)
+        self.files = {}  # listed name -> its file (checked against the workers')
         self.fds = _open_fds()  # the descriptors the template itself holds
         self.held = []  # descriptors a preloaded module holds (libffi's library file)
+        self.startup = _checks.StartupFiles(_STARTUP_FDS)
+        self.snapshot = _checks.Snapshot()
+        self.reads = _checks.EnvironmentReads(())
         self.problem = None  # set once: the template never forks again
+        self.stop = None  # the module a next template must stop before (it read a rank's)
+        self.stopped = None  # why this template preloads nothing more
 
-    def prepare(self, lists, own_folders):
+    def prepare(self, lists, own_folders, varying=(), stop=()):
         started = time.monotonic()
         roots = _ddprun_modules.installed_roots()
         own = [os.path.realpath(f) for f in own_folders if f]
+        self.reads.varying.update(varying)
         imported = failed = 0
         out_before = _output_sizes()
         import importlib
         import importlib.util
 
-        for name, file in _ddprun_modules.read_lists(lists):
+        for name, file, delta in _ddprun_modules.read_lists(lists):
+            if self.problem or self.stopped:
+                break
             if name in sys.modules or name in self.files:
                 continue
             if not file and "." not in name and name not in sys.builtin_module_names:
@@ -177,19 +208,50 @@ class _Preloaded:
                     continue
             if not _ddprun_modules.installed(name, file, roots, own):
                 continue
-            try:
-                module = importlib.import_module(name)
-            except BaseException:  # SystemExit, or anything: not preloaded
+            self.stopped = self._stop_before(name, delta, stop)
+            if self.stopped:
+                break
+            if self._import(importlib, name, delta):
+                imported += 1
+                self._remember(name, sys.modules.get(name), file)
+            else:
                 failed += 1
-                sys.modules.pop(name, None)
-                continue
-            imported += 1
-            self._remember(name, module, file)
+        self.snapshot.add_modules()
         if self.problem is None:
             self.problem = self._import_problem(out_before)
         return {"op": "prepared", "imported": imported, "failed": failed,
-                "modules": len(sys.modules),
-                "seconds": round(time.monotonic() - started, 3), "problem": self.problem}
+                "modules": len(sys.modules), "seconds": round(time.monotonic() - started, 3),
+                "problem": self.problem, "stop": self.stop, "stopped": self.stopped}
+
+    @staticmethod
+    def _stop_before(name, delta, stop):
+        """Why preloading stops at `name` (the module and all after it are the workers' own
+        to import), or None."""
+        if name in stop:
+            return "at %s, which an earlier template found reading a rank's variable" % name
+        if delta == _ddprun_modules.DIVERGENT:
+            return ("at %s, which the ranks imported with different environments (the program "
+                    "set variables per rank before it)" % name)
+        return None
+
+    def _import(self, importlib, name, delta):
+        """Imports `name` in the environment `delta` describes, noting what it reads; False
+        when it failed (not preloaded)."""
+        _checks.apply_delta(_STARTUP_ENV, delta)
+        self.reads.start(name, delta)
+        try:
+            importlib.import_module(name)
+            return True
+        except BaseException:  # SystemExit, or anything: not preloaded
+            sys.modules.pop(name, None)
+            return False
+        finally:
+            self.reads.stop()
+            if self.reads.tainted and self.problem is None:
+                variable, reader = self.reads.tainted
+                self.problem = ("%s reads %s at import, which differs between workers: the "
+                                "next template stops before %s" % (reader, variable, name))
+                self.stop = name
 
     def _remember(self, name, module, file):
         path = getattr(module, "__file__", None)
@@ -198,11 +260,7 @@ class _Preloaded:
         if file and os.path.realpath(path) != os.path.realpath(file):
             self.problem = self.problem or (
                 "%s loaded from %s here, from %s in the workers" % (name, path, file))
-        try:
-            st = os.stat(path)
-            self.files[name] = (path, st.st_mtime_ns, st.st_size)
-        except OSError:
-            pass
+        self.files[name] = path
 
     def _import_problem(self, out_before):
         if _output_sizes() != out_before:
@@ -214,16 +272,55 @@ class _Preloaded:
                     fd, _link(fd))
         return _fork_problem()
 
-    def changed(self):
-        """The first preloaded module whose file changed since it was imported, or None."""
-        for name, (path, mtime, size) in self.files.items():
-            try:
-                st = os.stat(path)
-            except OSError:
-                return "%s (%s) is gone" % (name, path)
-            if st.st_mtime_ns != mtime or st.st_size != size:
-                return "%s (%s) changed since the template imported it" % (name, path)
+    def fork_problem(self, request):
+        """Why a worker forked for `request` now would not be an exec'd one, or None; raises
+        _Refuse when a next template that stops before a module would do."""
+        if self.problem:
+            raise _Refuse(self.problem, self.stop)
+        problem = self.snapshot.changed() or _fork_problem()
+        if problem:
+            return problem
+        clash = [fd for fd in self.held if fd in request["fds"]]
+        if clash:
+            return "a preloaded module holds descriptor %d (%s), the worker's %s" % (
+                clash[0], _link(clash[0]), "stdout or stderr" if clash[0] < 3 else "record")
+        problem = self.startup.problem(request["fds"])
+        if problem:
+            return problem
+        worker_env = _changed(request["env"], _entries(request["given"]), _STARTUP_ENV)
+        differs = self.reads.differs(worker_env)
+        if differs:
+            variable, module, entry, here, there = differs
+            raise _Refuse("%s read %s at import: %s in the template, %s in this worker; the "
+                          "next template stops before %s" % (
+                              module, variable, _shown(here), _shown(there), entry), entry)
+        if request.get("blind"):
+            return _program_problem(request)
         return None
+
+
+def _shown(value):
+    return "unset" if value is None else repr(value)
+
+
+_PROGRAMS = {}  # (path, source) -> why a blind fork must not run it, or None
+
+
+def _program_problem(request):
+    """--warm_start=always's first attempt: nobody has seen the program import yet, so a
+    program that sets its own environment (before `import torch`, say) starts cold."""
+    path, source = _checks.program_source(request["argv"], request["cwd"])
+    if source is None:
+        return "the program's source cannot be read to see whether it sets its environment"
+    key = (path, source)
+    if key not in _PROGRAMS:
+        line = _checks.writes_environment(source, path)
+        _PROGRAMS[key] = (
+            None if line == 0 else
+            "%s cannot be parsed" % path if line < 0 else
+            "%s sets an environment variable (line %d), which may change what an import does: "
+            "its first attempt starts cold" % (path, line))
+    return _PROGRAMS[key]
 
 
 def _read_only_file(fd):
@@ -265,11 +362,7 @@ def _output_sizes():
 
 def _spawn(request, fds, preloaded, control):
     """Forks the worker: its pid in the template, a _Job in the worker."""
-    problem = preloaded.problem or preloaded.changed() or _fork_problem()
-    clash = [fd for fd in preloaded.held if fd in request["fds"]]
-    if clash and not problem:
-        problem = "a preloaded module holds descriptor %d (%s), the worker's %s" % (
-            clash[0], _link(clash[0]), "stdout or stderr" if clash[0] < 3 else "record")
+    problem = preloaded.fork_problem(request)
     if problem:
         raise _Refuse(problem)
     pid_read, pid_write = os.pipe()
@@ -284,7 +377,8 @@ def _spawn(request, fds, preloaded, control):
             os._exit(1)
         if worker == 0:
             os.close(pid_write)
-            return _become_worker(request, fds, control, preloaded.held)
+            return _become_worker(request, fds, control,
+                                  preloaded.held + preloaded.startup.open())
         try:
             os.write(pid_write, struct.pack("i", worker))
         finally:
@@ -317,9 +411,10 @@ def _become_worker(request, fds, control, held):
         exec_env = _set_environment(request["env"], request["given"])
         os.chdir(request["cwd"])
         job = _Job(request["argv"])
-        _set_process_strings(job.argv, exec_env)
+        _checks.set_process_strings(job.argv, exec_env)
         _make_standard_streams()
         _reseed()
+        _restart_clocks_and_keys()
         _start_probe()
         return job
     except BaseException as error:
@@ -434,53 +529,6 @@ def _set_environment(entries, given):
     return _changed(entries, given, _EXEC_ENV)
 
 
-def _set_process_strings(argv, env):
-    """/proc/self/cmdline and /proc/self/environ (what ps, pgrep -f and pkill -f read) as an
-    exec'd worker's: the command line and the environment written over the template's, in
-    the room ddprun padded them with. Left as they are when the worker's do not fit."""
-    try:
-        with open("/proc/self/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-        arg_start, arg_end, env_start, env_end = (int(f) for f in fields[45:49])
-    except (OSError, ValueError, IndexError):
-        return
-    encoding = sys.getfilesystemencoding()
-    command = b"".join(a.encode(encoding, "surrogateescape") + b"\0" for a in argv)
-    environment = b"".join(("%s=%s" % item).encode(encoding, "surrogateescape") + b"\0"
-                           for item in env.items())
-    if not _write_area(arg_start, arg_end, command, 2):  # PR_SET_MM_ARG_END
-        # The kernel kept the area's end (no CAP_SYS_RESOURCE): the command line as one
-        # string, spaces between the arguments, which the kernel reads up to its first NUL
-        # once the area's last byte is not one (as setproctitle does): ps, pgrep -f and
-        # pkill -f read the worker's command line exactly.
-        text = command[:-1].replace(b"\0", b" ") + b"\0"
-        size = arg_end - arg_start
-        if len(text) < size:
-            _fill(arg_start, text + b" " * (size - len(text)))
-    _write_area(env_start, env_end, environment, 3)  # PR_SET_MM_ENV_END; else NULs follow
-
-
-def _fill(start, data):
-    import ctypes
-
-    ctypes.memmove(start, data, len(data))
-
-
-def _write_area(start, end, data, end_option):
-    """Writes data over [start, end) of this process, NULs after it, and asks the kernel to end
-    the area after data; False when it refused (it needs CAP_SYS_RESOURCE)."""
-    if start <= 0 or len(data) > end - start:
-        return True  # left as it was
-    import ctypes
-
-    _fill(start, data + b"\0" * (end - start - len(data)))
-    PR_SET_MM = 35
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong,
-                           ctypes.c_ulong]
-    return libc.prctl(PR_SET_MM, end_option, start + len(data), 0, 0) == 0
-
-
 def _stream(fd, write, name):
     """sys.stdin/stdout/stderr as Python's start-up makes them (create_stdio), keeping the
     encoding and errors this interpreter chose at start (same locale, same variables)."""
@@ -524,6 +572,23 @@ def _reseed():
     if generator is not None:
         try:
             generator.seed()
+        except Exception:
+            pass
+
+
+def _restart_clocks_and_keys():
+    """What a module set at import from the clock or the system's entropy for this process
+    alone, set again as a fresh import would: logging's start time (relativeCreated counts
+    from it) and multiprocessing's authkey (one per process tree, not per template)."""
+    logging = sys.modules.get("logging")
+    if logging is not None and hasattr(logging, "_startTime"):
+        logging._startTime = (time.time_ns() if isinstance(logging._startTime, int)
+                              else time.time())
+    process = sys.modules.get("multiprocessing.process")
+    current = getattr(process, "_current_process", None)
+    if current is not None:
+        try:
+            current.authkey = os.urandom(32)
         except Exception:
             pass
 
@@ -574,16 +639,18 @@ class _Job:
             sys.argv[:] = ["-c"] + argv[at + 2:]
             sys.path.insert(0, "")
         else:
-            self.file = argv[at]
+            # As CPython 3.9+: __main__.__file__ and the code's file name are absolute (a
+            # program that changes directory still finds its source).
+            self.file = os.path.abspath(argv[at])
             try:
                 with open(self.file, "rb") as script:
                     self.source = script.read()
             except OSError as error:  # as Python says it, with its exit status
                 sys.stderr.write("%s: can't open file %r: [Errno %d] %s\n" % (
-                    argv[0], os.path.abspath(self.file), error.errno, error.strerror))
+                    argv[0], self.file, error.errno, error.strerror))
                 sys.stderr.flush()
                 os._exit(2)
-            sys.argv[:] = argv[at:]
+            sys.argv[:] = argv[at:]  # as given
             sys.path.insert(0, os.path.dirname(os.path.realpath(self.file)))
 
     def run(self):
@@ -659,19 +726,20 @@ def _serve():
         try:
             request = json.loads(data)
             if request["op"] == "prepare":
-                reply = preloaded.prepare(request["lists"], request.get("own", []))
+                reply = preloaded.prepare(request["lists"], request.get("own", []),
+                                          request.get("varying", []), request.get("stop", []))
                 _reply(control, reply)
                 sys.stderr.write("ddprun warm template: prepared: %d modules imported (%d failed) "
-                                 "in %.3f s, %d in all; problem: %s\n" % (
+                                 "in %.3f s, %d in all; problem: %s; stopped: %s\n" % (
                                      reply["imported"], reply["failed"], reply["seconds"],
-                                     reply["modules"], reply["problem"]))
+                                     reply["modules"], reply["problem"], reply["stopped"]))
             elif request["op"] == "spawn":
                 job = _spawn(request, fds, preloaded, control)
                 if isinstance(job, _Job):
                     return job  # in the worker: its descriptors are placed
                 _reply(control, {"op": "spawned", "pid": job})
         except _Refuse as refused:
-            _reply(control, {"op": "cold", "reason": str(refused)})
+            _reply(control, {"op": "cold", "reason": str(refused), "stop": refused.stop})
         except Exception as error:
             _reply(control, {"op": "cold", "reason": "%s: %s" % (type(error).__name__, error)})
         for fd in fds:  # the worker's, which it has now

@@ -1,0 +1,139 @@
+"""Ordinary programs that ran differently in a worker forked from ddprun's warm template than in
+an exec'd one (issue 34), for warm_cases_test.cpp: warm_cases.py CASE OUT [ARG...].
+
+Attempt 0 (TORCHELASTIC_RESTART_COUNT=0) is exec'd: each rank writes what it sees to
+OUT/a0_r<rank>.json, then rank 1 waits until the warm template has imported what the lists
+named and exits with code 3. Attempt 1 (warm, or cold with one line saying why) writes
+OUT/a1_r<rank>.json and exits 0. The test compares the two. CASE:
+- same: sets OMP_NUM_THREADS, TORCH_DISTRIBUTED_DEBUG and PYTORCH_JIT before `import torch`;
+  writes through the log its sitecustomize opened (WARM_STARTUP_LOG, appended to) and has
+  faulthandler use it; changes directory and reads its own source; reports its command line
+  (the test gives a long argument), logging's relativeCreated and its multiprocessing authkey;
+- rank: imports warm_rank_reader (installed), which reads RANK and the restart count at import;
+- edit: imports warm_pkg (installed), whose __init__ imports warm_pkg.helper; rank 1 edits
+  helper.py in attempt 0;
+- pth: attempt 0's rank 1 installs warm_new_pkg through a new .pth file in the user site folder
+  (PYTHONUSERBASE); attempt 1 imports it;
+- env_always: as same's environment, under --warm_start=always (attempt 0 is the one compared
+  with a cold run by the test).
+"""
+
+import os
+import sys
+
+if sys.argv[1] in ("same", "env_always"):
+    os.environ["OMP_NUM_THREADS"] = "2"
+    os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
+    os.environ["PYTORCH_JIT"] = "0"
+
+import hashlib  # noqa: E402
+import inspect  # noqa: E402
+import json  # noqa: E402
+import logging  # noqa: E402
+import multiprocessing  # noqa: E402
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+
+from warm_job import wait_for_template  # noqa: E402
+
+_KEEP = []
+
+
+def environment_effects():
+    jit = torch.jit._state._enabled
+    return {
+        "threads": torch.get_num_threads(),
+        "debug_level": str(dist.get_debug_level()),
+        "jit_enabled": bool(getattr(jit, "enabled", jit)),
+    }
+
+
+def process_age_ms():
+    """How long ago this process started (a forked worker: its fork)."""
+    with open("/proc/self/stat") as stat:
+        start_ticks = int(stat.read().rsplit(")", 1)[1].split()[19])
+    with open("/proc/uptime") as uptime:
+        up = float(uptime.read().split()[0])
+    return (up - start_ticks / os.sysconf("SC_CLK_TCK")) * 1000
+
+
+def same_fields():
+    fields = environment_effects()
+    fields["file"] = __file__
+    here = os.getcwd()
+    os.chdir("/")
+    try:
+        fields["source_found"] = "def same_fields" in inspect.getsource(same_fields)
+    except OSError as error:
+        fields["source_found"] = str(error)
+    os.chdir(here)
+    with open("/proc/self/cmdline", "rb") as cmdline:
+        fields["cmdline_sha"] = hashlib.sha256(cmdline.read()).hexdigest()
+    import sitecustomize
+
+    log = getattr(sitecustomize, "LOG", None)
+    if log is not None:  # the log the interpreter's start-up opened
+        log.write("attempt %s rank %s\n" % (os.environ["TORCHELASTIC_RESTART_COUNT"],
+                                            os.environ["RANK"]))
+        log.flush()
+        fields["log_fd_is_file"] = os.readlink("/proc/self/fd/%d" % log.fileno())
+    record = logging.LogRecord("x", logging.INFO, __file__, 1, "m", None, None)
+    fields["relative_created_ok"] = record.relativeCreated <= process_age_ms() + 1000
+    return fields
+
+
+def main():
+    case, out = sys.argv[1], sys.argv[2]
+    attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+    fields = {}
+    if case in ("same", "env_always"):
+        fields = same_fields() if case == "same" else environment_effects()
+        authkey = bytes(multiprocessing.current_process().authkey)
+        fields_authkey = hashlib.sha256(authkey).hexdigest()
+    elif case == "rank":
+        import warm_rank_reader
+
+        fields = {"rank": warm_rank_reader.RANK, "restarts": warm_rank_reader.RESTARTS}
+    elif case == "edit":
+        import warm_pkg
+
+        fields = {"value": warm_pkg.helper.VALUE}
+    elif case == "pth" and attempt > 0:
+        import warm_new_pkg
+
+        fields = {"new_pkg": warm_new_pkg.NAME}
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    _KEEP.append(torch.ones(2))  # see warm_job.py's _KEEP
+    dist.all_reduce(_KEEP[-1])
+    result = {"fields": fields}
+    if case in ("same", "env_always"):
+        result["authkey"] = fields_authkey
+    with open(os.path.join(out, "a%d_r%d.json" % (attempt, rank)), "w") as f:
+        json.dump(result, f)
+    dist.barrier()
+    if attempt == 0 and rank == 1 and case != "env_always":
+        wait_for_template()
+        if case == "edit":
+            path = os.path.join(os.path.dirname(sys.modules["warm_pkg"].__file__), "helper.py")
+            with open(path, "a") as f:
+                f.write("VALUE = 2\n")
+        if case == "pth":
+            import site
+
+            user_site = site.getusersitepackages()
+            package = os.path.join(out, "new_pkg")
+            os.makedirs(package, exist_ok=True)
+            with open(os.path.join(package, "warm_new_pkg.py"), "w") as f:
+                f.write("NAME = 'installed between attempts'\n")
+            os.makedirs(user_site, exist_ok=True)
+            with open(os.path.join(user_site, "warm_new.pth"), "w") as f:
+                f.write(package + "\n")
+        sys.exit(3)
+    sys.stdout.write("attempt %d rank %d done\n" % (attempt, rank))
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
