@@ -130,6 +130,7 @@ bool WarmStarter::start_template() {
 
 void WarmStarter::drop_template(const std::string& why) {
   const std::string stop = template_ ? template_->stop_before() : "";
+  const bool for_good = template_ && template_->refused() && stop.empty();
   template_.reset();
   fed_.clear();
   if (!stop.empty() && stops_.size() < kMaxStops &&
@@ -137,7 +138,7 @@ void WarmStarter::drop_template(const std::string& why) {
     stops_.push_back(stop);
     return;
   }
-  if (++failures_ >= kMaxFailures && off_.empty()) off_ = why;
+  if ((++failures_ >= kMaxFailures || for_good) && off_.empty()) off_ = why;
 }
 
 void WarmStarter::note_worker_environment(const std::vector<std::string>& env) {
@@ -188,6 +189,17 @@ void WarmStarter::begin_round(int restart_count, const fs::path& previous, int l
   if (!enabled_) return;
   boost::system::error_code ignored;
   timer_.cancel(ignored);
+  if (template_) {
+    template_->poll();  // a template that died since the last check is replaced now
+    if (!template_->reason().empty() && !template_->refused()) {
+      const std::string why = template_->reason();
+      drop_template(why);
+      if (off_.empty() && options_.notice) {
+        options_.notice("ddprun: warm start: the template cannot be used (" + why +
+                        "); starting another");
+      }
+    }
+  }
   if (!previous.empty()) feed(previous, local_world);  // what the last writes added
   if (previous.empty() && options_.mode != WarmStart::kAlways) return;  // a plain exec
   if (!off_.empty()) {
@@ -220,7 +232,10 @@ std::optional<pid_t> WarmStarter::spawn(const SpawnOptions& options) {
 void WarmStarter::end_round(const fs::path& attempt_dir, int local_world) {
   if (!enabled_) return;
   const std::string attempt = "attempt " + std::to_string(round_);
-  if (!round_cold_reason_.empty() && options_.notice) {
+  if (!round_cold_reason_.empty() && round_cold_reason_ == off_ && off_said_) {
+    // said once, when warm starts went off
+  } else if (!round_cold_reason_.empty() && options_.notice) {
+    off_said_ = !off_.empty() && round_cold_reason_ == off_;
     options_.notice("ddprun: warm start: " + attempt + "'s workers start cold" +
                     (forked_ > 0 ? " (" + std::to_string(forked_) + " forked before)" : "") + ": " +
                     round_cold_reason_);
@@ -246,6 +261,7 @@ void WarmStarter::schedule_check() {
       if (!template_->reason().empty()) {
         const std::string why = template_->reason();
         drop_template(why);
+        off_said_ = !off_.empty();
         if (options_.notice) {  // the next feed starts another template, unless off now
           options_.notice(off_.empty()
                               ? "ddprun: warm start: the template cannot be used (" + why +

@@ -75,7 +75,8 @@ class WarmStarter {
   std::chrono::milliseconds wait_limit() const;
   bool start_template();
   // Drops the template; one that named a module to stop before does not count as a failure
-  // (the next one stops there), up to kMaxStops such modules.
+  // (the next one stops there), up to kMaxStops such modules. One whose imports made it
+  // unusable turns warm starts off (another would import the same).
   void drop_template(const std::string& why);
   std::vector<std::string> own_folders() const;
 
@@ -85,6 +86,7 @@ class WarmStarter {
   std::unique_ptr<WorkerTemplate> template_;
   int failures_ = 0;  // templates dropped; after kMaxFailures warm starts stay off
   std::string off_;   // why warm starts are off for the rest of the job ("" while on)
+  bool off_said_ = false;  // a line said so: the rounds after it say nothing more
   bool round_warm_ = false;
   int round_ = 0;
   int forked_ = 0;                 // workers of this round from the template

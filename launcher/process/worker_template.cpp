@@ -141,6 +141,7 @@ void WorkerTemplate::on_prepared(const std::string& reply) {
     import_seconds_ += message.value("seconds", 0.0);
     if (message.contains("problem") && message["problem"].is_string() && reason_.empty()) {
       reason_ = message["problem"].get<std::string>();
+      refused_ = true;
     }
     if (message.contains("stop") && message["stop"].is_string()) {
       stop_ = message["stop"].get<std::string>();

@@ -61,6 +61,9 @@ class WorkerTemplate {
   // The module a next template must stop before to be usable (an import of it read a
   // variable that differs between workers); empty when none would help.
   const std::string& stop_before() const { return stop_; }
+  // Whether the reason is the template's own verdict on its imports (a thread, a print...),
+  // which another template importing the same would reach again; not a death or a timeout.
+  bool refused() const { return refused_; }
   // How many modules the template holds (its own start-up's included).
   std::size_t imported() const { return imported_; }
   double import_seconds() const { return import_seconds_; }
@@ -80,6 +83,7 @@ class WorkerTemplate {
   double import_seconds_ = 0;
   std::string reason_;
   std::string stop_;
+  bool refused_ = false;
   std::vector<std::string> env_;  // the template's, as given: its start-up's changes follow
 };
 

@@ -5,38 +5,44 @@ The agent (launcher/process/worker_template.cpp) runs this file with the job's i
 its interpreter flags, and the node's worker environment (no rank's variables), with
 DDPRUN_TEMPLATE_FD naming a SOCK_SEQPACKET socket. Requests are JSON messages; each gets one
 JSON reply:
-- {"op": "prepare", "lists": [paths], "own": [folders]}: imports the installed modules the
-  lists name (_ddprun_modules), skipping any that fails; replies {"op": "prepared",
-  "imported": N, "failed": N, "modules": all it holds, "seconds": S, "problem": text or
-  null}, and writes a line of it to its own output (ddprun's warm_template.log). A problem (an import
-  started a thread, opened a descriptor, printed, initialized CUDA) means this template must
-  not fork: the agent starts the workers cold, saying why.
+- {"op": "prepare", "lists": [paths], "own": [folders], "varying": [variables], "stop":
+  [modules]}: imports the installed modules the lists name (_ddprun_modules), each in the
+  environment the workers imported it in, skipping any that fails, and none from the first one
+  in "stop" or the first the ranks imported in different environments on; replies {"op":
+  "prepared", "imported": N, "failed": N, "modules": all it holds, "seconds": S, "problem":
+  text or null, "stop": module or null, "stopped": text or null}, and writes a line of it to
+  its own output (ddprun's warm_template.log). A problem (an import started a thread, opened a
+  descriptor, printed, loaded the CUDA driver, read one of the "varying" variables) means this
+  template must not fork: the agent starts the workers cold, saying why; with "stop", a next
+  template that stops before that module would be usable.
 - {"op": "spawn", "argv": [...], "env": ["K=V"...], "given": [the template's environment as
   ddprun gave it], "cwd": path, "cpus": [...], "fds": [target numbers], "guard": index or -1,
-  "agent": pid}, with the descriptors
+  "agent": pid, "blind": no worker has said what it imported yet}, with the descriptors
   (SCM_RIGHTS) in the order "fds" names their targets, then the group guard's channel:
-  forks the worker; replies {"op": "spawned", "pid": P}, or {"op": "cold", "reason": text}
-  when it must not fork.
+  forks the worker; replies {"op": "spawned", "pid": P}, or {"op": "cold", "reason": text,
+  "stop": module or null} when it must not fork (_ddprun_warm_checks says what is checked).
 - EOF: the template exits.
 
 The worker is forked twice: the template forks a child that forks the worker and exits, so
 that the worker is re-parented to the agent (a child subreaper while it asks): the agent reaps
 it and reads its exit status as an exec'd worker's. The worker then becomes what
 `python <flags> <script or -c source> <args>` would have been: its own session, the agent's
-group guard told, the parent-death signal, its descriptors (exactly the standard streams and
-the inherited ones, at their numbers), CPUs, signal dispositions and mask as a fresh
+group guard told, the parent-death signal, its descriptors (exactly the standard streams, the
+inherited ones, and those the interpreter's start-up opened, at their numbers), CPUs, signal dispositions and mask as a fresh
 interpreter has them, the environment (with the changes this interpreter's start-up made to
 the template's), /proc/self/cmdline and environ (written over the template's, which ddprun
-padded: DDPRUN_TEMPLATE_PAD and an argument of spaces), sys.argv, sys.orig_argv,
+padded: DDPRUN_TEMPLATE_PAD and arguments of spaces), sys.argv, sys.orig_argv,
 sys.path[0], new standard streams as Python's start-up makes them, numpy's global RandomState
-and torch's CPU generator reseeded (Python's random reseeds itself at a fork), ddprun's probe
-installed for this worker, and a fresh __main__
+and torch's CPU generator reseeded (Python's random reseeds itself at a fork), logging's start
+time and multiprocessing's authkey anew, ddprun's probe installed for this worker, and a fresh
+__main__ with an absolute __file__
 module that the entrypoint runs in, at this file's top level: an exception it raises is
 printed with the traceback a fresh interpreter prints (this file's frames trimmed), and its
 exit status is the same.
 
-Shared with the template, unlike an exec'd worker: the hash seed (str hashes) and everything
-the preloaded modules computed at import.
+Shared with the template, unlike an exec'd worker: the hash seed (str hashes) and what the
+preloaded modules computed at import from anything _ddprun_warm_checks does not check (docs/cli.md
+lists it).
 """
 
 import io

@@ -188,8 +188,8 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "--warm_start=always starts the first attempt of a program that sets its environment cold, "
-    "saying so, and the environment takes effect",
+    "with --warm_start=always, the first attempt of a program that sets its environment starts "
+    "cold, saying so, and the environment takes effect",
     "[torch]") {
   if (!torch_available()) return skip(torch_python() + kTorchMissing);
   TempDir dir;
