@@ -28,9 +28,9 @@ that the worker is re-parented to the agent (a child subreaper while it asks): t
 it and reads its exit status as an exec'd worker's. The worker then becomes what
 `python <flags> <script or -c source> <args>` would have been: its own session, the agent's
 group guard told, the parent-death signal, its descriptors (exactly the standard streams, the
-inherited ones, and those the interpreter's start-up opened, at their numbers), CPUs, signal dispositions and mask as a fresh
-interpreter has them, the environment (with the changes this interpreter's start-up made to
-the template's), /proc/self/cmdline and environ (written over the template's, which ddprun
+inherited ones, and those the interpreter's start-up opened, at their numbers), CPUs, signal
+dispositions and mask as a fresh interpreter has them, the environment (with the changes this
+interpreter's start-up made to the template's), /proc/self/cmdline and environ (written over the template's, which ddprun
 padded: DDPRUN_TEMPLATE_PAD and arguments of spaces), sys.argv, sys.orig_argv,
 sys.path[0], new standard streams as Python's start-up makes them, numpy's global RandomState
 and torch's CPU generator reseeded (Python's random reseeds itself at a fork), logging's start
@@ -158,14 +158,15 @@ def _openblas_threads():
     return 0
 
 
-def _fork_problem():
-    """Why forking now would not give a worker an exec'd one's state, or None."""
+def _fork_problem(driver=True):
+    """Why forking now would not give a worker an exec'd one's state, or None. `driver`: look
+    for the CUDA driver too (only an import can load it: after each prepare)."""
     threads = _threads()
     if threads > 1 and threads - 1 > max(_openblas_threads() - 1, 0):
         return "the template has %d threads after its imports (a fork keeps only one)" % threads
-    driver = _checks.cuda_driver_problem(_open_fds())
-    if driver:
-        return driver
+    problem = _checks.cuda_driver_problem(_open_fds()) if driver else None
+    if problem:
+        return problem
     torch = sys.modules.get("torch")
     cuda = getattr(torch, "cuda", None)
     try:
@@ -190,6 +191,7 @@ class _Preloaded:
         self.problem = None  # set once: the template never forks again
         self.stop = None  # the module a next template must stop before (it read a rank's)
         self.stopped = None  # why this template preloads nothing more
+        self.files_checked = (float("-inf"), None)  # (when, what changed) for a burst of forks
 
     def prepare(self, lists, own_folders, varying=(), stop=()):
         started = time.monotonic()
@@ -283,7 +285,7 @@ class _Preloaded:
         _Refuse when a next template that stops before a module would do."""
         if self.problem:
             raise _Refuse(self.problem, self.stop)
-        problem = self.snapshot.changed() or _fork_problem()
+        problem = self._files_changed() or _fork_problem(driver=False)
         if problem:
             return problem
         clash = [fd for fd in self.held if fd in request["fds"]]
@@ -303,6 +305,22 @@ class _Preloaded:
         if request.get("blind"):
             return _program_problem(request)
         return None
+
+
+    def _files_changed(self):
+        """What changed on disk (every module the template holds, the .pth files), looked at
+        once for a round's workers, forked a few ms apart: a stat of each module's file (about
+        1,000-2,000 of them) costs ms that a restart's forks should not each pay, and a file
+        changed between two of them could as well have changed between two exec'd workers'
+        starts. (`snapshot.changed()` again after FILES_FRESH seconds.)"""
+        now = time.monotonic()
+        if now - self.files_checked[0] > FILES_FRESH:
+            self.files_checked = (now, self.snapshot.changed())
+        return self.files_checked[1]
+
+
+# How long one look at the files stands for the forks that follow it.
+FILES_FRESH = 1.0
 
 
 def _shown(value):
@@ -720,6 +738,7 @@ def _serve():
     in a forked worker."""
     global _C_SOURCE_KEPT
     _C_SOURCE_KEPT = _c_source_in_tracebacks()
+    _checks.prepare_process_strings()
     control = socket.socket(fileno=_SOCKET_FD)
     preloaded = _Preloaded()
     while True:

@@ -358,43 +358,59 @@ def _stat_fields():
     return [head] + ["name"] + tail.split()
 
 
-def _libc():
-    import ctypes
+class _Kernel:
+    """libc's prctl and sbrk and the struct PR_SET_MM_MAP takes, made once in the template
+    (prepare_process_strings) so that a forked worker does not pay for them."""
 
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p, ctypes.c_ulong,
-                           ctypes.c_ulong]
-    libc.sbrk.restype = ctypes.c_void_p
-    libc.sbrk.argtypes = [ctypes.c_long]
-    return libc
+    def __init__(self):
+        import ctypes
+
+        self.ctypes = ctypes
+        self.libc = ctypes.CDLL(None, use_errno=True)
+        self.libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_void_p,
+                                    ctypes.c_ulong, ctypes.c_ulong]
+        self.libc.sbrk.restype = ctypes.c_void_p
+        self.libc.sbrk.argtypes = [ctypes.c_long]
+
+        class MmMap(ctypes.Structure):  # struct prctl_mm_map (linux/prctl.h)
+            _fields_ = [(n, ctypes.c_uint64) for n in (
+                "start_code", "end_code", "start_data", "end_data", "start_brk", "brk",
+                "start_stack", "arg_start", "arg_end", "env_start", "env_end")] + [
+                ("auxv", ctypes.c_void_p), ("auxv_size", ctypes.c_uint32),
+                ("exe_fd", ctypes.c_uint32)]
+
+        self.MmMap = MmMap
 
 
-def _set_ends(arg_end, env_end):
+_KERNEL = None
+
+
+def prepare_process_strings():
+    """Loads what set_process_strings needs, before the template forks."""
+    global _KERNEL
+    if _KERNEL is None:
+        _KERNEL = _Kernel()
+    return _KERNEL
+
+
+def _set_ends(fields, arg_end, env_end):
     """Moves the ends of this process's command line and environment areas, as the kernel
     shows them in /proc/PID/cmdline and environ: PR_SET_MM_MAP (the same map with the two ends
     changed; needs no capability), else PR_SET_MM_ARG_END/ENV_END (needs CAP_SYS_RESOURCE).
-    False when the kernel refused both."""
-    import ctypes
-
-    libc = _libc()
+    False when the kernel refused both. `fields`: /proc/self/stat's."""
+    kernel = prepare_process_strings()
+    libc, ctypes = kernel.libc, kernel.ctypes
     try:
-        f = [int(v) for v in _stat_fields()[25:51]]  # fields 26..51
-    except (OSError, ValueError):
+        f = [int(v) for v in fields[25:51]]  # fields 26..51
+    except ValueError:
         return False
 
     def field(n):
         return f[n - 26]
 
-    class MmMap(ctypes.Structure):
-        _fields_ = [(n, ctypes.c_uint64) for n in (
-            "start_code", "end_code", "start_data", "end_data", "start_brk", "brk",
-            "start_stack", "arg_start", "arg_end", "env_start", "env_end")] + [
-            ("auxv", ctypes.c_void_p), ("auxv_size", ctypes.c_uint32),
-            ("exe_fd", ctypes.c_uint32)]
-
     brk = libc.sbrk(0) or field(47)
-    mm = MmMap(field(26), field(27), field(45), field(46), field(47), brk, field(28), field(48),
-               arg_end, field(50), env_end, None, 0, 0xFFFFFFFF)
+    mm = kernel.MmMap(field(26), field(27), field(45), field(46), field(47), brk, field(28),
+                      field(48), arg_end, field(50), env_end, None, 0, 0xFFFFFFFF)
     if libc.prctl(PR_SET_MM, PR_SET_MM_MAP, ctypes.addressof(mm), ctypes.sizeof(mm), 0) == 0:
         return True
     return (libc.prctl(PR_SET_MM, PR_SET_MM_ARG_END, arg_end, 0, 0) == 0
@@ -402,9 +418,7 @@ def _set_ends(arg_end, env_end):
 
 
 def _fill(start, data):
-    import ctypes
-
-    ctypes.memmove(start, data, len(data))
+    prepare_process_strings().ctypes.memmove(start, data, len(data))
 
 
 def set_process_strings(argv, env):
@@ -431,7 +445,7 @@ def set_process_strings(argv, env):
     if environment:
         _fill(env_start, environment + b"\0" * (env_end - env_start - len(environment)))
     new_env_end = env_start + len(environment) if environment else env_end
-    if _set_ends(arg_start + len(command), new_env_end):
+    if _set_ends(fields, arg_start + len(command), new_env_end):
         return
     # The kernel kept the ends: the command line as one string, spaces between the arguments,
     # which the kernel reads up to its first NUL once the area's last byte is not one (as
