@@ -30,9 +30,9 @@ it and reads its exit status as an exec'd worker's. The worker then becomes what
 group guard told, the parent-death signal, its descriptors (exactly the standard streams, the
 inherited ones, and those the interpreter's start-up opened, at their numbers), CPUs, signal
 dispositions and mask as a fresh interpreter has them, the environment (with the changes this
-interpreter's start-up made to the template's), /proc/self/cmdline and environ (written over the template's, which ddprun
-padded: DDPRUN_TEMPLATE_PAD and arguments of spaces), sys.argv, sys.orig_argv,
-sys.path[0], new standard streams as Python's start-up makes them, numpy's global RandomState
+interpreter's start-up made to the template's), /proc/self/cmdline and environ (written over
+the template's, which ddprun padded: DDPRUN_TEMPLATE_PAD and arguments of spaces), sys.argv,
+sys.orig_argv, sys.path[0], new standard streams as Python's start-up makes them, numpy's global RandomState
 and torch's CPU generator reseeded (Python's random reseeds itself at a fork), logging's start
 time and multiprocessing's authkey anew, ddprun's probe installed for this worker, and a fresh
 __main__ with an absolute __file__
