@@ -23,22 +23,21 @@ JSON reply:
   "stop": module or null} when it must not fork (_ddprun_warm_checks says what is checked).
 - EOF: the template exits.
 
-The worker is forked twice: the template forks a child that forks the worker and exits, so
-that the worker is re-parented to the agent (a child subreaper while it asks): the agent reaps
-it and reads its exit status as an exec'd worker's. The worker then becomes what
-`python <flags> <script or -c source> <args>` would have been: its own session, the agent's
-group guard told, the parent-death signal, its descriptors (exactly the standard streams, the
-inherited ones, and those the interpreter's start-up opened, at their numbers), CPUs, signal
-dispositions and mask as a fresh interpreter has them, the environment (with the changes this
-interpreter's start-up made to the template's), /proc/self/cmdline and environ (written over
-the template's, which ddprun padded: DDPRUN_TEMPLATE_PAD and arguments of spaces), sys.argv,
-sys.orig_argv, sys.path[0], new standard streams as Python's start-up makes them, numpy's global RandomState
+The worker is forked twice: the template forks a child that forks the worker and exits, so that
+the worker is re-parented to the agent (a child subreaper while it asks): the agent reaps it
+and reads its exit status as an exec'd worker's. The worker then becomes what `python <flags>
+<script or -c source> <args>` would have been: its own session, the agent's group guard told,
+the parent-death signal, its descriptors (exactly the standard streams, the inherited ones, and
+those the interpreter's start-up opened, at their numbers), CPUs, signal dispositions and mask
+as a fresh interpreter has them, the environment (with the changes this interpreter's start-up
+made to the template's), /proc/self/cmdline and environ (written over the template's, which
+ddprun padded: DDPRUN_TEMPLATE_PAD and arguments of spaces), sys.argv, sys.orig_argv,
+sys.path[0], new standard streams as Python's start-up makes them, numpy's global RandomState
 and torch's CPU generator reseeded (Python's random reseeds itself at a fork), logging's start
 time and multiprocessing's authkey anew, ddprun's probe installed for this worker, and a fresh
-__main__ with an absolute __file__
-module that the entrypoint runs in, at this file's top level: an exception it raises is
-printed with the traceback a fresh interpreter prints (this file's frames trimmed), and its
-exit status is the same.
+__main__ with an absolute __file__ module that the entrypoint runs in, at this file's top
+level: an exception it raises is printed with the traceback a fresh interpreter prints (this
+file's frames trimmed), and its exit status is the same.
 
 Shared with the template, unlike an exec'd worker: the hash seed (str hashes) and what the
 preloaded modules computed at import from anything _ddprun_warm_checks does not check (docs/cli.md
