@@ -35,7 +35,7 @@ ddprun padded: DDPRUN_TEMPLATE_PAD and arguments of spaces), sys.argv, sys.orig_
 sys.path[0], new standard streams as Python's start-up makes them, numpy's global RandomState
 and torch's CPU generator reseeded (Python's random reseeds itself at a fork), logging's start
 time and multiprocessing's authkey anew, ddprun's probe installed for this worker, and a fresh
-__main__ with an absolute __file__ module that the entrypoint runs in, at this file's top
+__main__ module, with an absolute __file__, that the entrypoint runs in, at this file's top
 level: an exception it raises is printed with the traceback a fresh interpreter prints (this
 file's frames trimmed), and its exit status is the same.
 
