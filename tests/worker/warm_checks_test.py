@@ -103,6 +103,11 @@ class EnvironmentReadsTest(unittest.TestCase):
             self.assertIsNone(reads.tainted)
             self.assertEqual(reads.seen, {})
 
+    def test_changes(self):
+        self.assertEqual(checks.changes({"A": "1", "B": "2"}, {"A": "1", "B": "3", "C": "4"}),
+                         {"B": "3", "C": "4"})
+        self.assertEqual(checks.changes({"A": "1"}, {}), {"A": None})
+
     def test_apply_delta(self):
         saved = dict(os.environ)
         try:

@@ -190,6 +190,7 @@ class _Preloaded:
         self.problem = None  # set once: the template never forks again
         self.stop = None  # the module a next template must stop before (it read a rank's)
         self.stopped = None  # why this template preloads nothing more
+        self.effects = {}  # what the imports themselves set in os.environ (None: removed)
         self.files_checked = (float("-inf"), None)  # (when, what changed) for a burst of forks
 
     def prepare(self, lists, own_folders, varying=(), stop=()):
@@ -245,6 +246,7 @@ class _Preloaded:
         """Imports `name` in the environment `delta` describes, noting what it reads; False
         when it failed (not preloaded)."""
         _checks.apply_delta(_STARTUP_ENV, delta)
+        before = dict(os.environ)
         self.reads.start(name, delta)
         try:
             importlib.import_module(name)
@@ -254,6 +256,7 @@ class _Preloaded:
             return False
         finally:
             self.reads.stop()
+            self.effects.update(_checks.changes(before, dict(os.environ)))
             if self.reads.tainted and self.problem is None:
                 variable, reader = self.reads.tainted
                 self.problem = ("%s reads %s at import, which differs between workers: the "
@@ -401,7 +404,7 @@ def _spawn(request, fds, preloaded, control):
         if worker == 0:
             os.close(pid_write)
             return _become_worker(request, fds, control,
-                                  preloaded.held + preloaded.startup.open())
+                                  preloaded.held + preloaded.startup.open(), preloaded.effects)
         try:
             os.write(pid_write, struct.pack("i", worker))
         finally:
@@ -415,8 +418,9 @@ def _spawn(request, fds, preloaded, control):
     return struct.unpack("i", data)[0]
 
 
-def _become_worker(request, fds, control, held):
-    """In the forked worker: everything an exec'd worker would have, then its _Job."""
+def _become_worker(request, fds, control, held, effects):
+    """In the forked worker: everything an exec'd worker would have, then its _Job. `effects`:
+    what the preloaded imports set in os.environ (a worker's own imports would have)."""
     try:
         os.setsid()
         guard = request.get("guard", -1)
@@ -432,6 +436,7 @@ def _become_worker(request, fds, control, held):
             os.sched_setaffinity(0, request["cpus"])
         _reset_signals()
         exec_env = _set_environment(request["env"], request["given"])
+        _checks.apply_effects(effects)
         os.chdir(request["cwd"])
         job = _Job(request["argv"])
         _checks.set_process_strings(job.argv, exec_env)

@@ -11,6 +11,8 @@ State computed at import comes from things that may differ in a worker; each has
   an import reads through os.environ is noted with the value it saw (EnvironmentReads); one the
   agent says differs between workers stops the template there, and any other is compared with
   the worker's before each fork;
+- what an import itself sets in os.environ (torch._dynamo's TORCHINDUCTOR_CACHE_DIR): set in
+  each forked worker too (changes, apply_effects);
 - the descriptors the interpreter's start-up opened (a .pth line or sitecustomize that opens a
   log file): kept at their numbers when sharing them is the same as opening them again
   (StartupFiles), else no fork;
@@ -106,6 +108,24 @@ def apply_delta(base, delta):
         del os.environ[key]
     for key, value in target.items():
         if os.environ.get(key) != value:
+            os.environ[key] = value
+
+
+def changes(before, after):
+    """What turned the environment `before` into `after`: variable -> value, None if removed."""
+    changed = {key: value for key, value in after.items() if before.get(key) != value}
+    changed.update((key, None) for key in before if key not in after)
+    return changed
+
+
+def apply_effects(effects):
+    """In a forked worker: what the preloaded imports set in os.environ at import (PyTorch
+    2.x's torch._dynamo sets TORCHINDUCTOR_CACHE_DIR), as the worker's own imports would have
+    set it. (Not in /proc/PID/environ, as for an exec'd worker's own putenv.)"""
+    for key, value in effects.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
             os.environ[key] = value
 
 

@@ -8,7 +8,8 @@ OUT/a1_r<rank>.json and exits 0. The test compares the two. CASE:
 - same: sets OMP_NUM_THREADS, TORCH_DISTRIBUTED_DEBUG and PYTORCH_JIT before `import torch`;
   writes through the log its sitecustomize opened (WARM_STARTUP_LOG, appended to) and has
   faulthandler use it; changes directory and reads its own source; reports its command line
-  (the test gives a long argument), logging's relativeCreated and its multiprocessing authkey;
+  (the test gives a long argument), logging's relativeCreated and its multiprocessing authkey,
+  and what an import set in os.environ (PyTorch 2.x's torch._dynamo);
 - rank: imports warm_rank_reader (installed), which reads RANK and the restart count at import;
 - edit: imports warm_pkg (installed), whose __init__ imports warm_pkg.helper; rank 1 edits
   helper.py in attempt 0;
@@ -78,6 +79,11 @@ def same_fields():
                                             os.environ["RANK"]))
         log.flush()
         fields["log_fd_is_file"] = os.readlink("/proc/self/fd/%d" % log.fileno())
+    try:  # PyTorch 2.x: importing torch._dynamo sets TORCHINDUCTOR_CACHE_DIR in os.environ
+        import torch._dynamo  # noqa: F401
+    except ImportError:
+        pass
+    fields["inductor_cache_dir"] = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     record = logging.LogRecord("x", logging.INFO, __file__, 1, "m", None, None)
     fields["relative_created_ok"] = record.relativeCreated <= process_age_ms() + 1000
     return fields
