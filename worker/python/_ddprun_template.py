@@ -79,7 +79,7 @@ except OSError:
 _STARTUP_FD = os.environ["DDPRUN_TEMPLATE_FD"]
 # The descriptors the interpreter's start-up opened (a .pth line or a sitecustomize that opens
 # a log, faulthandler.enable(file=...)): an exec'd worker opens its own; a forked one keeps
-# these at their numbers where sharing them is the same (_StartupFiles).
+# these at their numbers where sharing them is the same (_checks.StartupFiles).
 def _still_open(fd):
     try:
         os.fstat(fd)
@@ -343,7 +343,8 @@ def _program_problem(request):
         line = _checks.writes_environment(source, path)
         _PROGRAMS[key] = (
             None if line == 0 else
-            "%s cannot be parsed" % path if line < 0 else
+            "%s cannot be parsed to see whether it sets its environment: its first attempt "
+            "starts cold" % path if line < 0 else
             "%s sets an environment variable (line %d), which may change what an import does: "
             "its first attempt starts cold" % (path, line))
     return _PROGRAMS[key]
