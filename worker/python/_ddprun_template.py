@@ -743,7 +743,6 @@ def _serve():
     in a forked worker."""
     global _C_SOURCE_KEPT
     _C_SOURCE_KEPT = _c_source_in_tracebacks()
-    _checks.prepare_process_strings()
     control = socket.socket(fileno=_SOCKET_FD)
     preloaded = _Preloaded()
     while True:

@@ -379,8 +379,9 @@ def _stat_fields():
 
 
 class _Kernel:
-    """libc's prctl and sbrk and the struct PR_SET_MM_MAP takes, made once in the template
-    (prepare_process_strings) so that a forked worker does not pay for them."""
+    """libc's prctl and sbrk, loaded in the worker when it first needs them: not in the
+    template, where a ctypes call may open libffi's own file (its trampolines), a descriptor
+    the template would then count as its own and close in the worker under libffi."""
 
     def __init__(self):
         import ctypes
@@ -392,25 +393,19 @@ class _Kernel:
         self.libc.sbrk.restype = ctypes.c_void_p
         self.libc.sbrk.argtypes = [ctypes.c_long]
 
-        class MmMap(ctypes.Structure):  # struct prctl_mm_map (linux/prctl.h)
-            _fields_ = [(n, ctypes.c_uint64) for n in (
-                "start_code", "end_code", "start_data", "end_data", "start_brk", "brk",
-                "start_stack", "arg_start", "arg_end", "env_start", "env_end")] + [
-                ("auxv", ctypes.c_void_p), ("auxv_size", ctypes.c_uint32),
-                ("exe_fd", ctypes.c_uint32)]
-
-        self.MmMap = MmMap
-
 
 _KERNEL = None
 
 
-def prepare_process_strings():
-    """Loads what set_process_strings needs, before the template forks."""
+def _kernel():
     global _KERNEL
     if _KERNEL is None:
         _KERNEL = _Kernel()
     return _KERNEL
+
+
+# struct prctl_mm_map (linux/prctl.h): 11 addresses, the auxv pointer, its size, exe_fd.
+_MM_MAP = "=11QQII"
 
 
 def _set_ends(fields, arg_end, env_end):
@@ -418,7 +413,9 @@ def _set_ends(fields, arg_end, env_end):
     shows them in /proc/PID/cmdline and environ: PR_SET_MM_MAP (the same map with the two ends
     changed; needs no capability), else PR_SET_MM_ARG_END/ENV_END (needs CAP_SYS_RESOURCE).
     False when the kernel refused both. `fields`: /proc/self/stat's."""
-    kernel = prepare_process_strings()
+    import struct
+
+    kernel = _kernel()
     libc, ctypes = kernel.libc, kernel.ctypes
     try:
         f = [int(v) for v in fields[25:51]]  # fields 26..51
@@ -429,16 +426,18 @@ def _set_ends(fields, arg_end, env_end):
         return f[n - 26]
 
     brk = libc.sbrk(0) or field(47)
-    mm = kernel.MmMap(field(26), field(27), field(45), field(46), field(47), brk, field(28),
-                      field(48), arg_end, field(50), env_end, None, 0, 0xFFFFFFFF)
-    if libc.prctl(PR_SET_MM, PR_SET_MM_MAP, ctypes.addressof(mm), ctypes.sizeof(mm), 0) == 0:
+    mm = ctypes.create_string_buffer(struct.pack(
+        _MM_MAP, field(26), field(27), field(45), field(46), field(47), brk, field(28),
+        field(48), arg_end, field(50), env_end, 0, 0, 0xFFFFFFFF))
+    if libc.prctl(PR_SET_MM, PR_SET_MM_MAP, ctypes.addressof(mm), struct.calcsize(_MM_MAP),
+                  0) == 0:
         return True
     return (libc.prctl(PR_SET_MM, PR_SET_MM_ARG_END, arg_end, 0, 0) == 0
             and libc.prctl(PR_SET_MM, PR_SET_MM_ENV_END, env_end, 0, 0) == 0)
 
 
 def _fill(start, data):
-    prepare_process_strings().ctypes.memmove(start, data, len(data))
+    _kernel().ctypes.memmove(start, data, len(data))
 
 
 def set_process_strings(argv, env):
