@@ -84,8 +84,8 @@ class WarmStarter {
   WarmStarterOptions options_;
   bool enabled_ = false;
   std::unique_ptr<WorkerTemplate> template_;
-  int failures_ = 0;  // templates dropped; after kMaxFailures warm starts stay off
-  std::string off_;   // why warm starts are off for the rest of the job ("" while on)
+  int failures_ = 0;       // templates dropped; after kMaxFailures warm starts stay off
+  std::string off_;        // why warm starts are off for the rest of the job ("" while on)
   bool off_said_ = false;  // a line said so: the rounds after it say nothing more
   bool round_warm_ = false;
   int round_ = 0;
@@ -94,7 +94,7 @@ class WarmStarter {
   std::filesystem::path watched_dir_;
   int watched_world_ = 0;
   std::map<std::string, std::pair<long long, long long>> fed_;  // lists sent, as they were
-  std::set<std::string> varying_;  // variables that differ between a worker and the template
+  std::set<std::string> varying_;   // variables that differ between a worker and the template
   std::vector<std::string> stops_;  // modules the templates stop before
   boost::asio::steady_timer timer_;
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);

@@ -156,13 +156,11 @@ void WorkerTemplate::prepare(const std::vector<std::string>& lists,
                              const std::vector<std::string>& varying,
                              const std::vector<std::string>& stop) {
   if (!reason_.empty()) return;
-  send(nlohmann::json{{"op", "prepare"},
-                      {"lists", lists},
-                      {"own", own},
-                      {"varying", varying},
-                      {"stop", stop}}
-           .dump(),
-       {});
+  send(
+      nlohmann::json{
+          {"op", "prepare"}, {"lists", lists}, {"own", own}, {"varying", varying}, {"stop", stop}}
+          .dump(),
+      {});
   if (socket_.valid()) ++pending_;
 }
 

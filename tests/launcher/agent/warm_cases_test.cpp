@@ -46,10 +46,10 @@ CaseRun run_case(const TempDir& dir, const std::string& name, std::vector<std::s
   fs::copy(source_path("tests/launcher/agent/python/warm_site/site-packages"), site,
            fs::copy_options::recursive);
   std::vector<std::string> argv = prefix;
-  argv.insert(argv.end(), {"/bin/sh", "-c", "cd \"$0\" && exec \"$@\"",
-                           source_path("tests/launcher/agent/python").string(),
-                           bin_path("ddprun").string(), "--nproc_per_node=2",
-                           "--log_dir=" + (dir.path() / "logs").string()});
+  argv.insert(argv.end(),
+              {"/bin/sh", "-c", "cd \"$0\" && exec \"$@\"",
+               source_path("tests/launcher/agent/python").string(), bin_path("ddprun").string(),
+               "--nproc_per_node=2", "--log_dir=" + (dir.path() / "logs").string()});
   argv.insert(argv.end(), options.begin(), options.end());
   argv.insert(argv.end(), {"warm_cases.py", name, out.string()});
   argv.insert(argv.end(), args.begin(), args.end());
@@ -100,8 +100,7 @@ TEST_CASE(
   // One authkey per process, as exec'd.
   CHECK(run.seen(1, 0)["authkey"] != run.seen(1, 1)["authkey"]);
   const std::string written = read_file(log);
-  CHECK_THAT(written,
-             Catch::Contains("attempt 1 rank 0") && Catch::Contains("attempt 1 rank 1"));
+  CHECK_THAT(written, Catch::Contains("attempt 1 rank 0") && Catch::Contains("attempt 1 rank 1"));
 }
 
 TEST_CASE(
@@ -125,18 +124,22 @@ TEST_CASE(
 
 TEST_CASE(
     "an installed module that reads RANK and the restart count at import sees the worker's own "
-    "values, and the line that says so names it",
+    "values, the line that says so names it, and the next template stops before it (the restart "
+    "after is warm)",
     "[torch]") {
   if (!torch_available()) return skip(torch_python() + kTorchMissing);
   TempDir dir;
-  const CaseRun run = run_case(dir, "rank", {"--max_restarts=1"}, {});
+  const CaseRun run = run_case(dir, "rank_again", {"--max_restarts=2"}, {});
   INFO("stderr:\n" << run.result.err << "\nstdout:\n" << run.result.out);
   REQUIRE(run.result.status == 0);
   CHECK_THAT(run.result.err, Catch::Contains("warm_rank_reader reads RANK at import"));
-  for (int rank = 0; rank < 2; ++rank) {
-    INFO("rank " << rank);
-    CHECK(run.seen(1, rank)["fields"]["rank"] == rank);
-    CHECK(run.seen(1, rank)["fields"]["restarts"] == "1");
+  CHECK_THAT(run.result.err, Catch::Contains("warm start: attempt 2's 2 workers were forked"));
+  for (int attempt = 1; attempt <= 2; ++attempt) {
+    for (int rank = 0; rank < 2; ++rank) {
+      INFO("attempt " << attempt << ", rank " << rank);
+      CHECK(run.seen(attempt, rank)["fields"]["rank"] == rank);
+      CHECK(run.seen(attempt, rank)["fields"]["restarts"] == std::to_string(attempt));
+    }
   }
 }
 
@@ -176,10 +179,9 @@ TEST_CASE(
     "[torch]") {
   if (!torch_available()) return skip(torch_python() + kTorchMissing);
   TempDir dir;
-  const CaseRun run =
-      run_case(dir, "same", {"--max_restarts=1"},
-               {{"WARM_STARTUP_LOG", (dir.path() / "startup.log").string()},
-                {"WARM_STARTUP_LOG_MODE", "w"}});
+  const CaseRun run = run_case(dir, "same", {"--max_restarts=1"},
+                               {{"WARM_STARTUP_LOG", (dir.path() / "startup.log").string()},
+                                {"WARM_STARTUP_LOG_MODE", "w"}});
   INFO("stderr:\n" << run.result.err << "\nstdout:\n" << run.result.out);
   REQUIRE(run.result.status == 0);
   CHECK_THAT(run.result.err, Catch::Contains("attempt 1's workers start cold") &&

@@ -11,6 +11,8 @@ OUT/a1_r<rank>.json and exits 0. The test compares the two. CASE:
   (the test gives a long argument), logging's relativeCreated and its multiprocessing authkey,
   and what an import set in os.environ (PyTorch 2.x's torch._dynamo);
 - rank: imports warm_rank_reader (installed), which reads RANK and the restart count at import;
+- rank_again: as rank, and rank 1 fails in attempt 1 too, once the next template stopped before
+  warm_rank_reader (attempt 2 is then forked from it);
 - edit: imports warm_pkg (installed), whose __init__ imports warm_pkg.helper; rank 1 edits
   helper.py in attempt 0;
 - pth: attempt 0's rank 1 installs warm_new_pkg through a new .pth file in the user site folder
@@ -97,7 +99,7 @@ def main():
         fields = same_fields() if case == "same" else environment_effects()
         authkey = bytes(multiprocessing.current_process().authkey)
         fields_authkey = hashlib.sha256(authkey).hexdigest()
-    elif case == "rank":
+    elif case in ("rank", "rank_again"):
         import warm_rank_reader
 
         fields = {"rank": warm_rank_reader.RANK, "restarts": warm_rank_reader.RESTARTS}
@@ -119,6 +121,9 @@ def main():
     with open(os.path.join(out, "a%d_r%d.json" % (attempt, rank)), "w") as f:
         json.dump(result, f)
     dist.barrier()
+    if case == "rank_again" and attempt == 1 and rank == 1:
+        wait_for_template("stopped: at warm_rank_reader")
+        sys.exit(3)
     if attempt == 0 and rank == 1 and case != "env_always":
         wait_for_template()
         if case == "edit":

@@ -42,16 +42,16 @@ def template_pid():
     return None
 
 
-def wait_for_template():
+def wait_for_template(text="prepared:"):
     """Until ddprun's warm template has imported what this attempt's lists named (its log,
-    <log root>/warm_template.log, says so), at most 60 s."""
+    <log root>/warm_template.log, says so: `text` is in it), at most 60 s."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.environ["TORCHELASTIC_ERROR_FILE"])))
     log = os.path.join(root, "warm_template.log")
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         try:
             with open(log) as f:
-                if "prepared:" in f.read():
+                if text in f.read():
                     return
         except OSError:
             pass
