@@ -43,7 +43,7 @@ class EnvironmentReads:
         self.delta = {}  # the environment change the current import runs in
         self.entry = None  # the listed module being imported
         self.tainted = None  # (variable, module): a varying variable read at import
-        self._class = None
+        self._environ = self._class = None  # os.environ while recording, and its own class
 
     def start(self, entry, delta):
         self.entry = entry
@@ -60,13 +60,16 @@ class EnvironmentReads:
                 reads.note(key, value)
                 return value
 
-        self._class = os.environ.__class__
+        if not isinstance(os.environ, os._Environ):
+            return  # a program replaced it (a dict): nothing to record through
+        self._environ, self._class = os.environ, os.environ.__class__
         os.environ.__class__ = _Recording
 
     def stop(self):
+        """Gives the object back its class, whatever os.environ names now."""
         if self._class is not None:
-            os.environ.__class__ = self._class
-            self._class = None
+            self._environ.__class__ = self._class
+            self._environ = self._class = None
 
     def note(self, key, value):
         if key in self.delta or key in self.seen:
