@@ -197,6 +197,7 @@ class ModulesListsTest(unittest.TestCase):
                 path = os.path.join(d, "modules.txt")
                 _ddprun_modules.ModuleReport(path, watch).write()
                 text = open(path).read()
+                self.assertEqual(os.stat(path).st_mode & 0o777, 0o600)  # values the program set
                 mark = _ddprun_modules.ENV_MARK + json.dumps({"WARM_LIST_X": "2"})
                 self.assertIn(mark + "\nafter_change\t", text)
                 other = os.path.join(d, "other.txt")

@@ -39,7 +39,7 @@ class EnvironmentWatch:
         self._seen = dict(environ)
         ours = self._start.get(b"DDPRUN_FR_OLD_NAMES", b"").split(b",")
         self._ours = set(filter(None, ours))  # the probe drops these (Flight Recorder names)
-        self.deltas = [{}]  # id -> the delta, as JSON-ready text
+        self.deltas = [{}]  # id -> the delta: variable -> value (None: removed)
         self.delta_of = {}  # module name -> id of the delta it was imported in
 
     def _ignored(self, key):
@@ -122,7 +122,9 @@ class ModuleReport:
                     written = delta
                 lines.append("%s\t%s\n" % (name, file))
             partial = "%s.%d.partial" % (self._path, self._pid)
-            with open(partial, "w", encoding="utf-8", errors="surrogateescape") as out:
+            # Only this user reads it: the environment marks hold values the program set.
+            fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+            with open(fd, "w", encoding="utf-8", errors="surrogateescape") as out:
                 out.writelines(lines)
             os.replace(partial, self._path)
             self._written = len(modules)
