@@ -144,15 +144,15 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "an installed submodule edited between attempts runs its new code (the attempt starts "
-    "cold, saying which file changed)",
+    "an installed package's __init__.py edited between attempts runs its new code (the attempt "
+    "starts cold, saying which file changed)",
     "[torch]") {
   if (!torch_available()) return skip(torch_python() + kTorchMissing);
   TempDir dir;
   const CaseRun run = run_case(dir, "edit", {"--max_restarts=1"}, {});
   INFO("stderr:\n" << run.result.err << "\nstdout:\n" << run.result.out);
   REQUIRE(run.result.status == 0);
-  CHECK_THAT(run.result.err, Catch::Contains("warm_pkg.helper (") &&
+  CHECK_THAT(run.result.err, Catch::Contains("warm_pkg (") &&
                                  Catch::Contains("changed since the template imported it"));
   CHECK(run.seen(0, 0)["fields"]["value"] == 1);
   for (int rank = 0; rank < 2; ++rank) CHECK(run.seen(1, rank)["fields"]["value"] == 2);

@@ -14,7 +14,7 @@ OUT/a1_r<rank>.json and exits 0. The test compares the two. CASE:
 - rank_again: as rank, and rank 1 fails in attempt 1 too, once the next template stopped before
   warm_rank_reader (attempt 2 is then forked from it);
 - edit: imports warm_pkg (installed), whose __init__ imports warm_pkg.helper; rank 1 edits
-  helper.py in attempt 0;
+  the package's __init__.py in attempt 0;
 - pth: attempt 0's rank 1 installs warm_new_pkg through a new .pth file in the user site folder
   (PYTHONUSERBASE); attempt 1 imports it;
 - env_always: as same's environment, under --warm_start=always (attempt 0 is the one compared
@@ -106,7 +106,7 @@ def main():
     elif case == "edit":
         import warm_pkg
 
-        fields = {"value": warm_pkg.helper.VALUE}
+        fields = {"value": warm_pkg.VERSION}
     elif case == "pth" and attempt > 0:
         import warm_new_pkg
 
@@ -127,9 +127,8 @@ def main():
     if attempt == 0 and rank == 1 and case != "env_always":
         wait_for_template()
         if case == "edit":
-            path = os.path.join(os.path.dirname(sys.modules["warm_pkg"].__file__), "helper.py")
-            with open(path, "a") as f:
-                f.write("VALUE = 2\n")
+            with open(sys.modules["warm_pkg"].__file__, "a") as f:
+                f.write("VERSION = 2\n")
         if case == "pth":
             import site
 
