@@ -32,9 +32,9 @@ import sys
 
 class EnvironmentReads:
     """The variables the template's imports read through os.environ (os.getenv, environ.get,
-    `in`, iteration), with the value each saw (None: unset) and the module that read it. While
-    `active`, os.environ's class is a recording subclass; it is os._Environ again otherwise,
-    and always in a worker."""
+    `in`, iteration), with the value each saw (None: unset) and the module that read it.
+    Between start() and stop(), os.environ's class is a recording subclass; it is os._Environ
+    again otherwise, and always in a worker."""
 
     def __init__(self, varying):
         self.varying = set(varying)  # variables that differ between the workers (the agent's)
