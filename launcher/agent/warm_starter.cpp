@@ -48,7 +48,10 @@ std::size_t command_line_bytes(const std::vector<std::string>& argv) {
 }  // namespace
 
 WarmStarter::WarmStarter(boost::asio::io_context& io, WarmStarterOptions options)
-    : io_(io), options_(std::move(options)), timer_(io) {
+    : io_(io),
+      options_(std::move(options)),
+      template_env_(options_.env.begin(), options_.env.end()),
+      timer_(io) {
   enabled_ = options_.mode != WarmStart::kOff && options_.command.python &&
              !options_.probe_dir.empty() && fs::exists(options_.probe_dir / kTemplateScript);
   if (!enabled_ || options_.mode != WarmStart::kAlways) return;
@@ -143,9 +146,8 @@ void WarmStarter::drop_template(const std::string& why) {
 
 void WarmStarter::note_worker_environment(const std::vector<std::string>& env) {
   if (!enabled_) return;
-  const std::set<std::string> template_env(options_.env.begin(), options_.env.end());
   for (const std::string& entry : env) {
-    if (!template_env.contains(entry)) varying_.insert(entry.substr(0, entry.find('=')));
+    if (!template_env_.contains(entry)) varying_.insert(entry.substr(0, entry.find('=')));
   }
 }
 

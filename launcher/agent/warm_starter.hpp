@@ -82,6 +82,7 @@ class WarmStarter {
 
   boost::asio::io_context& io_;
   WarmStarterOptions options_;
+  std::set<std::string> template_env_;  // options_.env's "K=V" entries, to compare a worker's
   bool enabled_ = false;
   std::unique_ptr<WorkerTemplate> template_;
   int failures_ = 0;       // templates dropped; after kMaxFailures warm starts stay off

@@ -77,19 +77,12 @@ try:
 except OSError:
     _EXEC_ENV = dict(_STARTUP_ENV)
 _STARTUP_FD = os.environ["DDPRUN_TEMPLATE_FD"]
+import _ddprun_warm_checks as _checks  # noqa: E402  (from this file's folder; opens nothing)
+
 # The descriptors the interpreter's start-up opened (a .pth line or a sitecustomize that opens
 # a log, faulthandler.enable(file=...)): an exec'd worker opens its own; a forked one keeps
 # these at their numbers where sharing them is the same (_checks.StartupFiles).
-def _still_open(fd):
-    try:
-        os.fstat(fd)
-        return True
-    except OSError:
-        return False
-
-
-_STARTUP_FDS = [_fd for _fd in sorted(int(_name) for _name in os.listdir("/proc/self/fd"))
-                if _fd > 2 and _fd != int(_STARTUP_FD) and _still_open(_fd)]
+_STARTUP_FDS = [_fd for _fd in _checks.open_fds() if _fd > 2 and _fd != int(_STARTUP_FD)]
 for _name in ("DDPRUN_TEMPLATE_FD", "DDPRUN_TEMPLATE_PAD"):  # for the template alone
     _STARTUP_ENV.pop(_name, None)
     _EXEC_ENV.pop(_name, None)
@@ -99,7 +92,6 @@ _ORIG_PREFIX = list(getattr(sys, "orig_argv", []))
 _ORIG_PREFIX = _ORIG_PREFIX[:_ORIG_PREFIX.index(sys.argv[0])] if sys.argv[0] in _ORIG_PREFIX else []
 
 import _ddprun_modules  # noqa: E402  (from this file's folder, sys.path[0] until here)
-import _ddprun_warm_checks as _checks  # noqa: E402
 
 if sys.path and os.path.realpath(sys.path[0] or ".") == _FOLDER:
     del sys.path[0]  # a worker's sys.path[0] is its script's folder, set when it is forked
@@ -123,20 +115,6 @@ class _Refuse(Exception):
 
 def _threads():
     return len(os.listdir("/proc/self/task"))
-
-
-def _open_fds():
-    """The open descriptors (not the one that listed them, closed by then)."""
-    import fcntl
-
-    fds = []
-    for name in os.listdir("/proc/self/fd"):
-        try:
-            fcntl.fcntl(int(name), fcntl.F_GETFD)
-            fds.append(int(name))
-        except OSError:
-            pass
-    return sorted(fds)
 
 
 def _openblas_threads():
@@ -163,7 +141,7 @@ def _fork_problem(driver=True):
     threads = _threads()
     if threads > 1 and threads - 1 > max(_openblas_threads() - 1, 0):
         return "the template has %d threads after its imports (a fork keeps only one)" % threads
-    problem = _checks.cuda_driver_problem(_open_fds()) if driver else None
+    problem = _checks.cuda_driver_problem(_checks.open_fds()) if driver else None
     if problem:
         return problem
     torch = sys.modules.get("torch")
@@ -182,7 +160,7 @@ class _Preloaded:
 
     def __init__(self):
         self.files = {}  # listed name -> its file (checked against the workers')
-        self.fds = _open_fds()  # the descriptors the template itself holds
+        self.fds = _checks.open_fds()  # the descriptors the template itself holds
         self.held = []  # descriptors a preloaded module holds (libffi's library file)
         self.startup = _checks.StartupFiles(_STARTUP_FDS)
         self.snapshot = _checks.Snapshot()
@@ -275,11 +253,11 @@ class _Preloaded:
     def _import_problem(self, out_before):
         if _output_sizes() != out_before:
             return "an import printed to the template's output (a worker's own import prints it)"
-        self.held = [fd for fd in _open_fds() if fd not in self.fds]
+        self.held = [fd for fd in _checks.open_fds() if fd not in self.fds]
         for fd in self.held:
-            if not _read_only_file(fd):
+            if not _checks.read_only_file(fd):
                 return "an import left descriptor %d open (%s), not a file read only" % (
-                    fd, _link(fd))
+                    fd, _checks.link(fd))
         return _fork_problem()
 
     def fork_problem(self, request):
@@ -293,7 +271,7 @@ class _Preloaded:
         clash = [fd for fd in self.held if fd in request["fds"]]
         if clash:
             return "a preloaded module holds descriptor %d (%s), the worker's %s" % (
-                clash[0], _link(clash[0]), "stdout or stderr" if clash[0] < 3 else "record")
+                clash[0], _checks.link(clash[0]), "stdout or stderr" if clash[0] < 3 else "record")
         problem = self.startup.problem(request["fds"])
         if problem:
             return problem
@@ -348,26 +326,6 @@ def _program_problem(request):
             "%s sets an environment variable (line %d), which may change what an import does: "
             "its first attempt starts cold" % (path, line))
     return _PROGRAMS[key]
-
-
-def _read_only_file(fd):
-    """Whether fd is a regular file open for reading only: a library's file that the module
-    keeps (libffi maps its trampolines from its own file), which a worker keeps too."""
-    import fcntl
-    import stat
-
-    try:
-        return (stat.S_ISREG(os.fstat(fd).st_mode)
-                and fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDONLY)
-    except OSError:
-        return False
-
-
-def _link(fd):
-    try:
-        return os.readlink("/proc/self/fd/%d" % fd)
-    except OSError:
-        return "?"
 
 
 def _output_sizes():
@@ -505,7 +463,7 @@ def _place_descriptors(targets, fds, held):
 
     high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, floor) for fd in fds]
     keep = set(high) | set(held) | {0}
-    for fd in _open_fds():
+    for fd in _checks.open_fds():
         if fd not in keep:
             try:
                 os.close(fd)

@@ -44,10 +44,6 @@ class EnvironmentReads:
         self.entry = None  # the listed module being imported
         self.tainted = None  # (variable, module): a varying variable read at import
         self._environ = self._class = None  # os.environ while recording, and its own class
-
-    def start(self, entry, delta):
-        self.entry = entry
-        self.delta = delta
         reads = self
 
         class _Recording(os._Environ):
@@ -60,10 +56,15 @@ class EnvironmentReads:
                 reads.note(key, value)
                 return value
 
+        self._recording = _Recording
+
+    def start(self, entry, delta):
+        self.entry = entry
+        self.delta = delta
         if not isinstance(os.environ, os._Environ):
             return  # a program replaced it (a dict): nothing to record through
         self._environ, self._class = os.environ, os.environ.__class__
-        os.environ.__class__ = _Recording
+        os.environ.__class__ = self._recording
 
     def stop(self):
         """Gives the object back its class, whatever os.environ names now."""
@@ -220,30 +221,60 @@ class Snapshot:
 # --- Descriptors ------------------------------------------------------------------------------
 
 
-def _link(fd):
+def open_fds():
+    """This process's open descriptors (not the one that listed them, closed by then)."""
+    import fcntl
+
+    fds = []
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            fcntl.fcntl(int(name), fcntl.F_GETFD)
+            fds.append(int(name))
+        except OSError:
+            pass
+    return sorted(fds)
+
+
+def link(fd):
+    """What /proc/self/fd shows for `fd` ("?" when closed)."""
     try:
         return os.readlink("/proc/self/fd/%d" % fd)
     except OSError:
         return "?"
 
 
+def _kind(fd):
+    """(st_mode, the open flags) of `fd`, or None when it is closed."""
+    import fcntl
+
+    try:
+        return os.fstat(fd).st_mode, fcntl.fcntl(fd, fcntl.F_GETFL)
+    except OSError:
+        return None
+
+
+def read_only_file(fd):
+    """Whether fd is a regular file open for reading only: a library's file that a module
+    keeps (libffi maps its trampolines from its own file), which a worker keeps too."""
+    import stat
+
+    kind = _kind(fd)
+    return (kind is not None and stat.S_ISREG(kind[0])
+            and (kind[1] & os.O_ACCMODE) == os.O_RDONLY)
+
+
 def _same_when_shared(fd):
     """Whether a worker that shares `fd` with the template (and its siblings) sees what one
     that opened it again would: a file read only, a file appended to (every write lands at its
     end either way), a character device (/dev/null, a terminal)."""
-    import fcntl
     import stat
 
-    try:
-        mode = os.fstat(fd).st_mode
-        flags = fcntl.fcntl(fd, fcntl.F_GETFL)
-    except OSError:
+    kind = _kind(fd)
+    if kind is None:
         return False
-    if stat.S_ISCHR(mode):
+    if stat.S_ISCHR(kind[0]) or read_only_file(fd):
         return True
-    if not stat.S_ISREG(mode):
-        return False
-    return (flags & os.O_ACCMODE) == os.O_RDONLY or bool(flags & os.O_APPEND)
+    return stat.S_ISREG(kind[0]) and bool(kind[1] & os.O_APPEND)
 
 
 class StartupFiles:
@@ -253,7 +284,7 @@ class StartupFiles:
         self.fds = list(fds)
 
     def open(self):
-        return [fd for fd in self.fds if _open(fd)]
+        return [fd for fd in self.fds if _kind(fd) is not None]
 
     def problem(self, targets):
         """Why a worker cannot keep them (their numbers are not free for it, or a shared one
@@ -261,20 +292,12 @@ class StartupFiles:
         for fd in self.open():
             if fd in targets:
                 return ("the interpreter's start-up opened descriptor %d (%s), which a worker "
-                        "is given for ddprun's own use" % (fd, _link(fd)))
+                        "is given for ddprun's own use" % (fd, link(fd)))
             if not _same_when_shared(fd):
                 return ("the interpreter's start-up opened descriptor %d (%s), which every "
                         "worker would open for itself (not a file read only or appended to)"
-                        % (fd, _link(fd)))
+                        % (fd, link(fd)))
         return None
-
-
-def _open(fd):
-    try:
-        os.fstat(fd)
-        return True
-    except OSError:
-        return False
 
 
 def cuda_driver_problem(fds):
@@ -290,10 +313,10 @@ def cuda_driver_problem(fds):
     except OSError:
         pass
     for fd in fds:
-        link = _link(fd)
-        if link.startswith("/dev/nvidia"):
+        path = link(fd)
+        if path.startswith("/dev/nvidia"):
             return "an import opened %s (the CUDA driver), which a forked process cannot use" % (
-                link)
+                path)
     return None
 
 
