@@ -52,7 +52,7 @@ struct RoundState {
   // kOpen: the node that adds queued joiners and closes the round (the one that opened it;
   // empty once it was removed: the next node to see that takes over).
   std::string tender;
-  int queued = 0;  // kOpen: joiners taken from the round's queue so far (join_queue)
+  int queued = 0;  // kOpen: joiners taken from the round's queue so far (round_joiner.hpp)
 };
 
 // What the pure functions need to know of the settings.
@@ -104,10 +104,10 @@ struct JoinResult {
 JoinResult join_round(const std::optional<RoundState>& state, const JoinInput& input,
                       const RoundRules& rules);
 
-// The joiners the tender took from an open round's queue (join_queue.hpp), in queue order:
-// each joins as join_round would have it join (a full round wait-lists it), and a static
-// node whose --node_rank is out of range or taken is left out, with why. `queued` counts them
-// all.
+// The joiners the tender took from an open round's queue (RoundJoiner, round_joiner.hpp; its
+// keys in run_keys.hpp), in queue order: each joins as join_round would have it join (a full
+// round wait-lists it), and a static node whose --node_rank is out of range or taken is left
+// out, with why. `queued` counts them all.
 struct Folded {
   RoundState state;
   std::vector<std::pair<std::string, std::string>> rejected;  // node id, why
