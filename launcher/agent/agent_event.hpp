@@ -7,11 +7,13 @@
 // next_round call); the machine drops an event of any round but the current one.
 
 #include <exception>
+#include <optional>
 #include <variant>
 
 #include "../process/worker.hpp"
 #include "ddp/elastic/rendezvous.hpp"
 #include "ddp/launcher/failure_report.hpp"
+#include "worker_start_error.hpp"
 
 namespace ddp::launcher::event {
 
@@ -26,6 +28,11 @@ struct RoundError {  // the round could not be formed (timeout, closed, store lo
 struct Waiting {  // progress while the rendezvous waits for nodes
   int round = 0;
   elastic::WaitStatus status;
+};
+struct WorkersStarted {  // the round's start ended (WorkerGroup::start's on_started)
+  int round = 0;
+  int started = 0;                        // workers that started
+  std::optional<WorkerStartError> error;  // the worker that could not be started
 };
 struct WorkerExited {  // a worker of the round exited and was reaped
   int round = 0;
@@ -64,9 +71,9 @@ struct DrainTimer {};     // waited long enough for the last output
 namespace ddp::launcher {
 
 using AgentEvent =
-    std::variant<event::RoundReady, event::RoundError, event::Waiting, event::WorkerExited,
-                 event::RoundStopped, event::BarrierDone, event::KillTimer, event::GraceTimer,
-                 event::AbortTimer, event::Signal, event::Hung, event::OutputDrained,
-                 event::DrainTimer>;
+    std::variant<event::RoundReady, event::RoundError, event::Waiting, event::WorkersStarted,
+                 event::WorkerExited, event::RoundStopped, event::BarrierDone, event::KillTimer,
+                 event::GraceTimer, event::AbortTimer, event::Signal, event::Hung,
+                 event::OutputDrained, event::DrainTimer>;
 
 }  // namespace ddp::launcher

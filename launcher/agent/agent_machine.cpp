@@ -76,15 +76,35 @@ void AgentMachine::on(const event::RoundReady& e) {
   ctx_.rendezvous->watch_round([post, round](StopReason reason) {
     post(event::RoundStopped{round, std::move(reason)});
   });
-  try {
-    ctx_.workers->start(*info_, [post, round](int local_rank, WorkerExit exit) {
-      post(event::WorkerExited{round, local_rank, exit});
-    });
-  } catch (const WorkerStartError& error) {
-    return on_start_failure(error);
+  starting_ = true;
+  deferred_.clear();
+  ctx_.workers->start(
+      *info_,
+      [post, round](int local_rank, WorkerExit exit) {
+        post(event::WorkerExited{round, local_rank, exit});
+      },
+      [post, round](WorkerGroup::StartResult result) {
+        post(event::WorkersStarted{round, result.started, std::move(result.error)});
+      });
+}
+
+// The start ended: the workers run, or one could not be started. What came meanwhile is
+// handled now, in order. After a signal (ShuttingDown), the group is the workers that started.
+void AgentMachine::on(const event::WorkersStarted& e) {
+  if (!current(e.round) || !starting_) return;
+  starting_ = false;
+  if (state_ == State::kStarting && e.error) {
+    on_start_failure(*e.error);
+  } else if (state_ == State::kStarting) {
+    mark("workers started", "");
+    state_ = State::kRunning;
+  } else {
+    group_size_ = e.error ? e.error->started() : e.started;
   }
-  mark("workers started", "");
-  state_ = State::kRunning;
+  for (const AgentEvent& deferred : std::exchange(deferred_, {})) handle(deferred);
+  if (state_ == State::kShuttingDown && !group_exited_ && exits_seen_ == group_size_) {
+    on_group_exited();
+  }
 }
 
 // A worker could not be started: a local failure like a worker's, with the cause as its
@@ -140,6 +160,7 @@ void AgentMachine::on(const event::Waiting& e) {
 // Running / Stopping / ShuttingDown: a worker exited.
 void AgentMachine::on(const event::WorkerExited& e) {
   if (!current(e.round) || group_exited_) return;
+  if (starting_) return deferred_.push_back(e);
   if (state_ != State::kRunning && state_ != State::kStopping && state_ != State::kShuttingDown) {
     return;
   }
@@ -260,6 +281,7 @@ void AgentMachine::on_group_exited() {
 // The round must end, for the reason every node agreed on.
 void AgentMachine::on(const event::RoundStopped& e) {
   if (!current(e.round) || reason_) return;
+  if (state_ == State::kStarting) return deferred_.push_back(e);
   if (state_ == State::kRunning) {
     reason_ = e.reason;
     ctx_.notice("ddprun: stopping the workers: " + stop_reason_text(e.reason));
@@ -362,7 +384,8 @@ void AgentMachine::on(const event::Signal& e) {
   }
   signal_ = e.number;
   const bool workers_run =
-      (state_ == State::kRunning || state_ == State::kStopping) && !group_exited_;
+      (state_ == State::kStarting || state_ == State::kRunning || state_ == State::kStopping) &&
+      !group_exited_;
   if (!workers_run) {
     ctx_.notice("ddprun: got " + signal_name(e.number) + ": leaving the rendezvous");
     ctx_.rendezvous->leave();

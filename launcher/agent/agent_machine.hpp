@@ -10,6 +10,8 @@
 //       |                                    v                                           v
 //       +--- restart / membership change -- Stopping --restarts exhausted--> Draining -> Done
 //   A worker that cannot be started (Starting) is a local failure: Stopping, as above.
+//   Starting may last (forked workers wait for the warm template): worker exits and a stop
+//   of the round that come meanwhile are handled once it ended, in order; a signal at once.
 //   A handled signal: ShuttingDown (workers stopped, rendezvous left) --> Draining.
 //
 // Threading: every method runs on the agent's loop. Callbacks of the Rendezvous (any thread)
@@ -112,6 +114,7 @@ class AgentMachine {
   void on(const event::RoundReady& e);
   void on(const event::RoundError& e);
   void on(const event::Waiting& e);
+  void on(const event::WorkersStarted& e);
   void on(const event::WorkerExited& e);
   void on(const event::RoundStopped& e);
   void on(const event::BarrierDone& e);
@@ -146,6 +149,8 @@ class AgentMachine {
   int round_ = 0;                           // incremented by every next_round call
   std::optional<elastic::RoundInfo> info_;  // the round that runs (or ran last)
   int group_size_ = 0;
+  bool starting_ = false;             // WorkersStarted not come yet
+  std::vector<AgentEvent> deferred_;  // what came while starting_, handled after it
   int exits_seen_ = 0;
   bool group_exited_ = false;
   std::optional<elastic::StopReason> reason_;       // why the round ends, as all nodes agreed

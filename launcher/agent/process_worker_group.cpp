@@ -18,6 +18,7 @@
 #include "ddp/common/host_name.hpp"
 #include "ddp/launcher/output_tee.hpp"
 #include "ddp/launcher/process_setup.hpp"
+#include "ddp/launcher/signal_names.hpp"
 #include "ddp/launcher/worker_env.hpp"
 #include "ddp/launcher/write_all.hpp"
 #include "worker_start_error.hpp"
@@ -155,38 +156,75 @@ ProcessWorkerGroup::~ProcessWorkerGroup() {
   for (auto& analyser : analysers_) analyser.join();  // bounded by kFlightRecorderTimeout
 }
 
-// Every worker of the round, in local rank order; then checks that each exec worked.
-void ProcessWorkerGroup::start(const elastic::RoundInfo& round, ExitHandler on_exit) {
+// Every worker of the round, in local rank order; then checks that each exec worked. The
+// workers are exec'd at once; forked ones wait for the warm template on the loop.
+void ProcessWorkerGroup::start(const elastic::RoundInfo& round, ExitHandler on_exit,
+                               StartedHandler on_started) {
   const fs::path previous = workers_.empty() ? fs::path() : attempt_dir();
   const int previous_world = workers_.empty() ? 0 : static_cast<int>(workers_.size());
   round_ = round;
   workers_.clear();
   records_.clear();
   held_signals_.clear();
-  const int local_world = elastic::worker_ranks(round, 0).local_world_size;
-  error_files_.assign(static_cast<std::size_t>(local_world), "");
-  const fs::path dir = attempt_dir();
-  warm_->begin_round(round.restart_count, previous, previous_world);
+  on_exit_ = std::move(on_exit);
+  on_started_ = std::move(on_started);
+  start_signal_ = 0;
+  starting_ = true;
+  local_world_ = elastic::worker_ranks(round, 0).local_world_size;
+  error_files_.assign(static_cast<std::size_t>(local_world_), "");
   try {
-    open_filtered_logs(dir);
+    open_filtered_logs(attempt_dir());
   } catch (const std::exception& e) {  // as a worker that could not be started: a report
-    throw start_error(0, 0, e);
+    return finish_start(start_error(0, 0, e));
   }
-  for (int local_rank = 0; local_rank < local_world; ++local_rank) {
+  warm_->begin_round(round.restart_count, previous, previous_world, [this] { start_from(0); });
+}
+
+void ProcessWorkerGroup::start_from(int local_rank) {
+  for (; local_rank < local_world_ && start_signal_ == 0; ++local_rank) {
+    std::shared_ptr<Launch> launch;
     try {
-      start_worker(local_rank, dir / std::to_string(local_rank), on_exit);
+      launch = prepare_worker(local_rank);
+      if (warm_->forking()) {  // the rest of the round follows the template's reply
+        return warm_->spawn(launch->spawn, [this, launch](std::optional<pid_t> forked) {
+          if (forked || start_signal_ == 0) {  // a fork that came is adopted, even now
+            try {
+              launch_worker(*launch, forked);
+            } catch (const std::exception& e) {
+              return finish_start(start_error(launch->local_rank, 0, e));
+            }
+          }
+          start_from(launch->local_rank + 1);
+        });
+      }
+      launch_worker(*launch, std::nullopt);
     } catch (const std::exception& e) {
-      throw start_error(local_rank, 0, e);
+      return finish_start(start_error(local_rank, 0, e));
     }
   }
-  for (auto& worker : workers_) {
-    try {
-      worker->confirm_started();
-    } catch (const std::exception& e) {
-      throw start_error(worker->local_rank(), worker->pid(), e);
+  finish_start(std::nullopt);
+}
+
+void ProcessWorkerGroup::finish_start(std::optional<WorkerStartError> error) {
+  if (!error) {
+    for (auto& worker : workers_) {
+      try {
+        worker->confirm_started();
+      } catch (const std::exception& e) {
+        error = start_error(worker->local_rank(), worker->pid(), e);
+        break;
+      }
     }
   }
-  warm_->end_round(dir, local_world);
+  if (!error && start_signal_ == 0) warm_->end_round(attempt_dir(), local_world_);
+  starting_ = false;
+  const int started = error ? error->started() : static_cast<int>(workers_.size());
+  // A signal that came while the round started reaches the workers forked since.
+  for (std::size_t i = signalled_; start_signal_ != 0 && i < workers_.size(); ++i) {
+    if (workers_[i]->running()) workers_[i]->signal_group(start_signal_);
+  }
+  auto done = std::exchange(on_started_, nullptr);
+  if (done) done(StartResult{started, std::move(error)});
 }
 
 WorkerStartError ProcessWorkerGroup::start_error(int local_rank, pid_t pid,
@@ -207,7 +245,8 @@ WorkerStartError ProcessWorkerGroup::start_error(int local_rank, pid_t pid,
   return WorkerStartError(std::move(failure), static_cast<int>(workers_.size()));
 }
 
-void ProcessWorkerGroup::start_worker(int local_rank, const fs::path& dir, ExitHandler on_exit) {
+std::shared_ptr<ProcessWorkerGroup::Launch> ProcessWorkerGroup::prepare_worker(int local_rank) {
+  const fs::path dir = attempt_dir() / std::to_string(local_rank);
   const bool fresh = fs::create_directories(dir);
   WorkerIdentity identity{local_rank, round_.restart_count, (dir / "error.json").string(),
                           elastic::worker_ranks(round_, local_rank)};
@@ -235,33 +274,42 @@ void ProcessWorkerGroup::start_worker(int local_rank, const fs::path& dir, ExitH
     spawn.env.push_back(record->stack_variable());
     spawn.inherit_fds.push_back(record->stack_fd());
   }
+  auto launch = std::make_shared<Launch>();
+  launch->local_rank = local_rank;
+  launch->error_file = identity.error_file;
+  launch->record = std::move(record);
   // The worker's streams are its own (the console, or the files and tee pipes that
   // --redirects/--tee ask for): ddprun never puts itself between a worker and the console.
-  WorkerStreams streams = open_worker_streams(options_.config, local_rank, dir,
-                                              options_.console_out, options_.console_err);
+  launch->streams = open_worker_streams(options_.config, local_rank, dir, options_.console_out,
+                                        options_.console_err);
   if (static_cast<std::size_t>(local_rank) < options_.cpus_of_local_rank.size()) {
     spawn.cpus = options_.cpus_of_local_rank[static_cast<std::size_t>(local_rank)];
   }
-  spawn.stdout_fd = streams.child_out.valid() ? streams.child_out.get() : -1;
-  spawn.stderr_fd = streams.child_err.valid() ? streams.child_err.get() : -1;
+  spawn.stdout_fd = launch->streams.child_out.valid() ? launch->streams.child_out.get() : -1;
+  spawn.stderr_fd = launch->streams.child_err.valid() ? launch->streams.child_err.get() : -1;
   // The worker tells the guard its group itself, before its program runs (and so before it
   // can start children of its own): a kill -9 of ddprun just after the spawn leaves none.
   spawn.group_guard_fd = reaper_.channel();
-
-  auto worker = std::make_shared<Worker>(io_, local_rank);
-  auto report_exit = [on_exit](Worker& w) { on_exit(w.local_rank(), *w.exit()); };
   warm_->note_worker_environment(spawn.env);
-  if (const std::optional<pid_t> forked = warm_->spawn(spawn)) {
+  launch->spawn = std::move(spawn);
+  return launch;
+}
+
+void ProcessWorkerGroup::launch_worker(Launch& launch, std::optional<pid_t> forked) {
+  auto worker = std::make_shared<Worker>(io_, launch.local_rank);
+  auto report_exit = [on_exit = on_exit_](Worker& w) { on_exit(w.local_rank(), *w.exit()); };
+  if (forked) {
     worker->adopt(*forked, report_exit);  // from the warm template: already running
   } else {
-    worker->start(spawn, report_exit);
+    worker->start(launch.spawn, report_exit);
   }
   workers_.push_back(worker);
   reaper_.watch(worker->pid());  // again, should the worker's own message have been lost
-  error_files_[static_cast<std::size_t>(local_rank)] = identity.error_file;
-  records_.push_back(std::move(record));
-  tee_output(local_rank, streams);
-}  // the child's ends of pipes and files close here, in the agent
+  error_files_[static_cast<std::size_t>(launch.local_rank)] = launch.error_file;
+  records_.push_back(launch.record);
+  tee_output(launch.local_rank, launch.streams);
+  launch.streams = WorkerStreams();  // the child's ends of pipes and files close in the agent
+}
 
 void ProcessWorkerGroup::add_nccl_profiler(std::vector<std::string>& env) const {
   if (options_.nccl_profiler.empty()) return;
@@ -354,6 +402,13 @@ void ProcessWorkerGroup::on_tee_done() {
 }
 
 void ProcessWorkerGroup::signal(int signal) {
+  if (starting_) {  // no more workers start; a wait for the template ends now
+    if (start_signal_ == 0) {
+      warm_->cancel("ddprun got " + signal_name(signal) + " while the workers started");
+    }
+    start_signal_ = signal;
+    signalled_ = workers_.size();  // those after it get it when they come (finish_start)
+  }
   for (auto& worker : workers_) {
     if (!worker->running()) continue;
     // Writing its stacks: a SIGTERM now could cut the dump short; it follows once the dump

@@ -60,7 +60,8 @@ class ProcessWorkerGroup : public WorkerGroup {
                      ConsoleWriter& console, GroupReaper& reaper);
   ~ProcessWorkerGroup() override;  // kills (SIGKILL, whole groups) and reaps what still runs
 
-  void start(const elastic::RoundInfo& round, ExitHandler on_exit) override;
+  void start(const elastic::RoundInfo& round, ExitHandler on_exit,
+             StartedHandler on_started) override;
   void signal(int signal) override;
   void release() override;
   WorkerFailure failure_of(int local_rank) override;
@@ -87,7 +88,22 @@ class ProcessWorkerGroup : public WorkerGroup {
   std::filesystem::path attempt_dir() const;
 
  private:
-  void start_worker(int local_rank, const std::filesystem::path& dir, ExitHandler on_exit);
+  // A worker about to start: how, and what the agent keeps of it.
+  struct Launch {
+    int local_rank = 0;
+    SpawnOptions spawn;
+    WorkerStreams streams;  // the child's ends close once it started
+    std::shared_ptr<RecordMapping> record;
+    std::string error_file;
+  };
+  // Starts the round's workers from local_rank on: at once when exec'd, one after the other
+  // as the template answers when forked; then finish_start.
+  void start_from(int local_rank);
+  std::shared_ptr<Launch> prepare_worker(int local_rank);
+  // Starts it (exec), or adopts the pid the template forked.
+  void launch_worker(Launch& launch, std::optional<pid_t> forked);
+  // Checks that each exec worked; then on_started_.
+  void finish_start(std::optional<WorkerStartError> error);
   // The error start throws when local_rank could not be started (pid: its process, when
   // only its exec failed), naming the cause and what to do.
   WorkerStartError start_error(int local_rank, pid_t pid, const std::exception& e) const;
@@ -114,8 +130,14 @@ class ProcessWorkerGroup : public WorkerGroup {
   ConsoleWriter& console_;
   GroupReaper& reaper_;
   elastic::RoundInfo round_;
-  std::vector<std::shared_ptr<Worker>> workers_;         // by local rank, this round
-  std::vector<std::string> error_files_;                 // by local rank, this round
+  int local_world_ = 0;
+  ExitHandler on_exit_;                           // this round's
+  StartedHandler on_started_;                     // while the round starts
+  bool starting_ = false;                         // the round's workers are being started
+  int start_signal_ = 0;                          // a signal that came meanwhile: no more start
+  std::size_t signalled_ = 0;                     // the workers it was sent to (the first ones)
+  std::vector<std::shared_ptr<Worker>> workers_;  // by local rank, this round
+  std::vector<std::string> error_files_;          // by local rank, this round
   std::vector<std::shared_ptr<RecordMapping>> records_;  // by local rank, this round
   PythonStackCapture stacks_;
   std::shared_ptr<UniqueFd> filtered_out_;  // --duplicate_stdout_filters' file, this round

@@ -1,10 +1,12 @@
 #include "warm_starter.hpp"
 
 #include <fcntl.h>
+#include <sys/inotify.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstring>
 #include <fstream>
 
 namespace ddp::launcher {
@@ -16,8 +18,8 @@ namespace {
 constexpr const char* kModulesFile = "modules.txt";
 // The template's script, in the probe's folder.
 constexpr const char* kTemplateScript = "_ddprun_template.py";
-// How often the lists of the running workers are looked at.
-constexpr std::chrono::seconds kCheckInterval{1};
+// What a list's write looks like to inotify: the probe writes beside it, then renames.
+constexpr std::uint32_t kListEvents = IN_MOVED_TO | IN_CLOSE_WRITE;
 // The longest the agent's loop waits for the template: its imports to end before a round's
 // workers are forked, one fork's reply. With other nodes, well inside the rendezvous'
 // keep-alive (a node whose agent is silent for 15 s is taken for dead); alone, about what a
@@ -51,7 +53,7 @@ WarmStarter::WarmStarter(boost::asio::io_context& io, WarmStarterOptions options
     : io_(io),
       options_(std::move(options)),
       template_env_(options_.env.begin(), options_.env.end()),
-      timer_(io) {
+      lists_(io) {
   enabled_ = options_.mode != WarmStart::kOff && options_.command.python &&
              !options_.probe_dir.empty() && fs::exists(options_.probe_dir / kTemplateScript);
   if (!enabled_ || options_.mode != WarmStart::kAlways) return;
@@ -65,11 +67,7 @@ WarmStarter::WarmStarter(boost::asio::io_context& io, WarmStarterOptions options
   }
 }
 
-WarmStarter::~WarmStarter() {
-  alive_.reset();
-  boost::system::error_code ignored;
-  timer_.cancel(ignored);
-}
+WarmStarter::~WarmStarter() { alive_.reset(); }
 
 std::chrono::milliseconds WarmStarter::wait_limit() const {
   return options_.alone ? kWaitLimitAlone : kWaitLimit;
@@ -122,7 +120,7 @@ bool WarmStarter::start_template() {
   }
   spawn.output_fd = output;
   try {
-    template_ = std::make_unique<WorkerTemplate>(spawn);
+    template_ = std::make_unique<WorkerTemplate>(io_, spawn);
   } catch (const std::exception& e) {
     off_ = e.what();
   }
@@ -165,7 +163,24 @@ std::map<std::string, std::pair<long long, long long>> WarmStarter::lists_in(
   return lists;
 }
 
+void WarmStarter::replace_dead_template() {
+  if (!template_) return;
+  template_->poll();
+  if (template_->reason().empty() || template_->refused()) return;
+  const std::string why = template_->reason();
+  drop_template(why);
+  off_said_ = !off_.empty();
+  if (options_.notice) {  // the feed after this starts another, unless off now
+    options_.notice(off_.empty() ? "ddprun: warm start: the template cannot be used (" + why +
+                                       "); starting another"
+                                 : "ddprun: warm start: off for this job, a restart starts its "
+                                   "workers cold: " +
+                                       why);
+  }
+}
+
 void WarmStarter::feed(const fs::path& dir, int local_world) {
+  replace_dead_template();
   if (!off_.empty() || options_.mode == WarmStart::kOff) return;
   auto lists = lists_in(dir, local_world);
   bool changed = false;
@@ -183,52 +198,55 @@ void WarmStarter::feed(const fs::path& dir, int local_world) {
   template_->prepare(paths, own_folders(), {varying_.begin(), varying_.end()}, stops_);
 }
 
-void WarmStarter::begin_round(int restart_count, const fs::path& previous, int local_world) {
+void WarmStarter::begin_round(int restart_count, const fs::path& previous, int local_world,
+                              std::function<void()> ready) {
   round_ = restart_count;
   forked_ = 0;
   round_warm_ = false;
   round_cold_reason_.clear();
-  if (!enabled_) return;
+  if (!enabled_) return ready();
   boost::system::error_code ignored;
-  timer_.cancel(ignored);
-  if (template_) {
-    template_->poll();  // a template that died since the last check is replaced now
-    if (!template_->reason().empty() && !template_->refused()) {
-      const std::string why = template_->reason();
-      drop_template(why);
-      if (off_.empty() && options_.notice) {
-        options_.notice("ddprun: warm start: the template cannot be used (" + why +
-                        "); starting another");
-      }
-    }
-  }
+  lists_.close(ignored);  // this round's are watched from its end_round on
   if (!previous.empty()) feed(previous, local_world);  // what the last writes added
-  if (previous.empty() && options_.mode != WarmStart::kAlways) return;  // a plain exec
+  if (previous.empty() && options_.mode != WarmStart::kAlways) return ready();  // a plain exec
   if (!off_.empty()) {
     round_cold_reason_ = off_;
   } else if (!template_) {
     round_cold_reason_ = "no worker of the last attempt on this node said what it imported";
-  } else if (!template_->wait_prepared(wait_limit())) {
-    round_cold_reason_ = template_->reason();
-    drop_template(round_cold_reason_);
   } else {
-    round_warm_ = true;
+    return template_->when_prepared(wait_limit(), [this, ready = std::move(ready)] {
+      if (template_->reason().empty()) {
+        round_warm_ = true;
+      } else {
+        round_cold_reason_ = template_->reason();
+        drop_template(round_cold_reason_);
+      }
+      ready();
+    });
   }
+  ready();
 }
 
-std::optional<pid_t> WarmStarter::spawn(const SpawnOptions& options) {
-  if (!round_warm_ || !template_) return std::nullopt;
+void WarmStarter::spawn(const SpawnOptions& options,
+                        std::function<void(std::optional<pid_t>)> done) {
+  if (!round_warm_ || !template_) return done(std::nullopt);
   std::error_code ec;
   const bool blind = fed_.empty();  // no worker said what it imported: always's first
-  auto result = template_->spawn(options, fs::current_path(ec).string(), wait_limit(), blind);
-  if (const pid_t* pid = std::get_if<pid_t>(&result)) {
-    ++forked_;
-    return *pid;
-  }
-  round_cold_reason_ = std::get<std::string>(result);
-  round_warm_ = false;
-  drop_template(round_cold_reason_);
-  return std::nullopt;
+  template_->spawn(options, fs::current_path(ec).string(), wait_limit(), blind,
+                   [this, done = std::move(done)](WorkerTemplate::Forked result) {
+                     if (const pid_t* pid = std::get_if<pid_t>(&result)) {
+                       ++forked_;
+                       return done(*pid);
+                     }
+                     round_cold_reason_ = std::get<std::string>(result);
+                     round_warm_ = false;
+                     drop_template(round_cold_reason_);
+                     done(std::nullopt);
+                   });
+}
+
+void WarmStarter::cancel(const std::string& why) {
+  if (template_ && template_->waiting()) template_->abandon(why);
 }
 
 void WarmStarter::end_round(const fs::path& attempt_dir, int local_world) {
@@ -251,32 +269,42 @@ void WarmStarter::end_round(const fs::path& attempt_dir, int local_world) {
   }
   watched_dir_ = attempt_dir;
   watched_world_ = local_world;
-  if (off_.empty()) schedule_check();
+  if (off_.empty()) watch_lists();
 }
 
-void WarmStarter::schedule_check() {
-  timer_.expires_after(kCheckInterval);
-  timer_.async_wait([this, alive = std::weak_ptr<bool>(alive_)](boost::system::error_code ec) {
-    if (ec || alive.expired()) return;
-    if (template_) {
-      template_->poll();
-      if (!template_->reason().empty()) {
-        const std::string why = template_->reason();
-        drop_template(why);
-        off_said_ = !off_.empty();
-        if (options_.notice) {  // the next feed starts another template, unless off now
-          options_.notice(off_.empty()
-                              ? "ddprun: warm start: the template cannot be used (" + why +
-                                    "); starting another"
-                              : "ddprun: warm start: off for this job, a restart starts its "
-                                "workers cold: " +
-                                    why);
-        }
-      }
-    }
-    feed(watched_dir_, watched_world_);
-    if (off_.empty()) schedule_check();
-  });
+// Each rank's folder of the round is watched: a list's write is an event on the loop.
+void WarmStarter::watch_lists() {
+  const int fd = ::inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+  if (fd < 0) {  // out of inotify instances: restarts feed what the last attempt wrote
+    return;
+  }
+  lists_.assign(fd);
+  for (int rank = 0; rank < watched_world_; ++rank) {
+    ::inotify_add_watch(fd, (watched_dir_ / std::to_string(rank)).c_str(), kListEvents);
+  }
+  wait_for_lists();
+}
+
+void WarmStarter::wait_for_lists() {
+  lists_.async_wait(boost::asio::posix::stream_descriptor::wait_read,
+                    [this, alive = std::weak_ptr<bool>(alive_)](boost::system::error_code ec) {
+                      if (ec || alive.expired()) return;
+                      bool listed = false;
+                      alignas(inotify_event) char events[4096];
+                      for (;;) {
+                        const ssize_t got = ::read(lists_.native_handle(), events, sizeof events);
+                        if (got <= 0) break;
+                        for (ssize_t at = 0; at < got;) {
+                          const auto* event = reinterpret_cast<const inotify_event*>(events + at);
+                          if (event->len > 0 && std::strcmp(event->name, kModulesFile) == 0) {
+                            listed = true;
+                          }
+                          at += static_cast<ssize_t>(sizeof(inotify_event) + event->len);
+                        }
+                      }
+                      if (listed) feed(watched_dir_, watched_world_);
+                      if (off_.empty()) wait_for_lists();
+                    });
 }
 
 }  // namespace ddp::launcher

@@ -1,11 +1,12 @@
 #pragma once
 // --warm_start for a node's Python workers: keeps the node's warm template (WorkerTemplate),
-// feeds it what the workers imported (the probe's modules.txt of each rank, read on a timer
-// while the workers run), and forks a round's workers from it when it may, saying in one line
-// why a round starts cold when it may not. Internal to the launcher; runs on the agent's loop.
+// feeds it what the workers imported (the probe's modules.txt of each rank, read when a
+// worker writes it: inotify, an event on the loop), and forks a round's workers from it when it
+// may, saying in one line why a round starts cold when it may not. Internal to the launcher; runs
+// on the agent's loop.
 
 #include <boost/asio/io_context.hpp>
-#include <boost/asio/steady_timer.hpp>
+#include <boost/asio/posix/stream_descriptor.hpp>
 #include <chrono>
 #include <filesystem>
 #include <functional>
@@ -51,11 +52,20 @@ class WarmStarter {
 
   // Before a round's workers start; `previous` is the attempt folder of the round before
   // (empty for the first). Decides whether this round's workers are forked: reads the last
-  // lists, starts or prepares the template, says why not when it cannot.
-  void begin_round(int restart_count, const std::filesystem::path& previous, int local_world);
-  // A worker of the round begun: its pid when the template forked it, else nullopt (start it
-  // cold; the first such worker of a round says why, once).
-  std::optional<pid_t> spawn(const SpawnOptions& options);
+  // lists, starts or prepares the template, says why not when it cannot; then calls `ready`:
+  // at once when nothing is to be waited for, else on the loop once the template is prepared
+  // or the wait ended (bounded: kWaitLimit), the loop going on meanwhile.
+  void begin_round(int restart_count, const std::filesystem::path& previous, int local_world,
+                   std::function<void()> ready);
+  // Whether this round's workers are asked of the template (spawn answers on the loop).
+  bool forking() const { return round_warm_ && template_ != nullptr; }
+  // A worker of the round begun: `done` gets its pid when the template forked it (on the
+  // loop), else nullopt (start it cold; the first such worker of a round says why, once),
+  // at once when the round is cold.
+  void spawn(const SpawnOptions& options, std::function<void(std::optional<pid_t>)> done);
+  // The agent stops: a wait for the template ends now (the template is dropped), and its
+  // handler is called next on the loop, the round cold for `why`.
+  void cancel(const std::string& why);
   // A worker's environment, as it would be exec'd: the variables in which it differs from
   // the template's (a rank's, an attempt's, ddprun's descriptors) are the ones an import
   // must not read in the template.
@@ -70,7 +80,12 @@ class WarmStarter {
                                                                   int local_world) const;
   // Sends the lists under dir to the template (started first if need be) when they changed.
   void feed(const std::filesystem::path& dir, int local_world);
-  void schedule_check();
+  // The template that died (noticed by its socket) is dropped, saying so: the next feed
+  // starts another.
+  void replace_dead_template();
+  // The lists of the round that runs: inotify on each rank's folder (no polling).
+  void watch_lists();
+  void wait_for_lists();
   // How long the loop may wait for the template (kWaitLimit, or kWaitLimitAlone).
   std::chrono::milliseconds wait_limit() const;
   bool start_template();
@@ -97,7 +112,7 @@ class WarmStarter {
   std::map<std::string, std::pair<long long, long long>> fed_;  // lists sent, as they were
   std::set<std::string> varying_;   // variables that differ between a worker and the template
   std::vector<std::string> stops_;  // modules the templates stop before
-  boost::asio::steady_timer timer_;
+  boost::asio::posix::stream_descriptor lists_;  // inotify on the running round's folders
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };
 

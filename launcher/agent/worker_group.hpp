@@ -13,6 +13,7 @@
 #include "../process/worker.hpp"
 #include "ddp/elastic/rendezvous.hpp"
 #include "ddp/launcher/failure_report.hpp"
+#include "worker_start_error.hpp"
 
 namespace ddp::launcher {
 
@@ -20,16 +21,27 @@ class WorkerGroup {
  public:
   // Called on the agent's loop once per worker, when it has exited and been reaped.
   using ExitHandler = std::function<void(int local_rank, WorkerExit exit)>;
+  // How a round's start ended.
+  struct StartResult {
+    int started = 0;  // workers that started (local ranks 0 .. started-1); each reports its exit
+    std::optional<WorkerStartError> error;  // the worker that could not be started
+  };
+  using StartedHandler = std::function<void(StartResult)>;
 
   virtual ~WorkerGroup() = default;
 
   // Starts one worker per local rank for this round (replacing the group of an earlier
   // round, which must have exited), with ranks from round. on_exit is called once per
-  // worker that started. Throws WorkerStartError (worker_start_error.hpp) when a worker
-  // cannot be started: the workers started before it run on and report their exits.
-  virtual void start(const elastic::RoundInfo& round, ExitHandler on_exit) = 0;
+  // worker that started. on_started is called once when the start ended: before start
+  // returns, or later on the loop (forked workers wait for the warm template; the loop goes
+  // on meanwhile). A worker that cannot be started ends it with an error: the workers
+  // started before it run on and report their exits.
+  virtual void start(const elastic::RoundInfo& round, ExitHandler on_exit,
+                     StartedHandler on_started) = 0;
 
-  // Sends signal to the process group of every worker still running.
+  // Sends signal to the process group of every worker still running. While the round
+  // starts, no more workers start: on_started follows with those that did, and a worker
+  // whose fork was under way gets the signal too.
   virtual void signal(int signal) = 0;
 
   // The whole group has exited: kills whatever is left in the workers' process groups and

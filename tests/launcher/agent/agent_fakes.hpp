@@ -68,11 +68,19 @@ class FakeWorkers : public WorkerGroup {
   int abort_requests = 0;
   // The next start fails at this local rank, after starting the ranks below it.
   std::optional<int> fail_start_at;
+  // The next start waits (as for the warm template) until finish_start().
+  bool hold_start = false;
+  StartedHandler held;  // the start that waits
 
-  void start(const RoundInfo& round, ExitHandler on_exit) override {
+  void start(const RoundInfo& round, ExitHandler on_exit, StartedHandler on_started) override {
     starts.push_back(round);
     handlers.push_back(std::move(on_exit));
     exits.clear();
+    const int local_world = ddp::elastic::worker_ranks(round, 0).local_world_size;
+    if (std::exchange(hold_start, false)) {
+      held = std::move(on_started);
+      return;
+    }
     if (auto rank = std::exchange(fail_start_at, std::nullopt)) {
       WorkerFailure f;
       f.host = "host-a";
@@ -82,8 +90,13 @@ class FakeWorkers : public WorkerGroup {
       f.error = ErrorFileContent{
           "could not start the worker of local_rank " + std::to_string(*rank) + ": no space left",
           ""};
-      throw WorkerStartError(f, *rank);
+      return on_started({*rank, WorkerStartError(f, *rank)});
     }
+    on_started({local_world, std::nullopt});
+  }
+  // The held start ends with `started` workers.
+  void finish_start(int started) {
+    if (auto done = std::exchange(held, nullptr)) done({started, std::nullopt});
   }
   void signal(int signal) override { signals.push_back(signal); }
   void release() override { ++released; }

@@ -341,6 +341,72 @@ TEST_CASE("a signal: forwarded, the rendezvous left, 128+signal, and a second on
   CHECK(h.rdzv.rounds.size() == 1);
 }
 
+TEST_CASE("a signal while the workers start (waiting for the template): acted on at once") {
+  Harness h(3);
+  h.workers.hold_start = true;
+  h.round_ready(two_nodes(1));
+  CHECK(h.machine.state() == AgentMachine::State::kStarting);
+  h.machine.handle(event::Signal{SIGTERM});  // the start is still waiting
+  CHECK(h.workers.signals == std::vector<int>{SIGTERM});
+  CHECK(h.rdzv.left == 1);
+  CHECK(h.noticed("got SIGTERM: forwarding it to the workers"));
+  CHECK_FALSE(h.outcome);
+  h.workers.finish_start(0);  // the group gave up the start: no worker runs
+  h.run();
+  REQUIRE(h.outcome);
+  CHECK(h.outcome->exit_code == 128 + SIGTERM);
+  CHECK(h.workers.released == 1);
+}
+
+TEST_CASE("a signal while the workers start: the job ends once those that started exit") {
+  Harness h(3);
+  h.workers.hold_start = true;
+  h.round_ready(two_nodes(1));
+  h.machine.handle(event::Signal{SIGTERM});
+  h.workers.finish_start(1);  // local rank 0 had been forked
+  h.run();
+  CHECK_FALSE(h.outcome);
+  h.exit(0, 0, SIGTERM);
+  REQUIRE(h.outcome);
+  CHECK(h.outcome->exit_code == 128 + SIGTERM);
+}
+
+TEST_CASE("exits and a stop that come while the workers start are handled after, in order") {
+  Harness h(0);
+  h.workers.hold_start = true;
+  h.round_ready(two_nodes(0));
+  h.workers.exit(0, 3);  // forked first, it failed before the second was forked
+  h.run();
+  CHECK(h.machine.state() == AgentMachine::State::kStarting);
+  CHECK(h.rdzv.stopped.empty());
+  h.workers.finish_start(2);
+  h.run();
+  CHECK(h.machine.state() == AgentMachine::State::kStopping);
+  REQUIRE(h.rdzv.stopped.size() == 1);
+  CHECK(h.rdzv.stopped[0].local_rank == 0);
+  CHECK(h.workers.signals == std::vector<int>{SIGTERM});
+  h.remote_stop(h.rdzv.stopped.at(0));
+  h.exit(1, 0, SIGTERM);
+  REQUIRE(h.outcome);
+  CHECK(h.outcome->exit_code == 3);
+}
+
+TEST_CASE("another node's stop while the workers start: the workers are stopped once started") {
+  Harness h(1);
+  h.workers.hold_start = true;
+  h.round_ready(two_nodes(0));
+  h.rdzv.last().on_stop(worker_failed("node-b", "host-b", 0, 6));
+  h.run();
+  CHECK(h.workers.signals.empty());
+  h.workers.finish_start(2);
+  h.run();
+  CHECK(h.workers.signals == std::vector<int>{SIGTERM});
+  h.exit(0, 0, SIGTERM);
+  h.exit(1, 0, SIGTERM);
+  CHECK(h.machine.state() == AgentMachine::State::kRendezvous);
+  CHECK(h.rdzv.rounds.size() == 2);
+}
+
 TEST_CASE("a signal while waiting for the round: leave and exit 128+signal") {
   Harness h;
   h.machine.handle(event::Signal{SIGINT});
