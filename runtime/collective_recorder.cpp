@@ -11,6 +11,7 @@
 #include <cstring>
 #include <string>
 
+#include "ddp/common/worker_contract.hpp"
 #include "ddp/launch_env.hpp"
 #include "ddp/logger.hpp"
 
@@ -46,13 +47,14 @@ void warn(int rank, const std::string& what) {
 // an unusable value, warned about).
 std::optional<int> choose_fd(std::optional<int> fd, int rank) {
   if (fd) return *fd >= 0 ? fd : std::nullopt;
-  const auto value = get_env(kRecordFdVariable);
+  const auto value = get_env(ddp::contract::kRecordFd);
   if (!value || value->empty()) return std::nullopt;
   int parsed = -1;
   const char* end = value->data() + value->size();
   const auto [ptr, ec] = std::from_chars(value->data(), end, parsed);
   if (ec != std::errc() || ptr != end || parsed < 0) {
-    warn(rank, std::string(kRecordFdVariable) + "='" + *value + "' is not a descriptor number");
+    warn(rank,
+         std::string(ddp::contract::kRecordFd) + "='" + *value + "' is not a descriptor number");
     return std::nullopt;
   }
   return parsed;
@@ -103,8 +105,9 @@ std::unique_ptr<CollectiveRecorder> CollectiveRecorder::attach(std::optional<int
                                                                std::uint64_t context) {
   const auto chosen = choose_fd(fd, rank);
   if (!chosen) return nullptr;
-  const std::string name = "the collective record descriptor " + std::to_string(*chosen) +
-                           (fd ? std::string() : std::string(" (") + kRecordFdVariable + ")");
+  const std::string name =
+      "the collective record descriptor " + std::to_string(*chosen) +
+      (fd ? std::string() : std::string(" (") + ddp::contract::kRecordFd + ")");
   struct stat st {};
   if (fstat(*chosen, &st) != 0) {
     warn(rank, name + " is not open: " + std::strerror(errno));

@@ -16,6 +16,7 @@
 #include "../process/nccl_profiler_lookup.hpp"
 #include "../process/python_probe.hpp"
 #include "ddp/common/host_name.hpp"
+#include "ddp/common/worker_contract.hpp"
 #include "ddp/launcher/output_tee.hpp"
 #include "ddp/launcher/process_setup.hpp"
 #include "ddp/launcher/signal_names.hpp"
@@ -50,18 +51,19 @@ void add_flight_recorder(std::vector<std::string>& env, const fs::path& attempt_
   env.push_back("TORCH_NCCL_DUMP_ON_TIMEOUT=1");
   env.push_back("TORCH_NCCL_DEBUG_INFO_TEMP_FILE=" + prefix);
   env.push_back("TORCH_FR_DUMP_TEMP_FILE=" + prefix);
-  env.push_back("DDPRUN_FR_OLD_NAMES=TORCH_NCCL_TRACE_BUFFER_SIZE,TORCH_NCCL_DEBUG_INFO_TEMP_FILE");
+  env.push_back(std::string(contract::kFlightRecorderOldNames) +
+                "=TORCH_NCCL_TRACE_BUFFER_SIZE,TORCH_NCCL_DEBUG_INFO_TEMP_FILE");
 }
 
 // Drops the variables an outer ddprun gave this one (it runs as a worker): each worker gets
 // its own page, stack file, probe path and modules list.
 void drop_outer_variables(std::vector<std::string>& env) {
   std::erase_if(env, [](const std::string& entry) {
-    return entry.starts_with(std::string(record::kRecordFdVariable) + "=") ||
-           entry.starts_with(std::string(record::kStackFdVariable) + "=") ||
-           entry.starts_with(std::string(record::kStackSignalVariable) + "=") ||
-           entry.starts_with(std::string(kModulesFileVariable) + "=") ||
-           entry.starts_with(std::string(kUserPythonPathVariable) + "=");
+    return entry.starts_with(std::string(ddp::contract::kRecordFd) + "=") ||
+           entry.starts_with(std::string(ddp::contract::kStackFd) + "=") ||
+           entry.starts_with(std::string(ddp::contract::kStackSignal) + "=") ||
+           entry.starts_with(std::string(ddp::contract::kModulesFile) + "=") ||
+           entry.starts_with(std::string(ddp::contract::kUserPythonPath) + "=");
   });
 }
 
@@ -321,7 +323,7 @@ void ProcessWorkerGroup::add_nccl_profiler(std::vector<std::string>& env) const 
 
 void ProcessWorkerGroup::add_python_probe(std::vector<std::string>& env) const {
   add_python_probe_path(env, options_.python_probe_dir);
-  env.push_back(std::string(record::kStackSignalVariable) + "=" +
+  env.push_back(std::string(ddp::contract::kStackSignal) + "=" +
                 std::to_string(python_stack_signal()));
 }
 

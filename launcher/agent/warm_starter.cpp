@@ -9,6 +9,8 @@
 #include <cstring>
 #include <fstream>
 
+#include "ddp/common/worker_contract.hpp"
+
 namespace ddp::launcher {
 namespace fs = std::filesystem;
 
@@ -75,7 +77,7 @@ std::chrono::milliseconds WarmStarter::wait_limit() const {
 
 std::string WarmStarter::modules_variable(const fs::path& dir) const {
   if (!enabled_) return "";
-  return std::string(kModulesFileVariable) + "=" + (dir / kModulesFile).string();
+  return std::string(ddp::contract::kModulesFile) + "=" + (dir / kModulesFile).string();
 }
 
 std::vector<std::string> WarmStarter::own_folders() const {
@@ -108,7 +110,8 @@ bool WarmStarter::start_template() {
     room -= pad;
   }
   spawn.env = options_.env;
-  spawn.env.push_back("DDPRUN_TEMPLATE_PAD=" + std::string(kEnvironmentRoom, ' '));
+  spawn.env.push_back(std::string(contract::kTemplatePad) + "=" +
+                      std::string(kEnvironmentRoom, ' '));
   spawn.group_guard_fd = options_.group_guard_fd;
   std::error_code ec;
   fs::create_directories(options_.log_root, ec);

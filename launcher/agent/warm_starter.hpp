@@ -23,10 +23,6 @@
 
 namespace ddp::launcher {
 
-// The variable that names a worker's modules list (in its log folder), which ddprun's probe
-// writes when warm starts are on.
-inline constexpr const char* kModulesFileVariable = "DDPRUN_MODULES_FILE";
-
 struct WarmStarterOptions {
   WarmStart mode = WarmStart::kOff;
   WorkerCommand command;            // a Python entrypoint, else warm starts are off

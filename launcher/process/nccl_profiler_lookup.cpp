@@ -7,6 +7,7 @@
 #include <system_error>
 #include <vector>
 
+#include "ddp/common/worker_contract.hpp"
 #include "trusted_path.hpp"
 
 namespace ddp::launcher {
@@ -99,7 +100,7 @@ fs::path users_profiler(const std::map<std::string, std::string>& env) {
 NcclProfilerPlugin find_nccl_profiler(const fs::path& program,
                                       const std::map<std::string, std::string>& env, uid_t user) {
   if (env.contains(kNcclProfilerPluginVariable)) return {};  // the user's choice
-  const auto off = env.find(kNcclProfilerVariable);
+  const auto off = env.find(ddp::contract::kNcclProfiler);
   if (off != env.end() && off->second == "0") return {};
   if (const fs::path theirs = users_profiler(env); !theirs.empty()) {
     // NCCL loads that one when NCCL_PROFILER_PLUGIN is unset: naming ours would displace it.

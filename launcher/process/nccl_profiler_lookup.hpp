@@ -17,8 +17,6 @@ namespace ddp::launcher {
 
 // NCCL's variable naming the profiler plugin to load.
 inline constexpr const char* kNcclProfilerPluginVariable = "NCCL_PROFILER_PLUGIN";
-// The variable that turns ddprun's plugin off: DDPRUN_NCCL_PROFILER=0.
-inline constexpr const char* kNcclProfilerVariable = "DDPRUN_NCCL_PROFILER";
 
 struct NcclProfilerPlugin {
   std::filesystem::path path;  // empty: set no NCCL_PROFILER_PLUGIN

@@ -7,6 +7,7 @@
 #include <optional>
 #include <system_error>
 
+#include "ddp/common/worker_contract.hpp"
 #include "trusted_path.hpp"
 
 namespace ddp::launcher {
@@ -47,7 +48,7 @@ std::optional<UntrustedPath> untrusted_cache_prefix(const fs::path& dir,
 
 PythonProbeDir find_python_probe(const fs::path& program, bool enabled,
                                  const std::map<std::string, std::string>& env, uid_t user) {
-  const auto off = env.find(kPythonProbeVariable);
+  const auto off = env.find(ddp::contract::kPythonProbe);
   if (!enabled || (off != env.end() && off->second == "0")) return {};
   const fs::path dir =
       (program.parent_path().parent_path() / "share" / "ddprun" / "python").lexically_normal();
@@ -81,7 +82,7 @@ PythonProbeDir find_python_probe(bool enabled, const std::map<std::string, std::
 
 void add_python_probe_path(std::vector<std::string>& env, const fs::path& dir) {
   const std::string key = "PYTHONPATH=";
-  const std::string saved_key = std::string(kUserPythonPathVariable) + "=";
+  const std::string saved_key = std::string(ddp::contract::kUserPythonPath) + "=";
   std::erase_if(env, [&](const std::string& e) { return e.starts_with(saved_key); });
   auto path = std::find_if(env.begin(), env.end(),
                            [&](const std::string& e) { return e.starts_with(key); });

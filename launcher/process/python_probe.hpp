@@ -15,12 +15,6 @@
 
 namespace ddp::launcher {
 
-// The variable that turns the probe off: DDPRUN_PYTHON_PROBE=0 (as --skip_python_probe).
-inline constexpr const char* kPythonProbeVariable = "DDPRUN_PYTHON_PROBE";
-// The worker's PYTHONPATH as the user gave it, when the user gave one (empty included):
-// sitecustomize.py puts it back exactly, and drops this variable.
-inline constexpr const char* kUserPythonPathVariable = "DDPRUN_PYTHONPATH";
-
 struct PythonProbeDir {
   std::filesystem::path dir;  // empty: do not load the probe; else canonical
   std::string notice;         // why it is not loaded, when the user should know ("": say nothing)

@@ -9,6 +9,8 @@
 #include <csignal>
 #include <system_error>
 
+#include "ddp/common/worker_contract.hpp"
+
 namespace ddp::launcher {
 
 RecordMapping::RecordMapping() {
@@ -36,11 +38,11 @@ RecordMapping::~RecordMapping() {
 }
 
 std::string RecordMapping::variable() const {
-  return std::string(record::kRecordFdVariable) + "=" + std::to_string(fd_.get());
+  return std::string(ddp::contract::kRecordFd) + "=" + std::to_string(fd_.get());
 }
 
 std::string RecordMapping::stack_variable() const {
-  return std::string(record::kStackFdVariable) + "=" + std::to_string(stack_fd_.get());
+  return std::string(ddp::contract::kStackFd) + "=" + std::to_string(stack_fd_.get());
 }
 
 std::uint64_t RecordMapping::stack_size() const {

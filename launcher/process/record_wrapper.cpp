@@ -1,5 +1,7 @@
 #include "record_wrapper.hpp"
 
+#include "record_wrapper_source.hpp"  // generated from worker/python/embedded/record_wrapper.py
+
 namespace ddp::launcher::detail {
 
 // As torchelastic's ErrorHandler.record_exception: {"message": {"message": "Type: text",
@@ -7,29 +9,6 @@ namespace ddp::launcher::detail {
 // when TORCHELASTIC_ERROR_FILE is set, then the exception goes on (exit status 1 and the
 // traceback on stderr). SystemExit and KeyboardInterrupt are not errors to record.
 // sys.argv and sys.path[0] are what `python SCRIPT` / `python -m MODULE` would have set.
-std::string_view record_wrapper_source() {
-  return R"PY(import sys, os, runpy
-def _ddprun_record(mode, target, args):
-    try:
-        if mode == "--run_path":
-            sys.argv = [target] + args
-            sys.path[0] = os.path.dirname(os.path.abspath(target))
-            runpy.run_path(target, run_name="__main__")
-        else:
-            sys.argv = [target] + args
-            runpy.run_module(target, run_name="__main__", alter_sys=True)
-    except Exception as e:
-        import json, time, traceback
-        path = os.environ.get("TORCHELASTIC_ERROR_FILE")
-        if path:
-            data = {"message": {"message": f"{type(e).__name__}: {e}",
-                                "extraInfo": {"py_callstack": traceback.format_exc(),
-                                              "timestamp": str(int(time.time()))}}}
-            with open(path, "w") as fp:
-                json.dump(data, fp)
-        raise
-_ddprun_record(sys.argv[1], sys.argv[2], sys.argv[3:])
-)PY";
-}
+std::string_view record_wrapper_source() { return kRecordWrapperSource; }
 
 }  // namespace ddp::launcher::detail

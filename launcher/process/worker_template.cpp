@@ -11,10 +11,13 @@
 #include <cstring>
 #include <nlohmann/json.hpp>
 
+#include "ddp/common/worker_contract.hpp"
 #include "ddp/launcher/unique_fd.hpp"
 
 namespace ddp::launcher {
 namespace {
+
+using namespace contract::warm_template;
 
 // The largest reply (a few hundred bytes in practice).
 constexpr std::size_t kReplyBytes = 64 * 1024;
@@ -50,9 +53,11 @@ WorkerTemplate::WorkerTemplate(boost::asio::io_context& io, const WorkerTemplate
   spawn.program = options.program;
   spawn.argv = options.argv;
   env_ = options.env;
-  std::erase_if(env_, [](const std::string& e) { return e.starts_with("DDPRUN_TEMPLATE_PAD="); });
+  std::erase_if(env_, [](const std::string& e) {
+    return e.starts_with(std::string(contract::kTemplatePad) + "=");
+  });
   spawn.env = options.env;
-  spawn.env.push_back("DDPRUN_TEMPLATE_FD=" + std::to_string(theirs.get()));
+  spawn.env.push_back(std::string(contract::kTemplateFd) + "=" + std::to_string(theirs.get()));
   spawn.stdout_fd = options.output_fd;
   spawn.stderr_fd = options.output_fd;
   spawn.inherit_fds = {theirs.get()};
@@ -186,15 +191,15 @@ void WorkerTemplate::watch() {
 void WorkerTemplate::on_reply(const std::string& reply) {
   std::string op;
   try {
-    op = nlohmann::json::parse(reply).value("op", "");
+    op = nlohmann::json::parse(reply).value(kOp, "");
   } catch (const nlohmann::json::exception& e) {
     return gone(std::string("the warm template answered garbage: ") + e.what());
   }
-  if (op == "spawned" || op == "cold") {
+  if (op == kSpawned || op == kCold) {
     if (!forked_) return gone("the warm template answered a spawn nobody asked for");
     try {
       const auto message = nlohmann::json::parse(reply);
-      if (op == "spawned") return finish_spawn(static_cast<pid_t>(message.at("pid").get<int>()));
+      if (op == kSpawned) return finish_spawn(static_cast<pid_t>(message.at("pid").get<int>()));
       if (message.contains("stop") && message["stop"].is_string()) {
         stop_ = message["stop"].get<std::string>();
       }
@@ -260,7 +265,7 @@ void WorkerTemplate::prepare(const std::vector<std::string>& lists,
   if (!reason_.empty()) return;
   send(
       nlohmann::json{
-          {"op", "prepare"}, {"lists", lists}, {"own", own}, {"varying", varying}, {"stop", stop}}
+          {kOp, kPrepare}, {"lists", lists}, {"own", own}, {"varying", varying}, {"stop", stop}}
           .dump(),
       {});
   if (socket_.is_open()) ++pending_;
@@ -291,7 +296,7 @@ void WorkerTemplate::spawn(const SpawnOptions& options, const std::string& cwd,
       guard = static_cast<int>(fds.size());
       fds.push_back(options.group_guard_fd);
     }
-    const nlohmann::json request = {{"op", "spawn"},  {"argv", options.argv}, {"env", options.env},
+    const nlohmann::json request = {{kOp, kSpawn},    {"argv", options.argv}, {"env", options.env},
                                     {"cwd", cwd},     {"cpus", options.cpus}, {"fds", targets},
                                     {"guard", guard}, {"agent", ::getpid()},  {"given", env_},
                                     {"blind", blind}};

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "ddp/common/collective_record.hpp"
+#include "ddp/common/worker_contract.hpp"
 #include "ddp/runtime.hpp"
 #include "ddp/store/memory_store.hpp"
 #include "test_support.hpp"
@@ -372,7 +373,7 @@ TEST_CASE("Recorders of one process share the page, a lane each, and give lanes 
 
 TEST_CASE("A bad DDPRUN_RECORD_FD is one warning line and recording stays off") {
   SECTION("not a number") {
-    ddp::test::ScopedEnvironment env(Vars{{kRecordFdVariable, "three"}});
+    ddp::test::ScopedEnvironment env(Vars{{ddp::contract::kRecordFd, "three"}});
     CapturedStderr captured;
     CHECK(CollectiveRecorder::attach(std::nullopt, 0, 1, ddp::Backend::Gloo) == nullptr);
     const std::string text = captured.text();
@@ -381,7 +382,7 @@ TEST_CASE("A bad DDPRUN_RECORD_FD is one warning line and recording stays off") 
   }
   SECTION("a descriptor of the wrong size") {
     AgentPage small(100);
-    ddp::test::ScopedEnvironment env(Vars{{kRecordFdVariable, std::to_string(small.fd())}});
+    ddp::test::ScopedEnvironment env(Vars{{ddp::contract::kRecordFd, std::to_string(small.fd())}});
     CapturedStderr captured;
     CHECK(CollectiveRecorder::attach(std::nullopt, 0, 1, ddp::Backend::Gloo) == nullptr);
     CHECK_THAT(captured.text(),
@@ -390,19 +391,19 @@ TEST_CASE("A bad DDPRUN_RECORD_FD is one warning line and recording stays off") 
   SECTION("a descriptor that is not open") {
     int closed = 1000;  // a number far above what this test opens
     while (fcntl(closed, F_GETFD) != -1) ++closed;
-    ddp::test::ScopedEnvironment env(Vars{{kRecordFdVariable, std::to_string(closed)}});
+    ddp::test::ScopedEnvironment env(Vars{{ddp::contract::kRecordFd, std::to_string(closed)}});
     CapturedStderr captured;
     CHECK(CollectiveRecorder::attach(std::nullopt, 0, 1, ddp::Backend::Gloo) == nullptr);
     CHECK_THAT(captured.text(), Catch::Contains("is not open"));
   }
   SECTION("unset or empty: off without a word") {
-    ddp::test::ScopedEnvironment env(Vars{{kRecordFdVariable, ""}});
+    ddp::test::ScopedEnvironment env(Vars{{ddp::contract::kRecordFd, ""}});
     CapturedStderr captured;
     CHECK(CollectiveRecorder::attach(std::nullopt, 0, 1, ddp::Backend::Gloo) == nullptr);
     CHECK(captured.text().empty());
   }
   SECTION("a job still runs its collectives with the variable wrong") {
-    ddp::test::ScopedEnvironment env(Vars{{kRecordFdVariable, "-x"}});
+    ddp::test::ScopedEnvironment env(Vars{{ddp::contract::kRecordFd, "-x"}});
     CapturedStderr captured;
     bool recorder_off = false;
     float total = 0;

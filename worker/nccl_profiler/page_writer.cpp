@@ -10,6 +10,8 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "ddp/common/worker_contract.hpp"
+
 namespace ddp::nccl_profiler {
 
 namespace {
@@ -19,13 +21,13 @@ using namespace ddp::record;
 }  // namespace
 
 std::optional<PageWriter> PageWriter::open_from_environment(std::string& problem) {
-  const char* value = std::getenv(kRecordFdVariable);
+  const char* value = std::getenv(ddp::contract::kRecordFd);
   if (value == nullptr || *value == '\0') return std::nullopt;
   int fd = -1;
   const char* end = value + std::strlen(value);
   const auto [ptr, ec] = std::from_chars(value, end, fd);
   if (ec != std::errc() || ptr != end || fd < 0) {
-    problem = std::string(kRecordFdVariable) + "='" + value + "' is not a descriptor number";
+    problem = std::string(ddp::contract::kRecordFd) + "='" + value + "' is not a descriptor number";
     return std::nullopt;
   }
   return open(fd, problem);

@@ -19,6 +19,8 @@ directory, whose import may have side effects.
 import os
 import sys
 
+import _ddprun_contract as _contract  # names only
+
 # Modules that are the worker's own start-up, never the template's to import.
 _NEVER = ("__main__", "__mp_main__", "sitecustomize", "usercustomize")
 # Writes after this many recorded collectives (then doubling), when sys.modules grew.
@@ -37,7 +39,7 @@ class EnvironmentWatch:
         environ = os.environ._data  # bytes -> bytes, what putenv was given
         self._start = dict(environ)
         self._seen = dict(environ)
-        ours = self._start.get(b"DDPRUN_FR_OLD_NAMES", b"").split(b",")
+        ours = self._start.get(os.fsencode(_contract.FR_OLD_NAMES), b"").split(b",")
         self._ours = set(filter(None, ours))  # the probe drops these (Flight Recorder names)
         self.deltas = [{}]  # id -> the delta: variable -> value (None: removed)
         self.delta_of = {}  # module name -> id of the delta it was imported in

@@ -77,6 +77,8 @@ import os
 import sys
 import time
 
+import _ddprun_contract as _contract  # names only
+
 # functools, weakref and inspect are imported where torch is instrumented, not at start-up: the
 # probe loads into every Python worker, torch or not (threading: _thread, for the same reason).
 
@@ -89,7 +91,7 @@ from _ddprun_record import (  # the page and its writer
 # The modules list for ddprun's warm template, when ddprun asks for one: imported here, while
 # sitecustomize still has this folder on sys.path (install() runs after it dropped it).
 _ddprun_modules = None
-if os.environ.get("DDPRUN_MODULES_FILE"):
+if os.environ.get(_contract.MODULES_FILE):
     import _ddprun_modules
 
 # --- What a tensor argument weighs ------------------------------------------------------------
@@ -892,7 +894,7 @@ def _drop_old_flight_recorder_names(version):
     lists the old ones it set): a PyTorch that reads the TORCH_FR_ names (2.10 and later) warns
     on every rank that the old ones are deprecated, as torchrun's jobs never do. Drop them
     there, before the first process group reads them."""
-    names = os.environ.pop("DDPRUN_FR_OLD_NAMES", "")
+    names = os.environ.pop(_contract.FR_OLD_NAMES, "")
     numbers = version.split("+")[0].split(".")
     try:
         reads_new_names = (int(numbers[0]), int(numbers[1])) >= (2, 10)
@@ -941,8 +943,8 @@ def _register_stack_signal(words):
     """faulthandler dumps every thread's stack into the agent's stack file (DDPRUN_STACK_FD,
     through a private copy) on DDPRUN_STACK_SIGNAL; the page says on which descriptor, then
     which signal."""
-    signal_text = os.environ.get("DDPRUN_STACK_SIGNAL")
-    fd_text = os.environ.get("DDPRUN_STACK_FD")
+    signal_text = os.environ.get(_contract.STACK_SIGNAL)
+    fd_text = os.environ.get(_contract.STACK_FD)
     if not signal_text or not fd_text:
         return
     signal_number = int(signal_text)
@@ -957,7 +959,7 @@ def _register_stack_signal(words):
 def install():
     """Registers the stack signal and waits for torch.distributed. Does nothing without the
     agent's page; raises if the page or the variables are broken."""
-    fd_text = os.environ.get("DDPRUN_RECORD_FD")
+    fd_text = os.environ.get(_contract.RECORD_FD)
     if not fd_text:
         return
     words = _map_page(int(fd_text))
@@ -965,7 +967,7 @@ def install():
         return
     _register_stack_signal(words)
     probe = _Probe(Recorder(words))
-    modules_file = os.environ.get("DDPRUN_MODULES_FILE")
+    modules_file = os.environ.get(_contract.MODULES_FILE)
     if modules_file and _ddprun_modules is not None:  # ddprun warms restarts: it learns
         watch = _ddprun_modules.EnvironmentWatch()  # from this what to import, and in
         sys.meta_path.insert(0, watch)  # which environment

@@ -4,7 +4,8 @@ each worker when the agent asks, so that a restarted worker starts with its modu
 The agent (launcher/process/worker_template.cpp) runs this file with the job's interpreter,
 its interpreter flags, and the node's worker environment (no rank's variables), with
 DDPRUN_TEMPLATE_FD naming a SOCK_SEQPACKET socket. Requests are JSON messages; each gets one
-JSON reply:
+JSON reply (the names are _ddprun_contract's; common/include/ddp/common/worker_contract.hpp
+lists every request and answer):
 - {"op": "prepare", "lists": [paths], "own": [folders], "varying": [variables], "stop":
   [modules]}: imports the installed modules the lists name (_ddprun_modules), each in the
   environment the workers imported it in, skipping any that fails, and none from the first one
@@ -76,14 +77,15 @@ try:
                          for _e in _environ.read().split(b"\0") if _e)
 except OSError:
     _EXEC_ENV = dict(_STARTUP_ENV)
-_STARTUP_FD = os.environ["DDPRUN_TEMPLATE_FD"]
+import _ddprun_contract as _contract  # noqa: E402  (from this file's folder; names only)
+_STARTUP_FD = os.environ[_contract.TEMPLATE_FD]
 import _ddprun_warm_checks as _checks  # noqa: E402  (from this file's folder; opens nothing)
 
 # The descriptors the interpreter's start-up opened (a .pth line or a sitecustomize that opens
 # a log, faulthandler.enable(file=...)): an exec'd worker opens its own; a forked one keeps
 # these at their numbers where sharing them is the same (_checks.StartupFiles).
 _STARTUP_FDS = [_fd for _fd in _checks.open_fds() if _fd > 2 and _fd != int(_STARTUP_FD)]
-for _name in ("DDPRUN_TEMPLATE_FD", "DDPRUN_TEMPLATE_PAD"):  # for the template alone
+for _name in (_contract.TEMPLATE_FD, _contract.TEMPLATE_PAD):  # for the template alone
     _STARTUP_ENV.pop(_name, None)
     _EXEC_ENV.pop(_name, None)
     os.environ.pop(_name, None)
@@ -205,7 +207,7 @@ class _Preloaded:
         self.snapshot.add_modules()
         if self.problem is None:
             self.problem = self._import_problem(out_before)
-        return {"op": "prepared", "imported": imported, "failed": failed,
+        return {_contract.OP: _contract.PREPARED, "imported": imported, "failed": failed,
                 "modules": len(sys.modules), "seconds": round(time.monotonic() - started, 3),
                 "problem": self.problem, "stop": self.stop, "stopped": self.stopped}
 
@@ -583,7 +585,7 @@ def _restart_clocks_and_keys():
 def _start_probe():
     """ddprun's probe for this worker, as its sitecustomize would install it."""
     probe = sys.modules.get("_ddprun_probe")
-    if probe is None or os.environ.get("DDPRUN_PYTHON_PROBE") == "0":
+    if probe is None or os.environ.get(_contract.PYTHON_PROBE) == "0":
         return
     try:
         probe.install()
@@ -712,7 +714,7 @@ def _serve():
             return None
         try:
             request = json.loads(data)
-            if request["op"] == "prepare":
+            if request[_contract.OP] == _contract.PREPARE:
                 reply = preloaded.prepare(request["lists"], request.get("own", []),
                                           request.get("varying", []), request.get("stop", []))
                 _reply(control, reply)
@@ -720,15 +722,17 @@ def _serve():
                                  "in %.3f s, %d in all; problem: %s; stopped: %s\n" % (
                                      reply["imported"], reply["failed"], reply["seconds"],
                                      reply["modules"], reply["problem"], reply["stopped"]))
-            elif request["op"] == "spawn":
+            elif request[_contract.OP] == _contract.SPAWN:
                 job = _spawn(request, fds, preloaded, control)
                 if isinstance(job, _Job):
                     return job  # in the worker: its descriptors are placed
-                _reply(control, {"op": "spawned", "pid": job})
+                _reply(control, {_contract.OP: _contract.SPAWNED, "pid": job})
         except _Refuse as refused:
-            _reply(control, {"op": "cold", "reason": str(refused), "stop": refused.stop})
+            _reply(control, {_contract.OP: _contract.COLD, "reason": str(refused),
+                            "stop": refused.stop})
         except Exception as error:
-            _reply(control, {"op": "cold", "reason": "%s: %s" % (type(error).__name__, error)})
+            _reply(control, {_contract.OP: _contract.COLD,
+                            "reason": "%s: %s" % (type(error).__name__, error)})
         for fd in fds:  # the worker's, which it has now
             os.close(fd)
 

@@ -16,6 +16,8 @@ Never raises into site.py, except the ImportError that tells it there is no site
 import os
 import sys
 
+import _ddprun_contract  # beside this file, first on sys.path until _drop_folder
+
 
 def _drop_folder(folder):
     """Removes `folder` from sys.path, and gives PYTHONPATH back the user's value: exactly the
@@ -26,7 +28,7 @@ def _drop_folder(folder):
         return bool(entry) and os.path.realpath(os.path.abspath(entry)) == folder
 
     sys.path[:] = [entry for entry in sys.path if not is_folder(entry)]
-    users = os.environ.pop("DDPRUN_PYTHONPATH", None)
+    users = os.environ.pop(_ddprun_contract.USER_PYTHONPATH, None)
     if users is not None:
         os.environ["PYTHONPATH"] = users
         return
@@ -94,7 +96,9 @@ def _start_probe(probe, error):
 def _main():
     """Returns the user's sitecustomize module, or None."""
     folder = os.path.dirname(os.path.realpath(__file__))
-    probe_on = os.environ.get("DDPRUN_PYTHON_PROBE") != "0"
+    probe_on = os.environ.get(_ddprun_contract.PYTHON_PROBE) != "0"
+    if not probe_on:  # nothing of ddprun's stays in such a worker
+        sys.modules.pop("_ddprun_contract", None)
     probe, error = _import_probe() if probe_on else (None, None)
     _drop_folder(folder)
     user_module = _run_user_sitecustomize()

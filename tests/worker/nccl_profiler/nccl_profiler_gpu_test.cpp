@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "ddp/common/collective_record.hpp"
+#include "ddp/common/worker_contract.hpp"
 #include "process/record_mapping.hpp"
 #include "skip.hpp"
 
@@ -38,7 +39,7 @@ TEST_CASE("nccl profiler on GPUs: a plain NCCL program's collectives are recorde
   }
   ddp::launcher::RecordMapping mapping;
   // As ddprun sets them for a worker; NCCL reads NCCL_PROFILER_PLUGIN at its first init.
-  setenv(kRecordFdVariable, std::to_string(mapping.fd()).c_str(), 1);
+  setenv(ddp::contract::kRecordFd, std::to_string(mapping.fd()).c_str(), 1);
   setenv("NCCL_PROFILER_PLUGIN", DDP_NCCL_PROFILER_PATH, 1);
   unsetenv("RANK");
   unsetenv("WORLD_SIZE");

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "ddp/common/collective_record.hpp"
+#include "ddp/common/worker_contract.hpp"
 #include "nccl_profiler/nccl_profiler_abi.hpp"
 #include "process/record_mapping.hpp"
 
@@ -53,15 +54,15 @@ class WorkerEnvironment {
  public:
   WorkerEnvironment(const ddp::launcher::RecordMapping* page, int rank, int world_size) {
     if (page) {
-      setenv(kRecordFdVariable, std::to_string(page->fd()).c_str(), 1);
+      setenv(ddp::contract::kRecordFd, std::to_string(page->fd()).c_str(), 1);
     } else {
-      unsetenv(kRecordFdVariable);
+      unsetenv(ddp::contract::kRecordFd);
     }
     setenv("RANK", std::to_string(rank).c_str(), 1);
     setenv("WORLD_SIZE", std::to_string(world_size).c_str(), 1);
   }
   ~WorkerEnvironment() {
-    unsetenv(kRecordFdVariable);
+    unsetenv(ddp::contract::kRecordFd);
     unsetenv("RANK");
     unsetenv("WORLD_SIZE");
   }

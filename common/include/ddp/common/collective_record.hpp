@@ -47,13 +47,11 @@
 #include <string>
 #include <thread>
 
+#include "ddp/common/worker_contract.hpp"
+
 namespace ddp::record {
 
-inline constexpr const char* kRecordFdVariable = "DDPRUN_RECORD_FD";
-// The file the Python probe's faulthandler writes stacks into, and the signal ddprun asks it to
-// register for that (RecordPage::stack_signal says it did).
-inline constexpr const char* kStackFdVariable = "DDPRUN_STACK_FD";
-inline constexpr const char* kStackSignalVariable = "DDPRUN_STACK_SIGNAL";
+// The page's variable, the stack file's and the stack signal's: worker_contract.hpp.
 // The stack file's memfd name: the probe takes DDPRUN_STACK_FD only when it names this file
 // (/proc/self/fd/N reads "/memfd:ddprun-python-stacks (deleted)").
 inline constexpr const char* kStackFileName = "ddprun-python-stacks";
