@@ -16,15 +16,19 @@
 // k + kCollectiveSlots (once `finished` passed k) never leave a mix of two collectives.
 //
 // Several communicators of one process share the page, each in a lane of its own (see
-// ddp/common/collective_record.hpp); a recorder gives its lane back when it is destroyed.
+// ddp/common/collective_record.hpp); a recorder gives its lane back when it is destroyed. The
+// page itself is written through the one C++ page writer (ddp/common/record_page_writer.hpp);
+// this class adds libddp's part: which communicator, what its calls are, the Reducer's steps.
 
 #include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <utility>
 
 #include "call_check.hpp"
 #include "ddp/common/collective_record.hpp"
+#include "ddp/common/record_page_writer.hpp"
 #include "ddp/types.hpp"
 
 namespace ddp::detail {
@@ -63,7 +67,7 @@ class CollectiveRecorder {
   void on_finished(std::uint64_t seq, bool failed);
 
   // The lane this recorder writes (0, 1, ...); -1: none was free, nothing is recorded.
-  int lane() const { return lane_index_; }
+  int lane() const { return writer_.lane(); }
 
   // Reducer step marks. Only the Reducer of one Context records steps (the page has one
   // step ring): the first to begin one; the others' calls do nothing. step_begin: a synchronised
@@ -77,25 +81,25 @@ class CollectiveRecorder {
 
   // True once the agent asked the workers to stop (the job hung: RecordPage::stop_requested).
   // Any thread; one relaxed load.
-  bool stop_requested() const { return page_->stop_requested.load(std::memory_order_relaxed) != 0; }
+  bool stop_requested() const {
+    return writer_.page().stop_requested.load(std::memory_order_relaxed) != 0;
+  }
 
   // The page, for tests.
-  const record::RecordPage& page() const { return *page_; }
+  const record::RecordPage& page() const { return writer_.page(); }
 
   // The record's name of a dtype ("float32", "bfloat16", ... as PyTorch names them), packed.
   static std::uint64_t dtype_word(DType dtype);
 
  private:
-  CollectiveRecorder(record::RecordPage* page, int lane, std::uint64_t context);
+  CollectiveRecorder(record::RecordPageWriter writer, std::uint64_t context)
+      : writer_(std::move(writer)), context_(context) {}
   // Whether this recorder's Reducer records the page's steps (claims them at the first call).
   bool owns_steps();
 
-  record::RecordPage* page_;    // mapped MAP_SHARED; unmapped by the destructor
-  int lane_index_;              // -1: no lane
-  record::Lane lane_{};         // its words; null pointers when lane_index_ is -1
-  std::uint64_t context_;       // which Context of the process
-  std::uint64_t next_seq_ = 0;  // the issuing thread's
-  int owns_steps_ = -1;         // -1: not asked yet; 0 / 1
+  record::RecordPageWriter writer_;  // the page, mapped; this communicator's lane, if any
+  std::uint64_t context_;            // which Context of the process
+  int owns_steps_ = -1;              // -1: not asked yet; 0 / 1
   // The Reducer thread's view of the current step.
   std::uint64_t step_ = 0;
   bool step_open_ = false;

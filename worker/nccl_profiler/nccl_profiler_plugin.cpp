@@ -38,13 +38,17 @@
 #include <string_view>
 #include <utility>
 
+#include "ddp/common/record_page_writer.hpp"
 #include "nccl_profiler_abi.hpp"
-#include "page_writer.hpp"
 
 namespace ddp::nccl_profiler {
 namespace {
 
 using record::Op;
+
+// The page's writer word for this plugin: pack_name keeps 8 characters ("nccl-profiler" does
+// not fit).
+inline constexpr const char* kWriterName = "ncclprof";
 
 // One communicator's context (init's `context`).
 struct Comm {
@@ -136,8 +140,11 @@ class Plugin {
       job_rank_ = env_int("RANK");
       job_world_ = env_int("WORLD_SIZE");
       std::string problem;
-      if (auto opened = PageWriter::open_from_environment(problem)) {
-        writer_.emplace(std::move(*opened));
+      if (const auto fd = record::RecordPageWriter::fd_from_environment(problem)) {
+        const std::string name = record::RecordPageWriter::descriptor_name(*fd);
+        if (auto mapped = record::RecordPageWriter::map(*fd, name, "a ddprun", problem)) {
+          writer_.emplace(std::move(*mapped));
+        }
       }
       if (!problem.empty()) {
         std::fprintf(stderr,
@@ -159,7 +166,8 @@ class Plugin {
     std::lock_guard lock(mutex_);
     if (comm.refused || !may_record(comm, rank)) return nullptr;
     const std::uint64_t order = ++issued_;
-    const std::uint64_t seq = p2p ? 0 : writer_->on_queued(c.op, c.dtype, c.count, c.bytes);
+    const std::uint64_t seq =
+        p2p ? 0 : writer_->on_queued(c.op, c.dtype, c.count, c.bytes, record::kNoBucket);
     CollEvent& event = events_[order % kEvents];
     // kEvents events in flight: this one is counted but not followed; it is done when a later
     // one is (done_through).
@@ -221,7 +229,9 @@ class Plugin {
   // communicator here records, and NCCL need report nothing.
   bool page_elsewhere() {
     std::lock_guard lock(mutex_);
-    return writer_->owned_elsewhere();
+    if (claimed_) return false;
+    const std::uint64_t owner = writer_->page().pid.load(std::memory_order_acquire);
+    return owner != 0 && !ours(owner);
   }
 
  private:
@@ -234,7 +244,7 @@ class Plugin {
       if (event.order != oldest_) continue;  // not followed, or done already
       if (event.seq != 0) {
         if (!event.started) writer_->on_started(event.seq);
-        writer_->on_finished(event.seq);
+        writer_->on_finished(event.seq, false);
       } else if (--p2p_open_ == 0) {
         writer_->on_p2p(0, Op::kNone, 0, record::kNoPeer);
       }
@@ -281,7 +291,7 @@ class Plugin {
       return false;
     }
     // (True again for the job's next communicator once the first was destroyed.)
-    if (!writer_->claim(rank, world)) {
+    if (!claim(rank, world)) {
       comm.refused = true;  // libddp, the probe or another process records here:
       if (mask_ != nullptr) __atomic_store_n(mask_, 0, __ATOMIC_RELAXED);  // ask NCCL for none
       return false;
@@ -290,28 +300,62 @@ class Plugin {
     return true;
   }
 
+  // Takes the page for a communicator (rank of world_size) if no process has claimed it, and
+  // publishes it, in lane 0; or takes it back from an earlier load of the plugin in this
+  // process (NCCL unloads it with its last communicator), numbering on from its last
+  // collective. False when libddp, the Python probe or another process owns it: they record
+  // on their own. Once true, later calls return true. The mutex is held.
+  bool claim(int rank, int world_size) {
+    if (claimed_) return true;
+    const std::uint64_t owner = writer_->claim_page();
+    if (owner != 0 && !ours(owner)) return false;
+    if (owner == 0) {
+      writer_->write_header(static_cast<std::uint64_t>(rank < 0 ? 0 : rank),
+                            static_cast<std::uint64_t>(world_size < 0 ? 0 : world_size));
+      record::RecordPage& page = writer_->page();
+      page.backend.store(record::pack_name("nccl"), std::memory_order_relaxed);
+      page.writer.store(record::pack_name(kWriterName), std::memory_order_relaxed);
+      // Lane 0 is this plugin's (version 2): a libddp communicator made later in this process
+      // takes another lane instead of writing over it. The program's own NCCL timeout is not
+      // known to a profiler: 0 (unknown).
+      page.lane_state.store(static_cast<std::uint64_t>(record::LaneState::kOpen),
+                            std::memory_order_relaxed);
+    }
+    writer_->use_lane(0);
+    writer_->publish();  // nothing to do when an earlier load published it
+    claimed_ = true;
+    return true;
+  }
+
+  // Whether the page's owner `owner` is this process with this plugin's writer word.
+  bool ours(std::uint64_t owner) const {
+    return owner == record::RecordPageWriter::this_process() &&
+           writer_->page().writer.load(std::memory_order_relaxed) == record::pack_name(kWriterName);
+  }
+
   static int env_int(const char* name) {
     const char* value = std::getenv(name);
     return value != nullptr && *value != '\0' ? std::atoi(value) : -1;
   }
 
   std::once_flag opened_;
-  std::optional<PageWriter> writer_;  // none: no page, the plugin does nothing
-  int job_rank_ = -1;                 // RANK and WORLD_SIZE, read once at the first init (not on
-  int job_world_ = -1;                // NCCL's threads, where a program may be writing environ)
-  std::mutex mutex_;                  // every page write and event below
-  const Comm* owner_ = nullptr;       // the communicator whose collectives are recorded
-  std::uint64_t issued_ = 0;          // events followed or counted, in issue order
-  std::uint64_t oldest_ = 1;          // every event before it is done
-  std::uint64_t p2p_open_ = 0;        // sends and receives followed and not done
-  int* mask_ = nullptr;               // NCCL's activation mask, once an init gave it
+  std::optional<record::RecordPageWriter> writer_;  // none: no page, the plugin does nothing
+  bool claimed_ = false;         // the page is this plugin's (lane 0): claim() returned true
+  int job_rank_ = -1;            // RANK and WORLD_SIZE, read once at the first init (not on
+  int job_world_ = -1;           // NCCL's threads, where a program may be writing environ)
+  std::mutex mutex_;             // every page write and event below
+  const Comm* owner_ = nullptr;  // the communicator whose collectives are recorded
+  std::uint64_t issued_ = 0;     // events followed or counted, in issue order
+  std::uint64_t oldest_ = 1;     // every event before it is done
+  std::uint64_t p2p_open_ = 0;   // sends and receives followed and not done
+  int* mask_ = nullptr;          // NCCL's activation mask, once an init gave it
   CollEvent events_[kEvents];
 };
 
 // Never destroyed: NCCL's proxy threads may still call in while the process exits (a program
 // that never destroys its communicators), after static destructors ran. It lives in static
 // storage, so nothing leaks when NCCL unloads the plugin (with its last communicator; the page
-// stays mapped); a reload makes a new one, which takes the page back (PageWriter::claim).
+// stays mapped); a reload makes a new one, which takes the page back (Plugin::claim).
 Plugin& plugin() {
   alignas(Plugin) static unsigned char storage[sizeof(Plugin)];
   static Plugin* instance = [] {

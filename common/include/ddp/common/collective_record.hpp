@@ -2,7 +2,8 @@
 // The collective record: one shared-memory page per worker in which libddp records its
 // collectives and Reducer steps, and from which the agent reads them at any moment, even
 // when every thread of the worker is stuck. Part of the worker contract (header-only, shared
-// by launcher/ and runtime/, not installed).
+// by launcher/ and runtime/, not installed). libddp and the NCCL profiler plugin write it
+// through one writer, RecordPageWriter (record_page_writer.hpp).
 //
 // Who does what:
 // - The agent creates the page (a memfd of sizeof(RecordPage) bytes, zeroed), maps it, and
