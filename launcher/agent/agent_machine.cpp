@@ -10,9 +10,6 @@ namespace ddp::launcher {
 
 using elastic::StopReason;
 
-// The message of a stop reason for a hang (event::Hung) starts with this.
-constexpr std::string_view kHangPrefix = "the job hung";
-
 AgentMachine::AgentMachine(AgentMachineConfig config, AgentMachineContext context)
     : config_(std::move(config)), ctx_(std::move(context)) {}
 
@@ -206,15 +203,9 @@ void AgentMachine::local_failure(WorkerFailure root, std::vector<WorkerFailure> 
        "rank " + std::to_string(root_cause_->rank) + ": " + root_cause_->describe_exit());
   state_ = State::kStopping;
   StopReason reason;
-  reason.kind = StopReason::Kind::kWorkerFailed;
+  static_cast<elastic::WorkerRecord&>(reason) = *root_cause_;
+  reason.kind = root_cause_->hung ? StopReason::Kind::kHung : StopReason::Kind::kWorkerFailed;
   reason.node_id = config_.node_id;
-  reason.host = root_cause_->host;
-  reason.rank = root_cause_->rank;
-  reason.local_rank = root_cause_->local_rank;
-  reason.pid = root_cause_->pid;
-  reason.exit_code = root_cause_->exit_code;
-  reason.signal = root_cause_->signal;
-  reason.error_file = root_cause_->error_file;
   if (root_cause_->error) reason.message = root_cause_->error->message;
   sent_reason_ = reason;
   ctx_.rendezvous->stop_round(reason);
@@ -264,8 +255,7 @@ void AgentMachine::on_group_exited() {
   ctx_.workers->release();
   if (state_ == State::kShuttingDown) return finish({128 + signal_, "", false});
   if (state_ == State::kStopping) {
-    const bool failed =
-        sent_reason_ || (reason_ && reason_->kind == StopReason::Kind::kWorkerFailed);
+    const bool failed = sent_reason_ || (reason_ && reason_->failed());
     if (failed) ctx_.workers->analyse_flight_recorder();
     if (!reason_) start_grace_timer();  // ours was sent; the agreed one should follow
     return decide_after_stop();
@@ -286,8 +276,8 @@ void AgentMachine::on(const event::RoundStopped& e) {
     reason_ = e.reason;
     ctx_.notice("ddprun: stopping the workers: " + stop_reason_text(e.reason));
     state_ = State::kStopping;
-    if (e.reason.kind == StopReason::Kind::kWorkerFailed) ctx_.workers->dump_python_stacks();
-    if (e.reason.message.starts_with(kHangPrefix)) return stop_hung_workers();
+    if (e.reason.failed()) ctx_.workers->dump_python_stacks();
+    if (e.reason.kind == StopReason::Kind::kHung) return stop_hung_workers();
     return stop_workers(SIGTERM);
   }
   if (state_ == State::kStopping || state_ == State::kBarrier) {
@@ -331,7 +321,7 @@ void AgentMachine::decide_after_stop() {
   if (!group_exited_ || !reason_) return;
   ctx_.timers->cancel(TimerId::kGrace);
   const StopReason reason = *reason_;
-  if (reason.kind != StopReason::Kind::kWorkerFailed) {
+  if (!reason.failed()) {
     mark("re-form", stop_reason_text(reason));
     ctx_.notice("ddprun: " + stop_reason_text(reason) +
                 "; re-forming the group (a membership change, not counted against "
@@ -451,8 +441,9 @@ std::string stop_reason_text(const StopReason& reason) {
   const std::string node = reason.host.empty() ? reason.node_id : reason.host;
   const std::string agent = agent_name(reason);
   switch (reason.kind) {
+    case StopReason::Kind::kHung:
+      return reason.message;  // the hang's report says it all
     case StopReason::Kind::kWorkerFailed:
-      if (reason.message.starts_with(kHangPrefix)) return reason.message;  // says it all
       return "rank " + std::to_string(reason.rank) + " on " + node + ": " +
              failure_from(reason).describe_exit();
     case StopReason::Kind::kNodeLost:
@@ -473,14 +464,9 @@ std::string stop_reason_text(const StopReason& reason) {
 
 WorkerFailure failure_from(const StopReason& reason) {
   WorkerFailure failure;
+  static_cast<elastic::WorkerRecord&>(failure) = reason;
   failure.time = std::chrono::system_clock::now();
-  failure.host = reason.host.empty() ? reason.node_id : reason.host;
-  failure.rank = reason.rank;
-  failure.local_rank = reason.local_rank;
-  failure.pid = reason.pid;
-  failure.exit_code = reason.exit_code;
-  failure.signal = reason.signal;
-  failure.error_file = reason.error_file;
+  if (failure.host.empty()) failure.host = reason.node_id;
   if (!reason.message.empty()) failure.error = ErrorFileContent{reason.message, ""};
   return failure;
 }

@@ -29,7 +29,7 @@ void LocalRendezvous::watch_round(std::function<void(elastic::StopReason)> on_st
 }
 
 void LocalRendezvous::stop_round(elastic::StopReason reason) {
-  last_round_failed_ = reason.kind == elastic::StopReason::Kind::kWorkerFailed;
+  last_round_failed_ = reason.failed();
   if (auto on_stop = std::exchange(on_stop_, nullptr)) on_stop(std::move(reason));
 }
 

@@ -8,7 +8,6 @@
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
 #include <cerrno>
-#include <charconv>
 #include <cstdio>
 
 #include "ddp/elastic/round_state.hpp"
@@ -82,28 +81,6 @@ std::string single_node_notice(const LaunchConfig& config) {
 
 }  // namespace
 
-int round_closed_by(std::string_view key, std::string_view value) {
-  constexpr std::string_view kRuns = "/ddprun/", kState = "/state", kClosed = "/closed",
-                             kRound = "/round_";
-  if (!key.starts_with(kRuns)) return 0;
-  if (key.ends_with(kState)) {
-    try {
-      const elastic::RoundState state = elastic::decode_state(value);
-      return state.phase == elastic::Phase::kOpen ? 0 : state.round;
-    } catch (const std::exception&) {
-      return 0;  // not a state of ours
-    }
-  }
-  if (!key.ends_with(kClosed)) return 0;
-  key.remove_suffix(kClosed.size());
-  const std::size_t at = key.rfind(kRound);
-  if (at == std::string_view::npos || at < kRuns.size()) return 0;
-  const std::string_view digits = key.substr(at + kRound.size());
-  int round = 0;
-  const auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), round);
-  return error == std::errc() && end == digits.data() + digits.size() ? round : 0;
-}
-
 RendezvousHost::RendezvousHost(boost::asio::io_context& io, const LaunchConfig& config,
                                elastic::NodeInfo self, RendezvousHostOptions options)
     : io_(io),
@@ -157,7 +134,7 @@ store::ServerOptions RendezvousHost::rendezvous_store_options(int port) const {
     // ddprun's own keys (the rendezvous's, the collective exchange's, the clock) stay.
     options.reset_after_set = [reset_for = 0](std::string_view key,
                                               std::string_view value) mutable {
-      const int round = round_closed_by(key, value);
+      const int round = elastic::round_closed_by(key, value);
       if (round <= reset_for) return false;  // round 0, or this round's keys went already
       reset_for = round;
       return true;

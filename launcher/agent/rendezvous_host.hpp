@@ -36,14 +36,6 @@ struct RendezvousHostOptions {
   std::function<void(const std::string&)> notice;  // a line for the console
 };
 
-// The round a write to the rendezvous store closes (rendezvous/elastic/run_keys.hpp): the
-// state ("/ddprun/<run id>/state") once it holds a round that is no longer open, or
-// "/ddprun/<run id>/round_<r>/closed"; 0 for any other write. The state comes first: a joiner
-// that reads it closed starts its workers before the closing node sets the key. With the
-// static rendezvous the workers' keys of the last attempt go as a round after the first
-// closes (RendezvousHost's store, ServerOptions::reset_after_set).
-int round_closed_by(std::string_view key, std::string_view value);
-
 // It is also the Rendezvous the agent's machine uses: every call goes to the engine, except
 // that leave() runs on a thread of its own, so that the loop never blocks on it (the store it
 // talks to may be the one this loop serves).

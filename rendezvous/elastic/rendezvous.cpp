@@ -61,6 +61,7 @@ std::string describe(const StopReason& reason) {
   std::string text;
   switch (reason.kind) {
     case StopReason::Kind::kWorkerFailed:
+    case StopReason::Kind::kHung:
       text = worker_failure(reason);
       break;
     case StopReason::Kind::kNodeLost:

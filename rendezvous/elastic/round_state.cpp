@@ -237,7 +237,7 @@ StopReason make_stop(StopReason::Kind kind, std::string node_id, std::string hos
 }
 
 int next_restart_count(int previous, const RoundEnd& end) {
-  bool failed = !end.finished && end.reason.kind == StopReason::Kind::kWorkerFailed;
+  bool failed = !end.finished && end.reason.failed();
   return failed ? previous + 1 : previous;
 }
 

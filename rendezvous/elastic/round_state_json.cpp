@@ -4,6 +4,7 @@
 #include <nlohmann/json.hpp>
 
 #include "ddp/elastic/round_state.hpp"
+#include "run_keys.hpp"
 
 namespace ddp::elastic {
 namespace {
@@ -33,6 +34,8 @@ const char* kind_name(StopReason::Kind kind) {
   switch (kind) {
     case StopReason::Kind::kWorkerFailed:
       return "worker_failed";
+    case StopReason::Kind::kHung:
+      return "hung";
     case StopReason::Kind::kNodeLost:
       return "node_lost";
     case StopReason::Kind::kNodeJoined:
@@ -44,8 +47,9 @@ const char* kind_name(StopReason::Kind kind) {
 }
 
 StopReason::Kind kind_of(const std::string& name) {
-  for (auto kind : {StopReason::Kind::kWorkerFailed, StopReason::Kind::kNodeLost,
-                    StopReason::Kind::kNodeJoined, StopReason::Kind::kNodeLeft}) {
+  for (auto kind :
+       {StopReason::Kind::kWorkerFailed, StopReason::Kind::kHung, StopReason::Kind::kNodeLost,
+        StopReason::Kind::kNodeJoined, StopReason::Kind::kNodeLeft}) {
     if (name == kind_name(kind)) return kind;
   }
   throw RendezvousError("unknown stop reason '" + name + "'");
@@ -190,6 +194,18 @@ RoundEnd decode_end(std::string_view text) {
     throw RendezvousError(std::string("a round end in the rendezvous store is malformed: ") +
                           e.what());
   }
+}
+
+int round_closed_by(std::string_view key, std::string_view value) {
+  if (RunKeys::is_state(key)) {
+    try {
+      const RoundState state = decode_state(value);
+      return state.phase == Phase::kOpen ? 0 : state.round;
+    } catch (const std::exception&) {
+      return 0;  // not a state of ours
+    }
+  }
+  return RunKeys::closed_round(key);
 }
 
 }  // namespace ddp::elastic

@@ -22,14 +22,36 @@
 //   round_<r>/rejected/<node_id>  why the tender left a queued joiner out (static: its
 //                      --node_rank is taken or out of range)
 
+#include <charconv>
 #include <string>
+#include <string_view>
 
 namespace ddp::elastic {
 
 class RunKeys {
  public:
+  // Where every run's keys live, under the store's root.
+  static constexpr std::string_view kRoot = "/ddprun/";
   // "/ddprun/<run_id>/": where a run's keys live.
-  static std::string run_prefix(const std::string& run_id) { return "/ddprun/" + run_id + "/"; }
+  static std::string run_prefix(const std::string& run_id) {
+    return std::string(kRoot) + run_id + "/";
+  }
+  // Whether `key` is some run's state() under kRoot.
+  static bool is_state(std::string_view key) {
+    return key.starts_with(kRoot) && key.ends_with("/state");
+  }
+  // r when `key` is some run's closed(r) under kRoot, else 0.
+  static int closed_round(std::string_view key) {
+    constexpr std::string_view kClosed = "/closed", kRound = "/round_";
+    if (!key.starts_with(kRoot) || !key.ends_with(kClosed)) return 0;
+    key.remove_suffix(kClosed.size());
+    const std::size_t at = key.rfind(kRound);
+    if (at == std::string_view::npos || at < kRoot.size()) return 0;
+    const std::string_view digits = key.substr(at + kRound.size());
+    int round = 0;
+    const auto [end, error] = std::from_chars(digits.data(), digits.data() + digits.size(), round);
+    return error == std::errc() && end == digits.data() + digits.size() ? round : 0;
+  }
   // Keys that start with `prefix` (run_prefix(run_id), or "" where the store adds it).
   explicit RunKeys(std::string prefix) : prefix_(std::move(prefix)) {}
 

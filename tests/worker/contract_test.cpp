@@ -67,7 +67,8 @@ TEST_CASE("no source of launcher/, runtime/, worker/ or common/ spells a DDPRUN_
       ++files;
       const std::string text = read_file(entry.path());
       std::smatch match;
-      INFO(relative.string() << " names " << (std::regex_search(text, match, literal) ? match[0].str() : "")
+      INFO(relative.string() << " names "
+                             << (std::regex_search(text, match, literal) ? match[0].str() : "")
                              << " itself: use worker_contract.hpp / _ddprun_contract.py");
       CHECK_FALSE(std::regex_search(text, literal));
     }

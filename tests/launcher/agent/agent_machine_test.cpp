@@ -641,8 +641,21 @@ TEST_CASE("a hang reported by another node: Gloo workers get SIGTERM at once") {
   Harness h(1);
   h.round_ready(two_nodes(0));
   StopReason hung = worker_failed("node-b", "host-b", 0, 1);
+  hung.kind = StopReason::Kind::kHung;
   hung.message = "the job hung at collective 3 (all_reduce): rank 0 never entered it";
   h.remote_stop(hung);
   CHECK(h.workers.abort_requests == 1);  // asked all the same: the record says who listens
   CHECK(h.workers.signals == std::vector<int>{SIGTERM});
+  CHECK(h.noticed("stopping the workers: the job hung at collective 3"));
+}
+
+TEST_CASE("a hang travels to the other nodes as a stop reason of its own, counted as a failure") {
+  Harness h(1);
+  h.round_ready(two_nodes(0));
+  h.queue.push_back(hang_of(1));
+  h.run();
+  REQUIRE(h.rdzv.stopped.size() == 1);
+  CHECK(h.rdzv.stopped[0].kind == StopReason::Kind::kHung);
+  CHECK(h.rdzv.stopped[0].failed());
+  CHECK(h.rdzv.stopped[0].rank == 3);
 }

@@ -6,7 +6,7 @@
 #include "agent/rendezvous_host.hpp"
 #include "ddp/elastic/round_state.hpp"
 
-using ddp::launcher::round_closed_by;
+using ddp::elastic::round_closed_by;
 namespace elastic = ddp::elastic;
 
 TEST_CASE("static store reset: the state of a closed round, or its closed key, names the round") {

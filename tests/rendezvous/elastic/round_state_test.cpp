@@ -369,6 +369,13 @@ TEST_CASE("round state: JSON round trip of states and ends") {
   CHECK(end.reason.message == "boom");
   CHECK(end.reason.error_file == "/tmp/e.json");
   CHECK(decode_end(encode_end(RoundEnd{true, {}})).finished);
+  // A hang is a stop reason of its own, counted as a failure (next_restart_count).
+  StopReason hung = failed;
+  hung.kind = StopReason::Kind::kHung;
+  const RoundEnd hung_end = decode_end(encode_end(RoundEnd{false, hung}));
+  CHECK(hung_end.reason.kind == StopReason::Kind::kHung);
+  CHECK(hung_end.reason.failed());
+  CHECK(next_restart_count(2, hung_end) == 3);
 
   CHECK_THROWS_AS(decode_state("not json"), RendezvousError);
   CHECK_THROWS_AS(decode_state("{\"round\": 1}"), RendezvousError);

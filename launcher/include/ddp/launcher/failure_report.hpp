@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "ddp/elastic/rendezvous.hpp"
+
 namespace ddp::launcher {
 
 // A torchelastic error file (TORCHELASTIC_ERROR_FILE) as PyTorch's @record writes it:
@@ -24,17 +26,12 @@ struct ErrorFileContent {
 // throws for what the file holds.
 std::optional<ErrorFileContent> read_error_file(const std::string& path);
 
-struct WorkerFailure {
+// The worker's record (host, ranks, pid, exit code or signal, its TORCHELASTIC_ERROR_FILE) is
+// the one a StopReason carries to the other nodes.
+struct WorkerFailure : elastic::WorkerRecord {
   std::chrono::system_clock::time_point time;  // when the agent saw the exit
-  std::string host;
-  int rank = 0;
-  int local_rank = 0;
-  pid_t pid = 0;
-  int exit_code = 0;                      // when it exited
-  int signal = 0;                         // when killed by a signal (then exit_code is 0)
-  std::string error_file;                 // its TORCHELASTIC_ERROR_FILE
-  std::optional<ErrorFileContent> error;  // what it wrote there
-  bool hung = false;                      // not an exit: ddprun found the job hung (--hang_timeout)
+  std::optional<ErrorFileContent> error;       // what it wrote in its error file
+  bool hung = false;        // not an exit: ddprun found the job hung (--hang_timeout)
   std::string collectives;  // where the job's collectives were (a line or more), if recorded
 
   // The exit status ddprun reports for it: exit_code, or 128+signal.

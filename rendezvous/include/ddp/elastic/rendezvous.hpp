@@ -74,24 +74,38 @@ struct WorkerRanks {
 WorkerRanks worker_ranks(const RoundInfo& round, int local_rank);
 
 // Why a running round ends, as every node learns it (the first reason set wins).
-struct StopReason {
+// A worker as a failure report names it: the one record of a failed worker that a StopReason
+// carries between nodes and the launcher's WorkerFailure extends (failure_report.hpp).
+struct WorkerRecord {
+  std::string host;
+  int rank = 0;
+  int local_rank = 0;
+  int pid = 0;
+  int exit_code = 0;  // exit code, or 0 when killed by a signal
+  int signal = 0;     // terminating signal, or 0
+  std::string error_file;
+};
+
+struct StopReason : WorkerRecord {
   enum class Kind {
     kWorkerFailed,  // a worker failed on some node; counts against --max_restarts
+    kHung,          // ddprun found the job hung (--hang_timeout) and named a rank; counts too
     kNodeLost,      // a node's heartbeat went stale (killed, machine lost)
     kNodeJoined,    // a new node waits to join, and the round has room for it
     kNodeLeft,      // an agent left on a signal (pre-emption)
   };
+  StopReason() {
+    rank = -1;
+    local_rank = -1;
+  }
   Kind kind = Kind::kWorkerFailed;
-  std::string node_id;  // the node it happened on
-  std::string host;
-  // kWorkerFailed: the root cause, enough for every node's failure report.
-  int rank = -1;
-  int local_rank = -1;
-  int pid = 0;
-  int exit_code = 0;    // exit code, or 0 when killed by a signal
-  int signal = 0;       // terminating signal, or 0
-  std::string message;  // from the torchelastic error file, if any; else empty
-  std::string error_file;
+  std::string node_id;  // the node it happened on (host: WorkerRecord's)
+  // kWorkerFailed, kHung: the root cause (the record), enough for every node's failure
+  // report; message: from the torchelastic error file (kHung: the hang's report), if any.
+  std::string message;
+
+  // A worker failure or a hang: counted against --max_restarts.
+  bool failed() const { return kind == Kind::kWorkerFailed || kind == Kind::kHung; }
 };
 std::string describe(const StopReason& reason);  // one line for humans
 

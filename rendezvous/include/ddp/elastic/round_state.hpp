@@ -166,4 +166,10 @@ RoundEnd decode_end(std::string_view json);
 std::string encode_participant(const Participant& node);
 Participant decode_participant(std::string_view json);
 
+// The round a write to a rendezvous store closes, read with the run's key layout: the state
+// ("/ddprun/<run id>/state") once it holds a round that is no longer open, or
+// "/ddprun/<run id>/round_<r>/closed"; 0 for any other write. The state comes first: a joiner
+// that reads it closed starts its workers before the closing node sets the key.
+int round_closed_by(std::string_view key, std::string_view value);
+
 }  // namespace ddp::elastic
