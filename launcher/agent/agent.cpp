@@ -15,27 +15,27 @@
 #include <system_error>
 #include <thread>
 
-#include "../diagnosis/collective_diagnosis.hpp"
-#include "../diagnosis/stack_capture.hpp"
-#include "../diagnosis/trace_events.hpp"
-#include "../output/console_writer.hpp"
-#include "../process/group_reaper.hpp"
-#include "../process/nccl_profiler_lookup.hpp"
-#include "../process/numa_binding.hpp"
-#include "../process/python_probe.hpp"
-#include "agent_machine.hpp"
-#include "asio_timers.hpp"
-#include "collective_exchange.hpp"
+#include "agent/agent_machine.hpp"
+#include "agent/asio_timers.hpp"
+#include "agent/process_worker_group.hpp"
 #include "ddp/common/host_name.hpp"
 #include "ddp/launcher/device_count.hpp"
 #include "ddp/launcher/log_dir.hpp"
 #include "ddp/launcher/log_file_errors.hpp"
 #include "ddp/launcher/torchelastic_events.hpp"
 #include "ddp/launcher/worker_env.hpp"
-#include "hang_monitor.hpp"
-#include "process_worker_group.hpp"
-#include "rendezvous_host.hpp"
-#include "trace_share.hpp"
+#include "diagnosis/collective_diagnosis.hpp"
+#include "diagnosis/stack_capture.hpp"
+#include "diagnosis/trace_events.hpp"
+#include "host/rendezvous_host.hpp"
+#include "output/console_writer.hpp"
+#include "process/group_reaper.hpp"
+#include "process/nccl_profiler_lookup.hpp"
+#include "process/numa_binding.hpp"
+#include "process/python_probe.hpp"
+#include "watch/collective_exchange.hpp"
+#include "watch/hang_monitor.hpp"
+#include "watch/trace_share.hpp"
 
 namespace ddp::launcher {
 namespace fs = std::filesystem;
@@ -230,7 +230,9 @@ class Agent::Impl {
       return machine_->state() == AgentMachine::State::kRunning ? machine_->round() : -1;
     };
     hang.attempt_dir = [this] { return workers_->attempt_dir(); };
-    hang.post = context.post;
+    hang.on_hung = [post = context.post](int round, WorkerFailure root_cause) {
+      post(event::Hung{round, std::move(root_cause)});
+    };
     hang.notice = [this](const std::string& line) { notice(line); };
     hang.straggler.window = config_.straggler_window;
     hang.straggler.threshold_s = config_.straggler_threshold_s;

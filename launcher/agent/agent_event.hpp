@@ -10,10 +10,10 @@
 #include <optional>
 #include <variant>
 
-#include "../process/worker.hpp"
+#include "agent/worker_start_error.hpp"
 #include "ddp/elastic/rendezvous.hpp"
 #include "ddp/launcher/failure_report.hpp"
-#include "worker_start_error.hpp"
+#include "process/worker.hpp"
 
 namespace ddp::launcher::event {
 

@@ -1,10 +1,10 @@
-#include "agent_machine.hpp"
+#include "agent/agent_machine.hpp"
 
 #include <algorithm>
 #include <csignal>
 
+#include "agent/worker_start_error.hpp"
 #include "ddp/launcher/signal_names.hpp"
-#include "worker_start_error.hpp"
 
 namespace ddp::launcher {
 

@@ -24,11 +24,11 @@
 #include <string>
 #include <vector>
 
-#include "agent_event.hpp"
-#include "agent_timers.hpp"
+#include "agent/agent_event.hpp"
+#include "agent/agent_timers.hpp"
+#include "agent/worker_group.hpp"
 #include "ddp/elastic/rendezvous.hpp"
 #include "ddp/launcher/failure_report.hpp"
-#include "worker_group.hpp"
 
 namespace ddp::launcher {
 

@@ -1,4 +1,4 @@
-#include "asio_timers.hpp"
+#include "agent/asio_timers.hpp"
 
 namespace ddp::launcher {
 

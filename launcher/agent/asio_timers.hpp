@@ -5,7 +5,7 @@
 #include <boost/asio/steady_timer.hpp>
 #include <map>
 
-#include "agent_timers.hpp"
+#include "agent/agent_timers.hpp"
 
 namespace ddp::launcher {
 

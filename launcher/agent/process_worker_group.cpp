@@ -1,4 +1,4 @@
-#include "process_worker_group.hpp"
+#include "agent/process_worker_group.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>
@@ -10,11 +10,7 @@
 #include <cstring>
 #include <fstream>
 
-#include "../diagnosis/python_stacks.hpp"
-#include "../diagnosis/stack_capture.hpp"
-#include "../diagnosis/tool_run.hpp"
-#include "../process/nccl_profiler_lookup.hpp"
-#include "../process/python_probe.hpp"
+#include "agent/worker_start_error.hpp"
 #include "ddp/common/host_name.hpp"
 #include "ddp/common/worker_contract.hpp"
 #include "ddp/launcher/output_tee.hpp"
@@ -22,7 +18,12 @@
 #include "ddp/launcher/signal_names.hpp"
 #include "ddp/launcher/worker_env.hpp"
 #include "ddp/launcher/write_all.hpp"
-#include "worker_start_error.hpp"
+#include "diagnosis/flight_recorder.hpp"
+#include "diagnosis/python_stacks.hpp"
+#include "diagnosis/stack_capture.hpp"
+#include "diagnosis/tool_run.hpp"
+#include "process/nccl_profiler_lookup.hpp"
+#include "process/python_probe.hpp"
 
 namespace ddp::launcher {
 namespace fs = std::filesystem;
@@ -34,7 +35,6 @@ namespace {
 // 2.x names and the newer TORCH_FR_ ones; nothing when the user set any of them. A PyTorch that
 // reads the TORCH_FR_ names warns on every rank about the old ones: DDPRUN_FR_OLD_NAMES lists
 // them, and the Python probe drops them there before the first process group is made.
-constexpr const char* kFlightRecorderPrefix = "nccl_trace_rank_";
 
 void add_flight_recorder(std::vector<std::string>& env, const fs::path& attempt_dir) {
   static const char* const kNames[] = {
@@ -65,40 +65,6 @@ void drop_outer_variables(std::vector<std::string>& env) {
            entry.starts_with(std::string(ddp::contract::kModulesFile) + "=") ||
            entry.starts_with(std::string(ddp::contract::kUserPythonPath) + "=");
   });
-}
-
-// How long PyTorch's Flight Recorder analyser may take over the dumps of one round.
-constexpr std::chrono::seconds kFlightRecorderTimeout{60};
-
-// What the analyser said, for the console: its output indented, or why there is none.
-std::string flight_recorder_verdict(const ToolRun& run, const std::string& command) {
-  if (run.spawn_error != 0) {
-    return "ddprun: could not run PyTorch's Flight Recorder analyser (" + command +
-           "): " + std::strerror(run.spawn_error);
-  }
-  if (run.output.find("No module named") != std::string::npos && !run.succeeded()) {
-    return "ddprun: this PyTorch has no Flight Recorder analyser "
-           "(torch.distributed.flight_recorder comes with PyTorch 2.6+); with one, run: " +
-           command;
-  }
-  std::string text = "ddprun: PyTorch's Flight Recorder analyser (" + command + ")";
-  if (run.timed_out) {
-    text += " took longer than " + std::to_string(kFlightRecorderTimeout.count()) +
-            " s and was stopped; what it said:";
-  } else if (!run.succeeded()) {
-    text += " failed (" +
-            (run.exited ? "exit code " + std::to_string(run.exit_code) : std::string("signal")) +
-            "); what it said:";
-  } else {
-    text += " says:";
-  }
-  std::size_t start = 0;
-  while (start < run.output.size()) {
-    const std::size_t end = std::min(run.output.find('\n', start), run.output.size());
-    text += "\n  " + run.output.substr(start, end - start);
-    start = end + 1;
-  }
-  return text;
 }
 
 // Why a worker could not be started, and what to do about it.
@@ -489,24 +455,15 @@ void ProcessWorkerGroup::report_stacks(const std::vector<PythonStack>& stacks,
 }
 
 void ProcessWorkerGroup::analyse_flight_recorder() {
-  std::error_code ec;
-  std::vector<std::string> dumps;
-  for (const auto& entry : fs::directory_iterator(attempt_dir(), ec)) {
-    if (entry.path().filename().string().starts_with(kFlightRecorderPrefix)) {
-      dumps.push_back(entry.path().string());
-    }
-  }
+  const std::vector<std::string> dumps = flight_recorder_dumps(attempt_dir());
   if (dumps.empty()) return;
-  std::sort(dumps.begin(), dumps.end());
   std::string note =
       "ddprun: PyTorch's Flight Recorder left " + std::to_string(dumps.size()) + " dump(s):";
   for (const auto& dump : dumps) note += " " + dump;
   if (options_.notice) options_.notice(note);
   if (!options_.command.python) return;
-  // python -m torch.distributed.flight_recorder.fr_trace <dir> --prefix <prefix> (2.6+)
-  const std::vector<std::string> argv = {
-      options_.command.program, "-m",       "torch.distributed.flight_recorder.fr_trace",
-      attempt_dir().string(),   "--prefix", kFlightRecorderPrefix};
+  const std::vector<std::string> argv =
+      flight_recorder_analyser(options_.command.program, attempt_dir());
   std::string command;
   for (const auto& arg : argv) command += (command.empty() ? "" : " ") + arg;
   ++pending_tees_;  // its verdict is output the job's end waits for

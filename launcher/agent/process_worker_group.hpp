@@ -14,18 +14,18 @@
 #include <thread>
 #include <vector>
 
-#include "../output/console_writer.hpp"
-#include "../process/group_reaper.hpp"
-#include "../process/record_mapping.hpp"
-#include "../process/worker_streams.hpp"
+#include "agent/worker_group.hpp"
+#include "agent/worker_start_error.hpp"
 #include "ddp/launcher/launch_config.hpp"
 #include "ddp/launcher/log_file_errors.hpp"
 #include "ddp/launcher/master_endpoint.hpp"
 #include "ddp/launcher/worker_command.hpp"
-#include "python_stack_capture.hpp"
-#include "warm_starter.hpp"
-#include "worker_group.hpp"
-#include "worker_start_error.hpp"
+#include "output/console_writer.hpp"
+#include "process/group_reaper.hpp"
+#include "process/record_mapping.hpp"
+#include "process/warm_starter.hpp"
+#include "process/worker_streams.hpp"
+#include "watch/python_stack_capture.hpp"
 
 namespace ddp::launcher {
 

@@ -9,11 +9,11 @@
 #include <string>
 #include <vector>
 
-#include "../diagnosis/rank_view.hpp"
-#include "../process/worker.hpp"
+#include "agent/worker_start_error.hpp"
 #include "ddp/elastic/rendezvous.hpp"
 #include "ddp/launcher/failure_report.hpp"
-#include "worker_start_error.hpp"
+#include "diagnosis/rank_view.hpp"
+#include "process/worker.hpp"
 
 namespace ddp::launcher {
 

@@ -9,7 +9,7 @@
 #include <set>
 #include <thread>
 
-#include "cli_options.hpp"
+#include "cli/cli_options.hpp"
 #include "ddp/common/host_name.hpp"
 #include "ddp/launcher/device_count.hpp"
 #include "ddp/launcher/rdzv_settings.hpp"

@@ -1,7 +1,7 @@
 // --help and --version texts, rendered from the option table for 80 columns.
 #include <sstream>
 
-#include "cli_options.hpp"
+#include "cli/cli_options.hpp"
 #include "ddp/launcher/cli.hpp"
 
 #ifndef DDP_VERSION

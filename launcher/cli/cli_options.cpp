@@ -1,4 +1,4 @@
-#include "cli_options.hpp"
+#include "cli/cli_options.hpp"
 
 #include <algorithm>
 #include <array>

@@ -4,7 +4,7 @@
 #include <algorithm>
 #include <set>
 
-#include "cli_options.hpp"
+#include "cli/cli_options.hpp"
 #include "ddp/launcher/cli.hpp"
 
 namespace ddp::launcher::detail {

@@ -1,4 +1,4 @@
-#include "collective_diagnosis.hpp"
+#include "diagnosis/collective_diagnosis.hpp"
 
 #include <algorithm>
 #include <cstdio>

@@ -1,4 +1,4 @@
-#include "nccl_ras.hpp"
+#include "diagnosis/nccl_ras.hpp"
 
 #include <fcntl.h>
 #include <netdb.h>

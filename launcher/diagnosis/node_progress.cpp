@@ -1,4 +1,4 @@
-#include "node_progress.hpp"
+#include "diagnosis/node_progress.hpp"
 
 #include <algorithm>
 #include <charconv>

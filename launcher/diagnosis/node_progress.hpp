@@ -11,7 +11,7 @@
 #include <string_view>
 #include <vector>
 
-#include "rank_view.hpp"
+#include "diagnosis/rank_view.hpp"
 
 namespace ddp::launcher {
 

@@ -1,4 +1,4 @@
-#include "process_activity.hpp"
+#include "diagnosis/process_activity.hpp"
 
 #include <unistd.h>
 
@@ -7,7 +7,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "collective_diagnosis.hpp"
+#include "diagnosis/collective_diagnosis.hpp"
 
 namespace ddp::launcher {
 

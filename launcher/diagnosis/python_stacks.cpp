@@ -1,12 +1,12 @@
-#include "python_stacks.hpp"
+#include "diagnosis/python_stacks.hpp"
 
 #include <algorithm>
 #include <map>
 #include <regex>
 #include <sstream>
 
-#include "collective_diagnosis.hpp"
-#include "stack_capture.hpp"
+#include "diagnosis/collective_diagnosis.hpp"
+#include "diagnosis/stack_capture.hpp"
 
 namespace ddp::launcher {
 namespace {

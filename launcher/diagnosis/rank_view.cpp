@@ -1,4 +1,4 @@
-#include "rank_view.hpp"
+#include "diagnosis/rank_view.hpp"
 
 #include <time.h>
 

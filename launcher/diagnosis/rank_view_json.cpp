@@ -1,4 +1,4 @@
-#include "rank_view_json.hpp"
+#include "diagnosis/rank_view_json.hpp"
 
 #include <charconv>
 #include <cmath>

@@ -1,11 +1,11 @@
 #pragma once
 // RankViews as JSON, for agents to share their ranks' collectives with the other nodes of a
-// job (agent/collective_exchange.hpp). Internal to the launcher.
+// job (watch/collective_exchange.hpp). Internal to the launcher.
 
 #include <string>
 #include <vector>
 
-#include "rank_view.hpp"
+#include "diagnosis/rank_view.hpp"
 
 namespace ddp::launcher {
 

@@ -1,4 +1,4 @@
-#include "stack_capture.hpp"
+#include "diagnosis/stack_capture.hpp"
 
 #include <algorithm>
 #include <atomic>
@@ -9,8 +9,8 @@
 #include <sstream>
 #include <thread>
 
-#include "collective_diagnosis.hpp"
-#include "tool_run.hpp"
+#include "diagnosis/collective_diagnosis.hpp"
+#include "diagnosis/tool_run.hpp"
 
 namespace ddp::launcher {
 namespace {

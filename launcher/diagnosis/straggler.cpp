@@ -1,4 +1,4 @@
-#include "straggler.hpp"
+#include "diagnosis/straggler.hpp"
 
 #include <algorithm>
 #include <cstdio>

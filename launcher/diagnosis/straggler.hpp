@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "rank_view.hpp"
+#include "diagnosis/rank_view.hpp"
 
 namespace ddp::launcher {
 

@@ -1,4 +1,4 @@
-#include "tool_run.hpp"
+#include "diagnosis/tool_run.hpp"
 
 #include <fcntl.h>
 #include <poll.h>

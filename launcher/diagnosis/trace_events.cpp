@@ -1,4 +1,4 @@
-#include "trace_events.hpp"
+#include "diagnosis/trace_events.hpp"
 
 #include <algorithm>
 #include <nlohmann/json.hpp>

@@ -1,4 +1,4 @@
-#include "trace_merge.hpp"
+#include "diagnosis/trace_merge.hpp"
 
 #include <nlohmann/json.hpp>
 

@@ -1,4 +1,4 @@
-#include "console_writer.hpp"
+#include "output/console_writer.hpp"
 
 #include <unistd.h>
 

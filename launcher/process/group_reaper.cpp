@@ -1,4 +1,4 @@
-#include "group_reaper.hpp"
+#include "process/group_reaper.hpp"
 
 #include <fcntl.h>
 #include <linux/close_range.h>
@@ -17,7 +17,7 @@
 #include <cstdint>
 #include <system_error>
 
-#include "blocked_signals.hpp"
+#include "process/blocked_signals.hpp"
 
 namespace ddp::launcher {
 namespace {

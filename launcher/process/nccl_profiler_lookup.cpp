@@ -1,4 +1,4 @@
-#include "nccl_profiler_lookup.hpp"
+#include "process/nccl_profiler_lookup.hpp"
 
 #include <unistd.h>
 
@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "ddp/common/worker_contract.hpp"
-#include "trusted_path.hpp"
+#include "process/trusted_path.hpp"
 
 namespace ddp::launcher {
 namespace fs = std::filesystem;

@@ -1,4 +1,4 @@
-#include "numa_binding.hpp"
+#include "process/numa_binding.hpp"
 
 #include <unistd.h>
 

@@ -1,4 +1,4 @@
-#include "process_status.hpp"
+#include "process/process_status.hpp"
 
 #include <sys/stat.h>
 

@@ -1,4 +1,4 @@
-#include "python_probe.hpp"
+#include "process/python_probe.hpp"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -8,7 +8,7 @@
 #include <system_error>
 
 #include "ddp/common/worker_contract.hpp"
-#include "trusted_path.hpp"
+#include "process/trusted_path.hpp"
 
 namespace ddp::launcher {
 namespace fs = std::filesystem;

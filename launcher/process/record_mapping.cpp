@@ -1,4 +1,4 @@
-#include "record_mapping.hpp"
+#include "process/record_mapping.hpp"
 
 #include <sys/mman.h>
 #include <sys/stat.h>

@@ -1,4 +1,4 @@
-#include "record_wrapper.hpp"
+#include "process/record_wrapper.hpp"
 
 #include "record_wrapper_source.hpp"  // generated from worker/python/embedded/record_wrapper.py
 

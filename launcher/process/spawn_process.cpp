@@ -15,7 +15,7 @@
 #include <cstring>
 #include <memory>
 
-#include "blocked_signals.hpp"
+#include "process/blocked_signals.hpp"
 
 namespace ddp::launcher {
 namespace {

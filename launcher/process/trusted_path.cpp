@@ -1,4 +1,4 @@
-#include "trusted_path.hpp"
+#include "process/trusted_path.hpp"
 
 #include <sys/stat.h>
 

@@ -1,4 +1,4 @@
-#include "worker.hpp"
+#include "process/worker.hpp"
 
 #include <sys/syscall.h>
 #include <sys/wait.h>

@@ -8,7 +8,7 @@
 #include <sstream>
 
 #include "ddp/launcher/usage_error.hpp"
-#include "record_wrapper.hpp"
+#include "process/record_wrapper.hpp"
 
 namespace ddp::launcher {
 namespace {

@@ -1,4 +1,4 @@
-#include "worker_streams.hpp"
+#include "process/worker_streams.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>

@@ -1,4 +1,4 @@
-#include "worker_template.hpp"
+#include "process/worker_template.hpp"
 
 #include <sys/prctl.h>
 #include <sys/socket.h>

@@ -7,9 +7,9 @@
 #include <memory>
 #include <thread>
 
-#include "agent/rendezvous_host.hpp"
 #include "ddp/elastic/rendezvous.hpp"
 #include "ddp/store/client.hpp"
+#include "host/rendezvous_host.hpp"
 #include "multi_node_harness.hpp"
 #include "mute_store.hpp"
 

@@ -7,8 +7,8 @@
 #include <csignal>
 #include <deque>
 
-#include "agent/local_rendezvous.hpp"
 #include "agent_fakes.hpp"
+#include "host/local_rendezvous.hpp"
 
 using namespace ddp::launcher;
 using namespace ddp::launcher::test;

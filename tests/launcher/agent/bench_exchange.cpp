@@ -42,10 +42,10 @@
 #include <thread>
 #include <vector>
 
-#include "agent/collective_exchange.hpp"
-#include "agent/collective_keys.hpp"
-#include "agent/views_writer.hpp"
 #include "ddp/store/server.hpp"
+#include "watch/collective_exchange.hpp"
+#include "watch/collective_keys.hpp"
+#include "watch/views_writer.hpp"
 
 using namespace ddp::launcher;
 using Clock = std::chrono::steady_clock;

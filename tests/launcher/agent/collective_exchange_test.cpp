@@ -2,17 +2,17 @@
 // stopped publishing has its views age from when it wrote them, what travels is compact, the
 // gatherer's requests a tick do not grow with the nodes, and a gatherer that is gone is
 // replaced by the next group rank.
-#include "agent/collective_exchange.hpp"
+#include "watch/collective_exchange.hpp"
 
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <nlohmann/json.hpp>
 #include <thread>
 
-#include "agent/collective_keys.hpp"
-#include "agent/views_writer.hpp"
 #include "ddp/store/client.hpp"
 #include "store_fixture.hpp"
+#include "watch/collective_keys.hpp"
+#include "watch/views_writer.hpp"
 
 using namespace ddp::launcher;
 using namespace std::chrono_literals;

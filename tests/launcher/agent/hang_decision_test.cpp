@@ -1,7 +1,7 @@
 // decide_hang: when a hang verdict stops the job and when it only warns.
 #include <catch2/catch.hpp>
 
-#include "agent/hang_monitor.hpp"
+#include "watch/hang_monitor.hpp"
 
 using namespace ddp::launcher;
 using namespace std::chrono_literals;

@@ -1,5 +1,5 @@
 // LocalRendezvous: the one-node rendezvous of --nnodes=1, in-process.
-#include "agent/local_rendezvous.hpp"
+#include "host/local_rendezvous.hpp"
 
 #include <catch2/catch.hpp>
 

@@ -3,8 +3,8 @@
 
 #include <catch2/catch.hpp>
 
-#include "agent/rendezvous_host.hpp"
 #include "ddp/elastic/round_state.hpp"
+#include "host/rendezvous_host.hpp"
 
 using ddp::elastic::round_closed_by;
 namespace elastic = ddp::elastic;

@@ -1,7 +1,7 @@
 // Who the agent's stores admit: a round's members (names resolved) and loopback, or this
 // host's own addresses and loopback.
 
-#include "agent/store_admission.hpp"
+#include "host/store_admission.hpp"
 
 #include <catch2/catch.hpp>
 

@@ -1,16 +1,16 @@
-#include "collective_exchange.hpp"
+#include "watch/collective_exchange.hpp"
 
 #include <algorithm>
 #include <iterator>
 #include <stdexcept>
 #include <string_view>
 
-#include "../diagnosis/rank_view_json.hpp"
-#include "collective_keys.hpp"
 #include "ddp/common/retry_pause.hpp"
 #include "ddp/store/client.hpp"
-#include "shared_verdict.hpp"
-#include "workers_store_client.hpp"
+#include "diagnosis/rank_view_json.hpp"
+#include "watch/collective_keys.hpp"
+#include "watch/shared_verdict.hpp"
+#include "watch/workers_store_client.hpp"
 
 namespace ddp::launcher {
 namespace {

@@ -8,7 +8,7 @@
 #include <optional>
 #include <string>
 
-#include "../diagnosis/collective_diagnosis.hpp"
+#include "diagnosis/collective_diagnosis.hpp"
 
 namespace ddp::launcher {
 

@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "../diagnosis/trace_merge.hpp"
 #include "ddp/elastic/rendezvous.hpp"
 #include "ddp/store/store.hpp"
+#include "diagnosis/trace_merge.hpp"
 
 namespace ddp::launcher {
 

@@ -1,4 +1,4 @@
-#include "warm_starter.hpp"
+#include "process/warm_starter.hpp"
 
 #include <fcntl.h>
 #include <sys/inotify.h>

@@ -1,4 +1,4 @@
-#include "trace_share.hpp"
+#include "watch/trace_share.hpp"
 
 #include <time.h>
 
@@ -9,7 +9,7 @@
 
 #include "ddp/store/client.hpp"
 #include "ddp/store/server.hpp"
-#include "workers_store_client.hpp"
+#include "watch/workers_store_client.hpp"
 
 namespace ddp::launcher {
 namespace {

@@ -3,7 +3,7 @@
 // (--hang_timeout). Diagnose early, act late: at the timeout it prints the verdict as a
 // warning, with where each worker is (the Python probe's stacks, eu-stack for the others) and
 // what each rank to blame did meanwhile (its CPU time and I/O), and again at most once a
-// minute while the hang holds. It stops the job (an event::Hung naming the rank to blame,
+// minute while the hang holds. It stops the job (on_hung naming the rank to blame,
 // after the report is written into the attempt's log directory) only when the hang is
 // certain (a rank the others wait for exited; the ranks called the collective differently),
 // or once the ranks have waited past the job's own collective timeout (--hang_stop_timeout
@@ -24,11 +24,11 @@
 #include <string>
 #include <thread>
 
-#include "../diagnosis/collective_diagnosis.hpp"
-#include "../diagnosis/process_activity.hpp"
-#include "../diagnosis/straggler.hpp"
-#include "agent_event.hpp"
-#include "python_stack_capture.hpp"
+#include "ddp/launcher/failure_report.hpp"
+#include "diagnosis/collective_diagnosis.hpp"
+#include "diagnosis/process_activity.hpp"
+#include "diagnosis/straggler.hpp"
+#include "watch/python_stack_capture.hpp"
 
 namespace ddp::launcher {
 
@@ -58,9 +58,10 @@ struct HangMonitorOptions {
   std::function<std::vector<RankView>()> views;  // the round's ranks now
   std::function<int()> round;  // the running round's number; -1 while no round runs
   std::function<std::filesystem::path()> attempt_dir;  // where the round's logs go
-  std::function<void(AgentEvent)> post;                // queues an event for the machine
-  std::function<void(const std::string&)> notice;      // one line for the console
-  StragglerOptions straggler;                          // window 0: no straggler lines
+  // The job hung in `round`: the rank to blame (hung = true, the report in error).
+  std::function<void(int round, WorkerFailure root_cause)> on_hung;
+  std::function<void(const std::string&)> notice;  // one line for the console
+  StragglerOptions straggler;                      // window 0: no straggler lines
   // NCCL's RAS service, asked for its status when the job hung: the workers' NCCL_RAS_ADDR
   // (then always asked); empty: localhost:28028, asked when a rank uses NCCL.
   std::string ras_address;

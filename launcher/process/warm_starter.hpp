@@ -17,9 +17,9 @@
 #include <string>
 #include <vector>
 
-#include "../process/worker_template.hpp"
 #include "ddp/launcher/launch_config.hpp"
 #include "ddp/launcher/worker_command.hpp"
+#include "process/worker_template.hpp"
 
 namespace ddp::launcher {
 

@@ -3,7 +3,7 @@
 #include <boost/asio/ip/address.hpp>
 #include <cstdio>
 
-#include "store_admission.hpp"
+#include "host/store_admission.hpp"
 
 namespace ddp::launcher {
 namespace {

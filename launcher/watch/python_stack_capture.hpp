@@ -21,8 +21,8 @@
 #include <string>
 #include <vector>
 
-#include "../diagnosis/python_stacks.hpp"
-#include "../process/record_mapping.hpp"
+#include "diagnosis/python_stacks.hpp"
+#include "process/record_mapping.hpp"
 
 namespace ddp::launcher {
 

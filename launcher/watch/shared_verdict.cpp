@@ -1,4 +1,4 @@
-#include "shared_verdict.hpp"
+#include "watch/shared_verdict.hpp"
 
 #include <algorithm>
 #include <nlohmann/json.hpp>

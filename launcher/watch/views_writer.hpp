@@ -12,9 +12,9 @@
 #include <string>
 #include <vector>
 
-#include "../diagnosis/rank_view.hpp"
 #include "ddp/elastic/rendezvous.hpp"
 #include "ddp/store/client.hpp"
+#include "diagnosis/rank_view.hpp"
 
 namespace ddp::launcher {
 

@@ -44,13 +44,13 @@
 #include <thread>
 #include <vector>
 
-#include "../diagnosis/collective_diagnosis.hpp"
-#include "../diagnosis/node_progress.hpp"
-#include "../diagnosis/rank_view.hpp"
 #include "ddp/elastic/rendezvous.hpp"
 #include "ddp/store/client.hpp"
-#include "shared_verdict.hpp"
-#include "views_writer.hpp"
+#include "diagnosis/collective_diagnosis.hpp"
+#include "diagnosis/node_progress.hpp"
+#include "diagnosis/rank_view.hpp"
+#include "watch/shared_verdict.hpp"
+#include "watch/views_writer.hpp"
 
 namespace ddp::launcher {
 

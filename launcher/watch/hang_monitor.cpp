@@ -1,12 +1,12 @@
-#include "hang_monitor.hpp"
+#include "watch/hang_monitor.hpp"
 
 #include <algorithm>
 #include <boost/asio/post.hpp>
 #include <fstream>
 #include <future>
 
-#include "../diagnosis/nccl_ras.hpp"
-#include "../diagnosis/stack_capture.hpp"
+#include "diagnosis/nccl_ras.hpp"
+#include "diagnosis/stack_capture.hpp"
 
 namespace ddp::launcher {
 namespace fs = std::filesystem;
@@ -279,7 +279,7 @@ void HangMonitor::report(int round, CollectiveDiagnosis diagnosis, std::vector<R
   failure.hung = true;
   failure.error_file = (dir / "hang.txt").string();
   failure.error = ErrorFileContent{diagnosis.headline, text};
-  options_.post(event::Hung{round, std::move(failure)});
+  options_.on_hung(round, std::move(failure));
   boost::asio::post(timer_.get_executor(), [this] { reporting_ = false; });
 }
 

@@ -1,8 +1,8 @@
-#include "views_writer.hpp"
+#include "watch/views_writer.hpp"
 
-#include "../diagnosis/node_progress.hpp"
-#include "../diagnosis/rank_view_json.hpp"
-#include "collective_keys.hpp"
+#include "diagnosis/node_progress.hpp"
+#include "diagnosis/rank_view_json.hpp"
+#include "watch/collective_keys.hpp"
 
 namespace ddp::launcher {
 namespace {

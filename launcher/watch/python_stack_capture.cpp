@@ -1,8 +1,8 @@
-#include "python_stack_capture.hpp"
+#include "watch/python_stack_capture.hpp"
 
 #include <csignal>
 
-#include "../process/process_status.hpp"
+#include "process/process_status.hpp"
 
 namespace ddp::launcher {
 

@@ -1,4 +1,4 @@
-#include "local_rendezvous.hpp"
+#include "host/local_rendezvous.hpp"
 
 #include <utility>
 

@@ -1,4 +1,4 @@
-#include "store_admission.hpp"
+#include "host/store_admission.hpp"
 
 #include <ifaddrs.h>
 #include <netinet/in.h>

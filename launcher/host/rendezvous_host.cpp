@@ -1,4 +1,4 @@
-#include "rendezvous_host.hpp"
+#include "host/rendezvous_host.hpp"
 
 #include <netinet/in.h>
 #include <poll.h>
@@ -13,8 +13,8 @@
 #include "ddp/elastic/round_state.hpp"
 #include "ddp/launcher/agent_store.hpp"
 #include "ddp/launcher/rdzv_settings.hpp"
-#include "local_rendezvous.hpp"
-#include "store_admission.hpp"
+#include "host/local_rendezvous.hpp"
+#include "host/store_admission.hpp"
 
 namespace ddp::launcher {
 namespace {
