@@ -24,48 +24,12 @@
 #include "diagnosis/tool_run.hpp"
 #include "process/nccl_profiler_lookup.hpp"
 #include "process/python_probe.hpp"
+#include "process/worker_environment.hpp"
 
 namespace ddp::launcher {
 namespace fs = std::filesystem;
 
 namespace {
-
-// PyTorch's Flight Recorder (its NCCL process groups): the last collectives of each rank in a
-// ring, dumped to <attempt dir>/nccl_trace_rank_<rank> when a collective times out. Both the
-// 2.x names and the newer TORCH_FR_ ones; nothing when the user set any of them. A PyTorch that
-// reads the TORCH_FR_ names warns on every rank about the old ones: DDPRUN_FR_OLD_NAMES lists
-// them, and the Python probe drops them there before the first process group is made.
-
-void add_flight_recorder(std::vector<std::string>& env, const fs::path& attempt_dir) {
-  static const char* const kNames[] = {
-      "TORCH_NCCL_TRACE_BUFFER_SIZE", "TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_DUMP_ON_TIMEOUT",
-      "TORCH_NCCL_DEBUG_INFO_TEMP_FILE", "TORCH_FR_DUMP_TEMP_FILE"};
-  for (const std::string& entry : env) {
-    for (const char* name : kNames) {
-      if (entry.starts_with(std::string(name) + "=")) return;
-    }
-  }
-  const std::string prefix = (attempt_dir / kFlightRecorderPrefix).string();
-  env.push_back("TORCH_NCCL_TRACE_BUFFER_SIZE=2000");
-  env.push_back("TORCH_FR_BUFFER_SIZE=2000");
-  env.push_back("TORCH_NCCL_DUMP_ON_TIMEOUT=1");
-  env.push_back("TORCH_NCCL_DEBUG_INFO_TEMP_FILE=" + prefix);
-  env.push_back("TORCH_FR_DUMP_TEMP_FILE=" + prefix);
-  env.push_back(std::string(contract::kFlightRecorderOldNames) +
-                "=TORCH_NCCL_TRACE_BUFFER_SIZE,TORCH_NCCL_DEBUG_INFO_TEMP_FILE");
-}
-
-// Drops the variables an outer ddprun gave this one (it runs as a worker): each worker gets
-// its own page, stack file, probe path and modules list.
-void drop_outer_variables(std::vector<std::string>& env) {
-  std::erase_if(env, [](const std::string& entry) {
-    return entry.starts_with(std::string(ddp::contract::kRecordFd) + "=") ||
-           entry.starts_with(std::string(ddp::contract::kStackFd) + "=") ||
-           entry.starts_with(std::string(ddp::contract::kStackSignal) + "=") ||
-           entry.starts_with(std::string(ddp::contract::kModulesFile) + "=") ||
-           entry.starts_with(std::string(ddp::contract::kUserPythonPath) + "=");
-  });
-}
 
 // Why a worker could not be started, and what to do about it.
 std::string start_failure_text(const LaunchConfig& config, const fs::path& log_root,
@@ -102,7 +66,7 @@ ProcessWorkerGroup::ProcessWorkerGroup(boost::asio::io_context& io,
   warm.mode = options_.config.warm_start;
   warm.command = options_.command;
   warm.probe_dir = options_.python_probe_dir;
-  warm.env = template_environment();
+  warm.env = template_environment(node_environment());
   warm.log_root = options_.log_root;
   warm.group_guard_fd = reaper_.channel();
   warm.alone = options_.config.max_nodes == 1;
@@ -110,12 +74,14 @@ ProcessWorkerGroup::ProcessWorkerGroup(boost::asio::io_context& io,
   warm_ = std::make_unique<WarmStarter>(io_, std::move(warm));
 }
 
-std::vector<std::string> ProcessWorkerGroup::template_environment() const {
-  std::vector<std::string> env = merge_environment(options_.base_env, {});
-  drop_outer_variables(env);
-  add_nccl_profiler(env);
-  if (options_.command.python && !options_.python_probe_dir.empty()) add_python_probe(env);
-  return env;
+NodeEnvironment ProcessWorkerGroup::node_environment() const {
+  NodeEnvironment node;
+  node.base_env = options_.base_env;
+  node.python = options_.command.python;
+  node.python_probe_dir = options_.python_probe_dir;
+  node.stack_signal = python_stack_signal();
+  node.nccl_profiler = options_.nccl_profiler;
+  return node;
 }
 
 ProcessWorkerGroup::~ProcessWorkerGroup() {
@@ -224,22 +190,17 @@ std::shared_ptr<ProcessWorkerGroup::Launch> ProcessWorkerGroup::prepare_worker(i
   SpawnOptions spawn;
   spawn.program = options_.command.program;
   spawn.argv = worker_argv(options_.command, options_.config, local_rank);
-  spawn.env = merge_environment(
-      options_.base_env, worker_variables(options_.config, master, identity, options_.base_env));
   // The collective record page libddp (or the Python probe) writes and the hang monitor
   // reads, and the file the probe writes Python stacks into.
   auto record = std::make_shared<RecordMapping>();
-  if (options_.command.python) add_flight_recorder(spawn.env, dir.parent_path());
-  drop_outer_variables(spawn.env);
-  spawn.env.push_back(record->variable());
-  if (const std::string modules = warm_->modules_variable(dir); !modules.empty()) {
-    spawn.env.push_back(modules);
-  }
+  WorkerOwnVariables own;
+  own.record = record->variable();
+  own.stack = record->stack_variable();
+  own.modules = warm_->modules_variable(dir);
+  own.flight_dumps = (dir.parent_path() / kFlightRecorderPrefix).string();
+  spawn.env = worker_environment(node_environment(), options_.config, master, identity, own);
   spawn.inherit_fds = {record->fd()};
-  add_nccl_profiler(spawn.env);
   if (options_.command.python && !options_.python_probe_dir.empty()) {
-    add_python_probe(spawn.env);
-    spawn.env.push_back(record->stack_variable());
     spawn.inherit_fds.push_back(record->stack_fd());
   }
   auto launch = std::make_shared<Launch>();
@@ -277,20 +238,6 @@ void ProcessWorkerGroup::launch_worker(Launch& launch, std::optional<pid_t> fork
   records_.push_back(launch.record);
   tee_output(launch.local_rank, launch.streams);
   launch.streams = WorkerStreams();  // the child's ends of pipes and files close in the agent
-}
-
-void ProcessWorkerGroup::add_nccl_profiler(std::vector<std::string>& env) const {
-  if (options_.nccl_profiler.empty()) return;
-  const std::string key = std::string(kNcclProfilerPluginVariable) + "=";
-  if (std::any_of(env.begin(), env.end(), [&](const std::string& e) { return e.starts_with(key); }))
-    return;  // the user's plugin (or "none")
-  env.push_back(key + options_.nccl_profiler.string());
-}
-
-void ProcessWorkerGroup::add_python_probe(std::vector<std::string>& env) const {
-  add_python_probe_path(env, options_.python_probe_dir);
-  env.push_back(std::string(ddp::contract::kStackSignal) + "=" +
-                std::to_string(python_stack_signal()));
 }
 
 std::string ProcessWorkerGroup::line_prefix(int local_rank) const {

@@ -24,6 +24,7 @@
 #include "process/group_reaper.hpp"
 #include "process/record_mapping.hpp"
 #include "process/warm_starter.hpp"
+#include "process/worker_environment.hpp"
 #include "process/worker_streams.hpp"
 #include "watch/python_stack_capture.hpp"
 
@@ -115,13 +116,9 @@ class ProcessWorkerGroup : public WorkerGroup {
   // afresh for each round.
   void open_filtered_logs(const std::filesystem::path& dir);
   void on_tee_done();
-  // The probe's variables for a Python worker: PYTHONPATH with the probe first, the signal
-  // (the caller adds the stack file).
-  void add_python_probe(std::vector<std::string>& env) const;
-  // NCCL_PROFILER_PLUGIN=<ddprun's plugin>, unless env names a plugin already.
-  void add_nccl_profiler(std::vector<std::string>& env) const;
-  // The template's environment (--warm_start): the workers' without a rank's variables.
-  std::vector<std::string> template_environment() const;
+  // What every worker's environment, and the template's, is built from
+  // (process/worker_environment.hpp).
+  NodeEnvironment node_environment() const;
   // The stacks taken at a stop: one line per group of ranks, and a file per rank.
   void report_stacks(const std::vector<PythonStack>& stacks, const std::filesystem::path& dir);
 

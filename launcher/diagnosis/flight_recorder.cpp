@@ -21,8 +21,12 @@ std::vector<std::string> flight_recorder_dumps(const fs::path& attempt_dir) {
 // python -m torch.distributed.flight_recorder.fr_trace <dir> --prefix <prefix> (2.6+)
 std::vector<std::string> flight_recorder_analyser(const std::string& python,
                                                   const fs::path& attempt_dir) {
-  return {python, "-m", "torch.distributed.flight_recorder.fr_trace", attempt_dir.string(),
-          "--prefix", kFlightRecorderPrefix};
+  return {python,
+          "-m",
+          "torch.distributed.flight_recorder.fr_trace",
+          attempt_dir.string(),
+          "--prefix",
+          kFlightRecorderPrefix};
 }
 
 std::string flight_recorder_verdict(const ToolRun& run, const std::string& command) {
