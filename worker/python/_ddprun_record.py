@@ -1,6 +1,6 @@
 """The writer side of ddprun's record page for the Python probe (_ddprun_probe.py, beside this
 file): the page's layout (common/include/ddp/common/collective_record.hpp; the checks in
-tests/launcher/agent/python/probe_check.py read it from there) and the Recorder, which makes
+tests/worker/python/probe_check.py read it from there) and the Recorder, which makes
 every write to it. Imports nothing of torch."""
 
 import _thread

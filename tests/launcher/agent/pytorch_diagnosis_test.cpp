@@ -317,7 +317,8 @@ TEST_CASE(
     "[torch]") {
   if (!torch_available())
     return skip(torch_python() + " cannot import torch.distributed with Gloo");
-  const ShellResult run = run_shell(torch_python() + " " + script("probe_check.py"), 280);
+  const ShellResult run = run_shell(
+      torch_python() + " " + source_path("tests/worker/python/probe_check.py").string(), 280);
   INFO(run.output);
   CHECK(run.status == 0);
 }

@@ -17,7 +17,7 @@ import sys
 import tempfile
 import time
 
-CHECKOUT = os.path.realpath(os.path.join(os.path.dirname(__file__), "..", "..", "..", ".."))
+CHECKOUT = os.path.realpath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
 PROBE_FOLDER = os.path.join(CHECKOUT, "worker", "python")
 HEADER = os.path.join(CHECKOUT, "common", "include", "ddp", "common", "collective_record.hpp")
 STACK_SIGNAL = signal.SIGRTMIN + 5
