@@ -63,8 +63,7 @@ bool add_python_probe(std::vector<std::string>& env, const NodeEnvironment& node
 
 }  // namespace
 
-std::vector<std::string> worker_environment(const NodeEnvironment& node,
-                                            const LaunchConfig& config,
+std::vector<std::string> worker_environment(const NodeEnvironment& node, const LaunchConfig& config,
                                             const MasterEndpoint& master,
                                             const WorkerIdentity& worker,
                                             const WorkerOwnVariables& own) {

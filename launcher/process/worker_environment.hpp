@@ -38,8 +38,7 @@ struct WorkerOwnVariables {
 // for `worker`; for a Python worker the Flight Recorder's variables (none when the user set
 // any); the variables an outer ddprun gave this one dropped; its own; the NCCL plugin; the
 // probe's PYTHONPATH and signal, then its stack file.
-std::vector<std::string> worker_environment(const NodeEnvironment& node,
-                                            const LaunchConfig& config,
+std::vector<std::string> worker_environment(const NodeEnvironment& node, const LaunchConfig& config,
                                             const MasterEndpoint& master,
                                             const WorkerIdentity& worker,
                                             const WorkerOwnVariables& own);
