@@ -277,6 +277,8 @@ void WarmStarter::end_round(const fs::path& attempt_dir, int local_world) {
 
 // Each rank's folder of the round is watched: a list's write is an event on the loop.
 void WarmStarter::watch_lists() {
+  boost::system::error_code ignored;
+  lists_.close(ignored);  // the last round's, if any
   const int fd = ::inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
   if (fd < 0) {  // out of inotify instances: restarts feed what the last attempt wrote
     return;
