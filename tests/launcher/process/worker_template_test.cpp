@@ -37,7 +37,7 @@ void run_until(boost::asio::io_context& io, const bool& done) {
 
 }  // namespace
 
-TEST_CASE("a template that answers: prepared on the loop, its count kept; a refused spawn") {
+TEST_CASE("a template that answers: prepared on the loop, its count kept, and a spawn refused") {
   if (!std::filesystem::exists(torch_python())) return skip(torch_python() + " is missing");
   boost::asio::io_context io;
   WorkerTemplate t(io, fake("answer"));
