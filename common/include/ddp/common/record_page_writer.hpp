@@ -198,15 +198,8 @@ class RecordPageWriter {
   void on_started(std::uint64_t seq) {
     if (lane_index_ < 0 || seq == 0) return;
     const std::uint64_t now = now_ns();
-    CollectiveSlot& slot = lane_.collectives[seq % kCollectiveSlots];
-    if (slot.seq.load(std::memory_order_relaxed) == seq) {
-      begin_write(slot);
-      // Checked again under the claim: the slot may have passed to a newer collective.
-      if (slot.seq.load(std::memory_order_relaxed) == seq) {
-        slot.started_ns.store(now, std::memory_order_relaxed);
-      }
-      end_write(slot);
-    }
+    in_slot(seq,
+            [&](CollectiveSlot& slot) { slot.started_ns.store(now, std::memory_order_relaxed); });
     raise(*lane_.started, seq);
   }
 
@@ -214,17 +207,10 @@ class RecordPageWriter {
   void on_finished(std::uint64_t seq, bool failed) {
     if (lane_index_ < 0 || seq == 0) return;
     const std::uint64_t now = now_ns();
-    CollectiveSlot& slot = lane_.collectives[seq % kCollectiveSlots];
-    if (slot.seq.load(std::memory_order_relaxed) == seq) {
-      begin_write(slot);
-      // Checked again under the claim: once a later collective finished, the issuing thread
-      // may have reused this slot for seq + kCollectiveSlots.
-      if (slot.seq.load(std::memory_order_relaxed) == seq) {
-        slot.finished_ns.store(now, std::memory_order_relaxed);
-        slot.failed.store(failed ? 1 : 0, std::memory_order_relaxed);
-      }
-      end_write(slot);
-    }
+    in_slot(seq, [&](CollectiveSlot& slot) {
+      slot.finished_ns.store(now, std::memory_order_relaxed);
+      slot.failed.store(failed ? 1 : 0, std::memory_order_relaxed);
+    });
     if (failed) lane_.failed->store(1, std::memory_order_relaxed);
     lane_.last_finished_ns->store(now, std::memory_order_relaxed);
     // Release: the issuing thread may reuse this slot once it sees `finished` pass it.
@@ -261,6 +247,18 @@ class RecordPageWriter {
   const RecordPage& page() const { return *page_; }
 
  private:
+  // Writes collective `seq`'s slot under its seqlock, while the slot still holds `seq`:
+  // checked again under the claim, since the issuing thread may have reused it for
+  // seq + kCollectiveSlots once a later collective finished.
+  template <class Write>
+  void in_slot(std::uint64_t seq, Write write) {
+    CollectiveSlot& slot = lane_.collectives[seq % kCollectiveSlots];
+    if (slot.seq.load(std::memory_order_relaxed) != seq) return;
+    begin_write(slot);
+    if (slot.seq.load(std::memory_order_relaxed) == seq) write(slot);
+    end_write(slot);
+  }
+
   explicit RecordPageWriter(RecordPage* page) : page_(page) {}
 
   // The lane claimed for Context `context` (see open_lane); -1: none is free.
