@@ -1,5 +1,5 @@
 // ddprun: a torchrun-compatible launcher. Parses the command line into a LaunchConfig and
-// hands it to the agent; this file only picks exit codes.
+// hands it to the agent; this file only picks exit codes (torchrun's: usage_error.hpp).
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -33,9 +33,12 @@ int main(int argc, char** argv) {
     options.base_env = current_environment();
     Agent agent(std::move(cli.config), std::move(command), std::move(options));
     return agent.run();
-  } catch (const UsageError& e) {
+  } catch (const CommandLineError& e) {  // where torchrun's argparse stops: 2
     std::fprintf(stderr, "ddprun: error: %s\n", e.what());
     return 2;
+  } catch (const UsageError& e) {  // a value torchrun refuses once parsed: 1
+    std::fprintf(stderr, "ddprun: error: %s\n", e.what());
+    return 1;
   } catch (const std::exception& e) {
     if (is_out_of_descriptors(e)) {
       std::fprintf(stderr, "ddprun: %s\n", out_of_descriptors_message(job, e).c_str());

@@ -6,12 +6,14 @@
 #include <algorithm>
 #include <boost/asio/post.hpp>
 #include <boost/asio/signal_set.hpp>
+#include <chrono>
 #include <csignal>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <sstream>
 #include <system_error>
 #include <thread>
 
@@ -29,6 +31,7 @@
 #include "diagnosis/trace_events.hpp"
 #include "host/rendezvous_host.hpp"
 #include "output/console_writer.hpp"
+#include "output/outer_error_file.hpp"
 #include "process/group_reaper.hpp"
 #include "process/nccl_profiler_lookup.hpp"
 #include "process/numa_binding.hpp"
@@ -286,13 +289,13 @@ class Agent::Impl {
   void stop(AgentOutcome outcome) {
     if (trace_ && !trace_written_) return write_trace(std::move(outcome));  // then back here
     if (events_job_) final_events(outcome);
-    exit_code_ = outcome.exit_code;
+    exit_code_ = exit_status(outcome);
     if (auto steps = hang_monitor_->step_summary_now(); !steps.empty()) notice("ddprun: " + steps);
     if (auto incomplete = log_errors_->take_incomplete_files_notice(); !incomplete.empty()) {
       notice(incomplete);
     }
     if (outcome.keep_logs) temp_dir_.clear();  // keep the error files the report points to
-    copy_root_error_file(outcome.root_error_file);
+    write_outer_error_file(outcome);
     // After a success or a failure every node reports, the others are reading how the round
     // ended from the store this agent may serve: keep it up until they are gone (bounded).
     // After a signal they go on without this node.
@@ -405,7 +408,7 @@ class Agent::Impl {
   // The end: every worker's state (after a signal torchrun records only the agent's), then the
   // agent's.
   void final_events(const AgentOutcome& outcome) {
-    const bool signalled = outcome.exit_code >= 128 && outcome.report.empty();
+    const bool signalled = outcome.signal != 0;
     EventAgent agent = event_agent(true);
     if (workers_ && !workers_->round().members.empty() && !signalled) {
       const int local_world = elastic::worker_ranks(workers_->round(), 0).local_world_size;
@@ -443,8 +446,8 @@ class Agent::Impl {
     trace_written_ = true;
     const std::string path = *config_.trace_file;
     const elastic::RoundInfo round = workers_ ? workers_->round() : elastic::RoundInfo{};
-    const bool shared = round.members.size() > 1 && outcome.exit_code < 128 &&
-                        rendezvous_->workers_use_agent_store();
+    const bool shared =
+        round.members.size() > 1 && outcome.signal == 0 && rendezvous_->workers_use_agent_store();
     if (!shared) {
       write_trace_file(path, trace_->json(), std::to_string(trace_->size()) + " events");
       return stop(std::move(outcome));
@@ -543,16 +546,43 @@ class Agent::Impl {
   }
 
   // As torchrun: a launcher started with TORCHELASTIC_ERROR_FILE (a scheduler that wraps it)
-  // gets the root cause's error file copied there.
-  void copy_root_error_file(const std::string& root) {
+  // gets there the root cause's error file with its "errorCode", or the signal that ended it.
+  void write_outer_error_file(const AgentOutcome& outcome) {
     const auto outer = options_.base_env.find("TORCHELASTIC_ERROR_FILE");
-    if (root.empty() || outer == options_.base_env.end() || outer->second.empty()) return;
-    std::error_code ec;
-    fs::copy_file(root, outer->second, fs::copy_options::overwrite_existing, ec);
-    if (ec) {
-      notice("ddprun: cannot copy the root cause's error file " + root + " to " + outer->second +
-             " (TORCHELASTIC_ERROR_FILE): " + ec.message());
+    if (outer == options_.base_env.end() || outer->second.empty()) return;
+    std::string text;
+    std::string what;
+    if (outcome.signal != 0) {
+      const auto now = std::chrono::system_clock::now().time_since_epoch();
+      text = signal_error_file(::getpid(), outcome.signal,
+                               std::chrono::duration_cast<std::chrono::seconds>(now).count());
+      what = "the signal that stopped ddprun";
+    } else if (!outcome.root_error_file.empty()) {
+      std::ifstream in(outcome.root_error_file);
+      std::stringstream content;
+      content << in.rdbuf();
+      if (!in) {
+        return notice("ddprun: cannot read the root cause's error file " + outcome.root_error_file +
+                      " to copy it to " + outer->second +
+                      " (TORCHELASTIC_ERROR_FILE): " + std::strerror(errno));
+      }
+      const WorkerFailure& root = outcome.failures.front();  // ours: the root cause comes first
+      text = error_file_with_code(content.str(), root.signal != 0 ? -root.signal : root.exit_code);
+      what = "the root cause's error file " + outcome.root_error_file;
+    } else {
+      return;
     }
+    if (auto error = write_error_file(outer->second, text)) {
+      notice("ddprun: cannot write " + what + " to " + outer->second +
+             " (TORCHELASTIC_ERROR_FILE): " + *error);
+    }
+  }
+
+  // The process's exit status: torchrun's (0, or 1 for any failure or signal), or with
+  // --exit_code=root_cause the job's own (AgentOutcome::exit_code).
+  int exit_status(const AgentOutcome& outcome) const {
+    if (config_.root_cause_exit_code || outcome.exit_code == 0) return outcome.exit_code;
+    return 1;
   }
 
   bool handles(int signal) const {

@@ -10,6 +10,17 @@ namespace ddp::launcher {
 
 using elastic::StopReason;
 
+namespace {
+
+// The end after a handled signal to ddprun: 128+N, as a shell reports a process killed by it.
+AgentOutcome signalled(int number) {
+  AgentOutcome outcome(128 + number, "", false);
+  outcome.signal = number;
+  return outcome;
+}
+
+}  // namespace
+
 AgentMachine::AgentMachine(AgentMachineConfig config, AgentMachineContext context)
     : config_(std::move(config)), ctx_(std::move(context)) {}
 
@@ -253,7 +264,7 @@ void AgentMachine::on_group_exited() {
   ctx_.timers->cancel(TimerId::kKill);
   ctx_.timers->cancel(TimerId::kAbort);
   ctx_.workers->release();
-  if (state_ == State::kShuttingDown) return finish({128 + signal_, "", false});
+  if (state_ == State::kShuttingDown) return finish(signalled(signal_));
   if (state_ == State::kStopping) {
     const bool failed = sent_reason_ || (reason_ && reason_->failed());
     if (failed) ctx_.workers->analyse_flight_recorder();
@@ -364,14 +375,11 @@ void AgentMachine::give_up(const StopReason& reason) {
 }
 
 // A handled signal: forward it to the workers (SIGKILL after the timeout), leave the
-// rendezvous so the others can go on; a second one kills at once. Once the outcome is known,
-// it ends the wait for the last output.
+// rendezvous so the others can go on. Once the outcome is known, it ends the wait for the last
+// output.
 void AgentMachine::on(const event::Signal& e) {
   if (state_ == State::kDraining || state_ == State::kDone) return done();
-  if (state_ == State::kShuttingDown) {
-    ctx_.notice("ddprun: " + signal_name(e.number) + " again: killing the workers now");
-    return ctx_.workers->signal(SIGKILL);
-  }
+  if (state_ == State::kShuttingDown) return signal_again(e.number);
   signal_ = e.number;
   const bool workers_run =
       (state_ == State::kStarting || state_ == State::kRunning || state_ == State::kStopping) &&
@@ -379,12 +387,30 @@ void AgentMachine::on(const event::Signal& e) {
   if (!workers_run) {
     ctx_.notice("ddprun: got " + signal_name(e.number) + ": leaving the rendezvous");
     ctx_.rendezvous->leave();
-    return finish({128 + e.number, "", false});
+    return finish(signalled(e.number));
   }
   ctx_.notice("ddprun: got " + signal_name(e.number) + ": forwarding it to the workers");
   state_ = State::kShuttingDown;
+  forwarded_ = {e.number};
   stop_workers(e.number);
   ctx_.rendezvous->leave();
+}
+
+// Another signal while the workers stop: it never shortens their grace, since `timeout`,
+// container runtimes and Slurm send the same signal twice within milliseconds, and a worker
+// in its handler may be writing a checkpoint. SIGKILL comes only when --shutdown_timeout has
+// passed. A repeat is not forwarded (a handler entered again would start its work over); a
+// signal the workers have not had yet is, with a full --shutdown_timeout from now.
+void AgentMachine::signal_again(int number) {
+  const std::string name = signal_name(number);
+  if (std::find(forwarded_.begin(), forwarded_.end(), number) != forwarded_.end()) {
+    return ctx_.notice("ddprun: " + name +
+                       " again: the workers have it already; still waiting for them (SIGKILL "
+                       "only once --shutdown_timeout has passed)");
+  }
+  forwarded_.push_back(number);
+  ctx_.notice("ddprun: got " + name + ": forwarding it to the workers too; still waiting for them");
+  stop_workers(number);
 }
 
 // Draining: the outcome is known; wait (bounded) for the last teed output.

@@ -61,7 +61,11 @@ struct AgentOutcome {
   AgentOutcome(int exit, std::string text, bool keep)
       : exit_code(exit), report(std::move(text)), keep_logs(keep) {}
 
-  int exit_code = 1;            // ddprun's exit status
+  // The job's status: 0, the root cause's exit status (exit code, or 128+signal), 1 for a
+  // failure of ddprun's own, or 128+signal after a signal to ddprun. The process exits with
+  // this under --exit_code=root_cause, and with torchrun's 0 or 1 by default (exit_status()).
+  int exit_code = 1;
+  int signal = 0;               // the handled signal that ended ddprun; 0: none
   std::string report;           // the failure report, printed after all output; empty on success
   bool keep_logs = false;       // the report points at error files: keep them
   std::string root_error_file;  // the root cause's error file, when it is on this node
@@ -140,6 +144,7 @@ class AgentMachine {
   void decide_after_stop();
   void start_grace_timer();
   void give_up(const elastic::StopReason& reason);
+  void signal_again(int number);
   void finish(AgentOutcome outcome);
   void done();
 
@@ -158,7 +163,8 @@ class AgentMachine {
   std::optional<WorkerFailure> root_cause_;         // a local failure that ended the round
   std::vector<WorkerFailure> other_failures_;       // local workers that had failed too
   int signal_ = 0;                                  // the handled signal that shuts the agent down
-  int stop_signal_ = SIGTERM;  // the signal the workers were last asked to stop with
+  std::vector<int> forwarded_;  // the signals the workers got from this shutdown, once each
+  int stop_signal_ = SIGTERM;   // the signal the workers were last asked to stop with
   std::optional<AgentTimers::Clock::time_point> last_wait_notice_;
   AgentOutcome outcome_;
 };

@@ -397,7 +397,11 @@ void ProcessWorkerGroup::report_stacks(const std::vector<PythonStack>& stacks,
   if (!options_.notice || stacks.empty()) return;
   std::string text = "ddprun: where each Python worker was when it was stopped:\n";
   text += indent_lines(group_python_stacks(stacks));
-  text += "  (each rank's stack: " + (dir / "<local_rank>" / "python_stack.txt").string() + ")";
+  if (options_.config.log_dir) {  // else the files go with ddprun's temporary log folder
+    text += "  (each rank's stack: " + (dir / "<local_rank>" / "python_stack.txt").string() + ")";
+  } else {
+    text.pop_back();  // notice() ends the line
+  }
   options_.notice(text);
 }
 

@@ -39,10 +39,10 @@ std::string where(const RawOptions& raw, const std::string& dest) {
 
 int int_option(const RawOptions& raw, const std::string& dest, long min, long max) {
   auto value = to_long(raw.values.at(dest));
-  if (!value || *value < min || *value > max) {
-    throw UsageError(where(raw, dest) + ": expected an integer from " + std::to_string(min) +
-                     " to " + std::to_string(max));
-  }
+  const std::string expected =
+      ": expected an integer from " + std::to_string(min) + " to " + std::to_string(max);
+  if (!value) throw CommandLineError(where(raw, dest) + expected);  // argparse's type=int
+  if (*value < min || *value > max) throw UsageError(where(raw, dest) + expected);
   return static_cast<int>(*value);
 }
 
@@ -50,9 +50,9 @@ double seconds_option(const RawOptions& raw, const std::string& dest) {
   const std::string& text = raw.values.at(dest);
   char* end = nullptr;
   double value = text.empty() ? -1 : std::strtod(text.c_str(), &end);
-  if (text.empty() || *end != '\0' || !(value >= 0) || value > 1e9) {
-    throw UsageError(where(raw, dest) + ": expected a number of seconds >= 0");
-  }
+  const std::string expected = ": expected a number of seconds >= 0";
+  if (text.empty() || *end != '\0') throw CommandLineError(where(raw, dest) + expected);
+  if (!(value >= 0) || value > 1e9) throw UsageError(where(raw, dest) + expected);
   return value;
 }
 
@@ -217,6 +217,12 @@ void parse_lifecycle(const RawOptions& raw, LaunchConfig& config) {
   }
   auto ms = static_cast<long long>(seconds_option(raw, "shutdown_timeout") * 1000.0);
   config.shutdown_timeout = std::chrono::milliseconds(ms);
+  if (const std::string& code = raw.values.at("exit_code"); code == "root_cause") {
+    config.root_cause_exit_code = true;
+  } else if (code != "torchrun") {
+    throw UsageError(where(raw, "exit_code") + ": '" + code +
+                     "' is not one of torchrun, root_cause");
+  }
   ms = static_cast<long long>(seconds_option(raw, "hang_timeout") * 1000.0);
   config.hang_timeout = std::chrono::milliseconds(ms);
   if (!raw.values.at("hang_stop_timeout").empty()) {
@@ -325,7 +331,7 @@ void parse_entrypoint(const RawOptions& raw, LaunchConfig& config) {
   if (module) config.entrypoint_kind = EntrypointKind::kModule;
   if (no_python && !config.run_path) config.entrypoint_kind = EntrypointKind::kDirect;
   if (command.empty() || command.front().empty()) {
-    throw UsageError(
+    throw CommandLineError(
         "missing entrypoint: give the script, module or program each worker "
         "runs (see ddprun --help)");
   }

@@ -70,7 +70,12 @@ constexpr std::array kOptions = {
     OptionSpec{"signals_to_handle", "", true, false, "SIG,...", "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
                kLife, "Signals forwarded to every worker's process group."},
     OptionSpec{"shutdown_timeout", "", true, false, "SECONDS", "30", kLife,
-               "Grace period between SIGTERM (or the forwarded signal) and SIGKILL."},
+               "Grace period between SIGTERM (or the forwarded signal) and SIGKILL. A second "
+               "signal never shortens it."},
+    OptionSpec{"exit_code", "", true, false, "torchrun|root_cause", "torchrun", kLife,
+               "ddprun's exit status when the job fails: 1, as torchrun (torchrun), or the "
+               "root cause's exit status: its exit code, 128+N after signal N, 128+N after "
+               "ddprun got signal N (root_cause)."},
     OptionSpec{"hang_timeout", "", true, false, "SECONDS", "300", kLife,
                "A job whose ranks (libddp, or PyTorch through ddprun's Python probe) finish no "
                "collective for this long while one waits in one is hung: ddprun warns, naming "

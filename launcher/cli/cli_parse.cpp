@@ -48,7 +48,7 @@ const LongName* resolve_long(const std::vector<LongName>& names, const std::stri
   if (candidates.size() > 1) {
     std::string list;
     for (const std::string& c : candidates) list += (list.empty() ? "" : ", ") + c;
-    throw UsageError("ambiguous option: " + name + " could match " + list);
+    throw CommandLineError("ambiguous option: " + name + " could match " + list);
   }
   return match;
 }
@@ -70,8 +70,8 @@ bool looks_like_option(const std::string& arg) {
 void check_separate_value(const std::vector<std::string>& args, std::size_t i,
                           const std::string& name) {
   if (i + 1 >= args.size() || looks_like_option(args[i + 1]) || args[i + 1] == "--") {
-    throw UsageError(name + ": expected a value (give " + name + "=VALUE, or " + name +
-                     "= for an empty one)");
+    throw CommandLineError(name + ": expected a value (give " + name + "=VALUE, or " + name +
+                           "= for an empty one)");
   }
 }
 
@@ -140,7 +140,7 @@ std::vector<std::string> worker_command(const Normalized& normalized,
                                         std::vector<std::string> remaining) {
   std::size_t command_size = normalized.args.size() - normalized.command_start;
   if (remaining.size() > command_size) {
-    throw UsageError("unknown option " + remaining.front() + " (see ddprun --help)");
+    throw CommandLineError("unknown option " + remaining.front() + " (see ddprun --help)");
   }
   if (normalized.separator && !remaining.empty()) remaining.erase(remaining.begin());
   return remaining;
@@ -209,7 +209,7 @@ RawOptions parse_raw_options(const std::vector<std::string>& args) {
   try {
     app.parse(reversed);
   } catch (const CLI::ParseError& e) {
-    throw UsageError(e.what());
+    throw CommandLineError(e.what());
   }
   raw.command = worker_command(normalized, app.remaining());
   record_values(app, added, raw);

@@ -126,12 +126,13 @@ std::string WorkerFailure::describe_exit() const {
 
 std::string format_failure_report(const std::string& what, const WorkerFailure& root_cause,
                                   const std::vector<WorkerFailure>& others) {
-  // As torchrun: every failure numbered in rank order, the root cause among them.
-  std::vector<const WorkerFailure*> all = {&root_cause};
+  // As torchrun: the root cause is [0], the other failures follow it in rank order.
+  std::vector<const WorkerFailure*> all;
   for (const WorkerFailure& other : others) all.push_back(&other);
   std::stable_sort(all.begin(), all.end(), [](const WorkerFailure* a, const WorkerFailure* b) {
     return a->rank < b->rank;
   });
+  all.insert(all.begin(), &root_cause);
   const std::string title = what + " FAILED";
   std::string root_text;
   std::string others_text;
@@ -139,7 +140,7 @@ std::string format_failure_report(const std::string& what, const WorkerFailure& 
   for (std::size_t i = 0; i < all.size(); ++i) {
     std::string text = describe(i, *all[i]);
     width = std::max(width, widest_line(text));
-    (all[i] == &root_cause ? root_text : others_text) += text;
+    (i == 0 ? root_text : others_text) += text;
   }
   if (others_text.empty()) others_text = "  <NO_OTHER_FAILURES>\n";
   width = std::min(width, kMaxRuleWidth);

@@ -2,6 +2,8 @@
 
 #include <unistd.h>
 
+#include "ddp/launcher/signal_names.hpp"
+
 extern char** environ;
 
 namespace ddp::launcher {
@@ -35,6 +37,12 @@ std::map<std::string, std::string> worker_variables(
   if (auto old = base_env.find("NCCL_ASYNC_ERROR_HANDLING"); old != base_env.end()) {
     variables["NCCL_ASYNC_ERROR_HANDLING"] = old->second;
   }
+  // torchrun 2.x puts --signals_to_handle in its own environment, so its workers see it.
+  std::string signals;
+  for (int signal : config.signals_to_handle) {
+    signals += (signals.empty() ? "" : ",") + signal_name(signal);
+  }
+  variables["TORCHELASTIC_SIGNALS_TO_HANDLE"] = signals;
   if (config.virtual_local_rank) {  // each worker sees its own GPU as device 0
     variables["LOCAL_RANK"] = "0";
     variables["CUDA_VISIBLE_DEVICES"] = virtual_local_rank_device(base_env, worker.local_rank);

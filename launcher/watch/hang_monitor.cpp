@@ -103,6 +103,25 @@ std::string hang_report(const CollectiveDiagnosis& diagnosis, const std::string&
   return text;
 }
 
+namespace {
+
+// The line when a hang reported above is over: the job moves again, unless what ended it was
+// a collective that failed (Gloo's timeout, a lost peer), which moved nothing.
+std::string hang_ended(const std::vector<RankView>& views) {
+  std::string failed;
+  for (const RankView& view : views) {
+    if (view.failed) failed += (failed.empty() ? "" : ", ") + std::to_string(view.rank);
+  }
+  if (failed.empty()) {
+    return "ddprun: the job moves again: a collective finished since the hang above";
+  }
+  const bool several = failed.find(',') != std::string::npos;
+  return "ddprun: the hang above ended in a failed collective (" +
+         std::string(several ? "ranks " : "rank ") + failed + ")";
+}
+
+}  // namespace
+
 HangMonitor::HangMonitor(boost::asio::io_context& io, HangMonitorOptions options)
     : options_(std::move(options)), timer_(io) {}
 
@@ -142,7 +161,7 @@ void HangMonitor::check() {
   if (!diagnosis) {
     if (hang_round_ == round) {
       hang_round_ = -1;
-      options_.notice("ddprun: the job moves again: a collective finished since the hang above");
+      options_.notice(hang_ended(views));
     }
     return;
   }

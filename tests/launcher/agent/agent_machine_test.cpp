@@ -324,20 +324,32 @@ TEST_CASE("stop reasons in one line") {
   CHECK(stop_reason_text(left) == "node my_host (agent pid 77) left the job");
 }
 
-TEST_CASE("a signal: forwarded, the rendezvous left, 128+signal, and a second one kills at once") {
+TEST_CASE("a signal: forwarded, the rendezvous left, 128+signal, and later ones never kill") {
   Harness h(3);
   h.round_ready(two_nodes(0));
   h.machine.handle(event::Signal{SIGTERM});
   CHECK(h.workers.signals == std::vector<int>{SIGTERM});
   CHECK(h.rdzv.left == 1);
   CHECK(h.noticed("got SIGTERM: forwarding it to the workers"));
+  // The same signal again: the workers have it; not forwarded, and no SIGKILL.
+  h.machine.handle(event::Signal{SIGTERM});
+  CHECK(h.workers.signals == std::vector<int>{SIGTERM});
+  CHECK(h.noticed("SIGTERM again: the workers have it already"));
+  // Another signal: forwarded once, with the whole grace again.
+  h.advance(kShutdown - std::chrono::milliseconds(1000));
   h.machine.handle(event::Signal{SIGINT});
-  CHECK(h.workers.signals == std::vector<int>{SIGTERM, SIGKILL});
-  CHECK(h.noticed("SIGINT again: killing the workers now"));
+  h.machine.handle(event::Signal{SIGINT});
+  CHECK(h.workers.signals == std::vector<int>{SIGTERM, SIGINT});
+  CHECK(h.noticed("got SIGINT: forwarding it to the workers too"));
+  h.advance(kShutdown - std::chrono::milliseconds(1));  // past SIGTERM's, within SIGINT's
+  CHECK(h.workers.signals == std::vector<int>{SIGTERM, SIGINT});
+  h.advance(std::chrono::milliseconds(1));  // SIGINT's --shutdown_timeout has passed
+  CHECK(h.workers.signals == std::vector<int>{SIGTERM, SIGINT, SIGKILL});
   h.exit(0, 0, SIGKILL);
   h.exit(1, 0, SIGKILL);
   REQUIRE(h.outcome);
   CHECK(h.outcome->exit_code == 128 + SIGTERM);
+  CHECK(h.outcome->signal == SIGTERM);
   CHECK(h.rdzv.rounds.size() == 1);
 }
 

@@ -43,7 +43,8 @@ struct WorkerFailure : elastic::WorkerRecord {
 // The report on a failed job, in torchrun 2.x's layout field for field (so that log scrapers
 // written for torchrun keep working): a ==== rule, "<what> FAILED", "Failures:" (the other
 // failures, or <NO_OTHER_FAILURES>), "Root Cause (first observed failure):", each failure as
-// "[i]:" with time, host, rank, exitcode (-N for signal N) with the pid, error_file and
+// "[i]:" (the root cause [0], the others after it in rank order) with time, host, rank,
+// exitcode (-N for signal N) with the pid, error_file and
 // traceback; then fields of ddprun's own (exit, message). `what` names the job (the
 // entrypoint).
 std::string format_failure_report(const std::string& what, const WorkerFailure& root_cause,

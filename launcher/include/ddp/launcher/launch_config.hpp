@@ -69,6 +69,7 @@ struct LaunchConfig {
   std::string role = "default";        // --role; ROLE_NAME and the tee prefix
   std::vector<int> signals_to_handle;  // --signals_to_handle, as signal numbers
   std::chrono::milliseconds shutdown_timeout{std::chrono::seconds(30)};  // --shutdown_timeout
+  bool root_cause_exit_code = false;  // --exit_code=root_cause (default torchrun: 0 or 1)
   // --hang_timeout: no collective finished for this long while one waits: a hang. 0: off.
   std::chrono::milliseconds hang_timeout{std::chrono::seconds(300)};
   // --hang_stop_timeout: an uncertain hang is stopped after this; unset: the job's own

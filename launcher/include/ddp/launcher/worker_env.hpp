@@ -23,7 +23,8 @@ struct WorkerIdentity {
 // The contract variables for one worker (ranks from worker.ranks, not from config): RANK LOCAL_RANK
 // WORLD_SIZE LOCAL_WORLD_SIZE GROUP_RANK GROUP_WORLD_SIZE ROLE_RANK ROLE_NAME ROLE_WORLD_SIZE
 // MASTER_ADDR MASTER_PORT TORCHELASTIC_RESTART_COUNT TORCHELASTIC_MAX_RESTARTS TORCHELASTIC_RUN_ID
-// TORCHELASTIC_USE_AGENT_STORE TORCHELASTIC_ERROR_FILE TORCH_NCCL_ASYNC_ERROR_HANDLING; with
+// TORCHELASTIC_USE_AGENT_STORE TORCHELASTIC_ERROR_FILE TORCH_NCCL_ASYNC_ERROR_HANDLING
+// TORCHELASTIC_SIGNALS_TO_HANDLE (torchrun 2.x: the --signals_to_handle names); with
 // --virtual_local_rank, LOCAL_RANK=0 and CUDA_VISIBLE_DEVICES (virtual_local_rank_device).
 // base_env supplies TORCH_NCCL_ASYNC_ERROR_HANDLING when set there (default "1").
 // Beyond torchrun's contract: DDP_STORE_DIALECT=v2 when the agent hosts the store and
