@@ -171,10 +171,12 @@ WorkerCommand resolve_worker_command(const LaunchConfig& config, const EnvLookup
     command.argv = {interpreter, "-u"};
     command.python = true;
     const bool module = config.entrypoint_kind == EntrypointKind::kModule;
-    if (module || config.run_path) {  // torchrun's @record, by ddprun's wrapper
+    if (module) {  // as torchrun: the interpreter's own -m (sys.path[0], tracebacks); the
+      command.argv.push_back("-m");  // probe writes its error file (_ddprun_probe.py)
+    } else if (config.run_path) {    // torchrun's @record, by ddprun's wrapper
       command.argv.push_back("-c");
       command.argv.push_back(std::string(detail::record_wrapper_source()));
-      command.argv.push_back(module ? "-m" : "--run_path");
+      command.argv.push_back("--run_path");
     }
     command.argv.push_back(module ? config.entrypoint : entry.file);
   }

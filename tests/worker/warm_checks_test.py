@@ -61,6 +61,10 @@ class WritesEnvironment(unittest.TestCase):
             write(os.path.join(d, "pkg", "__main__.py"), "print(1)\n")
             path, _ = checks.program_source(["python", "-c", "WRAPPER", "-m", "pkg"], d)
             self.assertEqual(path, os.path.join(d, "pkg", "__main__.py"))
+            path, _ = checks.program_source(["python", "-u", "-m", "pkg", "-x"], d)
+            self.assertEqual(path, os.path.join(d, "pkg", "__main__.py"))
+            path, _ = checks.program_source(["python", "-m", "train"], d)
+            self.assertEqual(path, os.path.join(d, "train.py"))
 
 
 class EnvironmentReadsTest(unittest.TestCase):

@@ -956,6 +956,31 @@ def _register_stack_signal(words):
     words[STACK_SIGNAL] = signal_number
 
 
+def _write_error_file():
+    """At exit of a `python -m` worker: an uncaught exception (PyErr_Print left it in
+    sys.last_value) written to TORCHELASTIC_ERROR_FILE as torchelastic's @record writes it, so
+    that the failure report shows its traceback, unless the program's own @record wrote one.
+    Runs from atexit: no frame of ours is on the program's stack, and its traceback, sys.path
+    and exit status are the interpreter's own."""
+    error = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+    path = os.environ.get("TORCHELASTIC_ERROR_FILE")
+    if not isinstance(error, Exception) or not path or os.path.exists(path):
+        return
+    try:
+        import json
+        import traceback
+
+        callstack = "".join(traceback.format_exception(type(error), error,
+                                                       error.__traceback__))
+        data = {"message": {"message": "%s: %s" % (type(error).__name__, error),
+                            "extraInfo": {"py_callstack": callstack,
+                                          "timestamp": str(int(time.time()))}}}
+        with open(path, "w") as error_file:
+            json.dump(data, error_file)
+    except Exception:
+        pass
+
+
 def install():
     """Registers the stack signal and waits for torch.distributed. Does nothing without the
     agent's page; raises if the page or the variables are broken."""
@@ -965,6 +990,8 @@ def install():
     words = _map_page(int(fd_text))
     if words is None or words[PID] != 0:  # not ours: inherited from the worker that ran us
         return
+    if sys.argv[:1] == ["-m"]:  # python -m, before runpy: ddprun's own error file for it
+        atexit.register(_write_error_file)
     _register_stack_signal(words)
     probe = _Probe(Recorder(words))
     modules_file = os.environ.get(_contract.MODULES_FILE)

@@ -617,13 +617,20 @@ class _Job:
 
     def __init__(self, argv):
         at = 1
-        while at < len(argv) and argv[at].startswith("-") and argv[at] != "-c":
+        while at < len(argv) and argv[at].startswith("-") and argv[at] not in ("-c", "-m"):
             at += 1  # the interpreter's flags: this template runs with the same
         # The real interpreter's command line, as exec'd (a wrapper's exec included).
         self.argv = _ORIG_PREFIX + argv[at:] if _ORIG_PREFIX else list(argv)
         if hasattr(sys, "orig_argv"):  # Python 3.10+
             sys.orig_argv = list(self.argv)
-        if at < len(argv) and argv[at] == "-c":
+        self.module = None
+        if at < len(argv) and argv[at] == "-m":
+            # As Python's -m: sys.argv[0] is "-m" until runpy finds the module, sys.path[0]
+            # the working directory, in full.
+            self.module, self.source, self.file = argv[at + 1], None, None
+            sys.argv[:] = ["-m"] + argv[at + 2:]
+            sys.path.insert(0, os.getcwd())
+        elif at < len(argv) and argv[at] == "-c":
             self.source, self.file = argv[at + 1], None
             sys.argv[:] = ["-c"] + argv[at + 2:]
             sys.path.insert(0, "")
@@ -652,6 +659,19 @@ class _Job:
         namespace["__builtins__"] = builtins
         for key in _MAIN_KEYS:
             namespace[key] = {}
+        if self.module is not None:  # what Python's -m calls, with the same frames
+            import runpy
+
+            namespace["__loader__"] = importlib.machinery.BuiltinImporter
+            sys.modules["__main__"] = main
+            try:
+                runpy._run_module_as_main(self.module, True)
+            except SystemExit:
+                raise
+            except BaseException:
+                sys.excepthook = _TrimmedHook(sys.excepthook)
+                raise
+            return
         if self.file is None:
             namespace["__loader__"] = importlib.machinery.BuiltinImporter
             code = compile(self.source, "<string>", "exec", dont_inherit=True)

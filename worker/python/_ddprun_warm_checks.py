@@ -363,14 +363,20 @@ def writes_environment(source, filename):
 
 def program_source(argv, cwd):
     """(path, source bytes) of the program a worker's command line runs: the script, or the
-    --run_path script or -m module of ddprun's wrapper; (None, None) when it cannot be told."""
+    -m module, or the --run_path script of ddprun's wrapper; (None, None) when it cannot be
+    told."""
     at = 1
-    while at < len(argv) and argv[at].startswith("-") and argv[at] != "-c":
+    while at < len(argv) and argv[at].startswith("-") and argv[at] not in ("-c", "-m"):
         at += 1
     if at >= len(argv):
         return None, None
     path = argv[at]
-    if argv[at] == "-c":
+    if argv[at] == "-m":
+        if at + 1 >= len(argv):
+            return None, None
+        base = os.path.join(cwd, *argv[at + 1].split("."))
+        path = base + ".py" if os.path.isfile(base + ".py") else os.path.join(base, "__main__.py")
+    elif argv[at] == "-c":
         mode, target = (argv[at + 2], argv[at + 3]) if len(argv) > at + 3 else (None, None)
         if mode == "--run_path":
             path = target

@@ -237,3 +237,53 @@ TEST_CASE("PyTorch: @record's error file becomes the report's root cause", "[tor
   CHECK_THAT(root, Catch::Contains("message   : ValueError: rank one gave up"));
   CHECK_THAT(root, Catch::Contains("raise ValueError(\"rank one gave up\")"));
 }
+
+namespace {
+
+// module_view.py's "view" line, and the traceback its failure printed (from "Traceback" to
+// the exception's line), of `argv` run in the folder of the test scripts.
+struct ModuleView {
+  json view;
+  std::vector<std::string> traceback;
+};
+
+ModuleView module_view(std::vector<std::string> argv, const std::string& chdir_to) {
+  argv.insert(argv.begin(), {"/bin/sh", "-c", "cd \"$0\" && exec \"$@\"", python_dir()});
+  argv.insert(argv.end(), {"-m", "module_view", chdir_to, "fail"});
+  ProcessResult r =
+      run_process(argv, {{"PYTHON_EXEC", torch_python()}}, {}, std::chrono::milliseconds(180000));
+  INFO(r.err);
+  CHECK(r.status == 1);
+  ModuleView result;
+  for (const auto& line : lines_of(r.out)) {
+    if (line.starts_with("view ")) result.view = json::parse(line.substr(5));
+  }
+  bool in = false;
+  for (const auto& line : lines_of(r.err)) {
+    in = in || line == "Traceback (most recent call last):";
+    if (in) result.traceback.push_back(line);
+    if (in && line.starts_with("ValueError")) break;
+  }
+  REQUIRE(result.view.is_object());
+  return result;
+}
+
+}  // namespace
+
+TEST_CASE("a -m worker sees and prints what python -m shows it cold and warm", "[torch]") {
+  // What torchrun runs for -m: PYTHON_EXEC -u -m NAME ARGS.
+  TempDir dir;
+  const ModuleView python = module_view({torch_python(), "-u"}, dir.path().string());
+  CHECK(python.view["path0"] == python.view["cwd"]);  // the working directory, in full
+  REQUIRE(python.traceback.size() > 2);
+  for (const std::string warm : {"off", "always"}) {
+    INFO("--warm_start=" << warm);
+    const ModuleView ddprun = module_view(
+        {ddprun_path(), "--nproc_per_node=1", "--warm_start=" + warm}, dir.path().string());
+    CHECK(ddprun.view["warm"] == (warm == "always"));
+    CHECK(ddprun.view["path0"] == python.view["path0"]);
+    CHECK(ddprun.view["argv"] == python.view["argv"]);
+    CHECK(ddprun.view["stack"] == python.view["stack"]);
+    CHECK(ddprun.traceback == python.traceback);
+  }
+}

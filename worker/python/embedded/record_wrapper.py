@@ -1,13 +1,9 @@
 import sys, os, runpy
-def _ddprun_record(mode, target, args):
+def _ddprun_record(target, args):
     try:
-        if mode == "--run_path":
-            sys.argv = [target] + args
-            sys.path[0] = os.path.dirname(os.path.abspath(target))
-            runpy.run_path(target, run_name="__main__")
-        else:
-            sys.argv = [target] + args
-            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        sys.argv = [target] + args
+        sys.path[0] = os.path.dirname(os.path.abspath(target))
+        runpy.run_path(target, run_name="__main__")
     except Exception as e:
         import json, time, traceback
         path = os.environ.get("TORCHELASTIC_ERROR_FILE")
@@ -18,4 +14,4 @@ def _ddprun_record(mode, target, args):
             with open(path, "w") as fp:
                 json.dump(data, fp)
         raise
-_ddprun_record(sys.argv[1], sys.argv[2], sys.argv[3:])
+_ddprun_record(sys.argv[2], sys.argv[3:])
