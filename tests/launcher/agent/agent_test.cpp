@@ -254,11 +254,32 @@ TEST_CASE("ddprun started with TORCHELASTIC_ERROR_FILE gets the root cause's fil
   INFO(r.err);
   const auto error_file = run_dir(dir.path()) / "attempt_0" / "1" / "error.json";
   REQUIRE(std::filesystem::exists(outer));
-  std::ifstream a(outer), b(error_file);
-  const std::string copied((std::istreambuf_iterator<char>(a)), {});
-  const std::string original((std::istreambuf_iterator<char>(b)), {});
-  CHECK_THAT(copied, Catch::Contains("disk full"));
+  json copied = read_json(outer);
+  const json original = read_json(error_file);
+  CHECK(copied["message"]["errorCode"] == 5);  // torchrun's: the worker's exit code
+  copied["message"].erase("errorCode");
   CHECK(copied == original);
+}
+
+TEST_CASE("exit status: torchrun's 1 by default, the root cause's with --exit_code=root_cause") {
+  // The tests' PET_EXIT_CODE=root_cause (catch_main.cpp) yields to the option.
+  const std::vector<std::string> failing = {"--if-rank", "1", "--exit", "3", "--wait"};
+  CHECK(run_process(ddprun({"--nproc_per_node=2", "--exit_code=torchrun"}, failing)).status == 1);
+  CHECK(run_process(ddprun({"--nproc_per_node=2", "--exit_code=root_cause"}, failing)).status == 3);
+  const std::vector<std::string> killed = {"--if-rank", "0", "--signal", "SIGKILL", "--wait"};
+  CHECK(run_process(ddprun({"--nproc_per_node=2", "--exit_code=torchrun"}, killed)).status == 1);
+  CHECK(
+      run_process(ddprun({"--nproc_per_node=2"}, {"--exit", "0"}), {{"PET_EXIT_CODE", "torchrun"}})
+          .status == 0);
+  // Bad input as torchrun: 2 where its argparse stops, 1 for a value it refuses later.
+  ProcessResult unknown = run_process(ddprun({"--no_such_option"}, {"--exit", "0"}));
+  CHECK(unknown.status == 2);
+  CHECK_THAT(unknown.err, Catch::Contains("unknown option --no_such_option"));
+  CHECK(run_process(ddprun({"--max_restarts=abc"}, {"--exit", "0"})).status == 2);
+  ProcessResult bad_value = run_process(ddprun({"--nproc_per_node=abc"}, {"--exit", "0"}));
+  CHECK(bad_value.status == 1);
+  CHECK_THAT(bad_value.err, Catch::Contains("ddprun: error: --nproc_per_node=abc"));
+  CHECK(run_process(ddprun({"--exit_code=sometimes"}, {"--exit", "0"})).status == 1);
 }
 
 TEST_CASE("restarts increment TORCHELASTIC_RESTART_COUNT and stop at --max_restarts") {

@@ -1,12 +1,15 @@
-// torchelastic error files (both forms PyTorch writes) and the failure report.
+// torchelastic error files (both forms PyTorch writes), the failure report, and what ddprun
+// writes to its own TORCHELASTIC_ERROR_FILE.
 #include "ddp/launcher/failure_report.hpp"
 
 #include <catch2/catch.hpp>
 #include <csignal>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <regex>
 #include <sstream>
 
+#include "output/outer_error_file.hpp"
 #include "test_support.hpp"
 
 using namespace ddp::launcher;
@@ -106,7 +109,7 @@ TEST_CASE("the report is torchrun 2.x's layout, line for line, with ddprun's fie
       "train.py FAILED",
       std::string(60, '-'),
       "Failures:",
-      "[0]:",
+      "[1]:",
       "",  // time
       "  host      : node1",
       "  rank      : 0 (local_rank: 0)",
@@ -116,7 +119,7 @@ TEST_CASE("the report is torchrun 2.x's layout, line for line, with ddprun's fie
       "  exit      : signal SIGKILL (9)",
       std::string(60, '-'),
       "Root Cause (first observed failure):",
-      "[1]:",
+      "[0]:",
       "",  // time
       "  host      : node1",
       "  rank      : 1 (local_rank: 1)",
@@ -193,4 +196,45 @@ TEST_CASE("the SIGKILL after --shutdown_timeout names the workers that did not s
   CHECK_THAT(kill_notice(std::chrono::seconds(30), SIGINT, {{0, 0, 7}}),
              Catch::StartsWith(
                  "ddprun: 1 worker did not stop within --shutdown_timeout=30s after SIGINT"));
+}
+
+TEST_CASE("the root cause is [0] and the other failures follow it in rank order") {
+  WorkerFailure root;
+  root.rank = 2;
+  root.exit_code = 3;
+  std::vector<WorkerFailure> others(3, root);
+  others[0].rank = 3;
+  others[1].rank = 0;
+  others[2].rank = 1;
+  const std::string report = format_failure_report("train.py", root, others);
+  const auto at = [&](const std::string& text) { return report.find(text); };
+  REQUIRE(at("Root Cause") != std::string::npos);
+  CHECK(at("[0]:\n") > at("Root Cause"));
+  CHECK(at("[1]:\n") < at("[2]:\n"));
+  CHECK(at("[2]:\n") < at("[3]:\n"));
+  CHECK(report.find("rank      : 0", at("[1]:\n")) < at("[2]:\n"));
+  CHECK(report.find("rank      : 1", at("[2]:\n")) < at("[3]:\n"));
+  CHECK(report.find("rank      : 3", at("[3]:\n")) < at("Root Cause"));
+}
+
+TEST_CASE("the outer error file: the root cause's with errorCode, or ddprun's SignalException") {
+  const std::string worker =
+      R"({"message": {"message": "ValueError: bad", "extraInfo": {"py_callstack": "tb", )"
+      R"("timestamp": "1"}}})";
+  auto copied = nlohmann::json::parse(error_file_with_code(worker, 3));
+  CHECK(copied["message"]["errorCode"] == 3);
+  CHECK(copied["message"]["message"] == "ValueError: bad");
+  CHECK(copied["message"]["extraInfo"]["py_callstack"] == "tb");
+  CHECK(nlohmann::json::parse(error_file_with_code(worker, -9))["message"]["errorCode"] == -9);
+  // As torchrun: no code 0, and the short form or what is not JSON is copied as it is.
+  CHECK(error_file_with_code(worker, 0) == worker);
+  CHECK(error_file_with_code(R"({"message": "short", "timestamp": 1})", 1) ==
+        R"({"message": "short", "timestamp": 1})");
+  CHECK(error_file_with_code("not json", 1) == "not json");
+
+  auto signalled = nlohmann::json::parse(signal_error_file(4242, SIGTERM, 1700000000));
+  CHECK(signalled["message"]["message"] == "SignalException: Process 4242 got signal: 15");
+  CHECK(signalled["message"]["extraInfo"]["timestamp"] == "1700000000");
+  CHECK_THAT(signalled["message"]["extraInfo"]["py_callstack"].get<std::string>(),
+             Catch::Contains("SIGTERM"));
 }

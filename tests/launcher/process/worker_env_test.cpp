@@ -2,6 +2,7 @@
 #include "ddp/launcher/worker_env.hpp"
 
 #include <catch2/catch.hpp>
+#include <csignal>
 #include <set>
 
 #include "ddp/common/worker_contract.hpp"
@@ -31,6 +32,7 @@ TEST_CASE("worker_variables sets exactly torchrun's contract") {
   config.max_restarts = 3;
   config.rdzv_id = "job";
   config.role = "trainer";
+  config.signals_to_handle = {SIGTERM, SIGUSR1};
   MasterEndpoint master{"127.0.0.1", 29511, false};
   const auto round = one_node(4);
   auto vars = worker_variables(config, master, identity(round, 2, 1, "/l/error.json"), {});
@@ -52,6 +54,7 @@ TEST_CASE("worker_variables sets exactly torchrun's contract") {
       {"TORCHELASTIC_USE_AGENT_STORE", "False"},
       {"TORCHELASTIC_ERROR_FILE", "/l/error.json"},
       {"TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"},
+      {"TORCHELASTIC_SIGNALS_TO_HANDLE", "SIGTERM,SIGUSR1"},  // torchrun 2.x
       // Not NCCL_ASYNC_ERROR_HANDLING, the name PyTorch 2.1 and older read: PyTorch 2.2+
       // warns on every rank when it is set; passed on only when the user set it (below).
   };

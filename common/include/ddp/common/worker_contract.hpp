@@ -35,6 +35,7 @@ inline constexpr const char* kUseAgentStore = "TORCHELASTIC_USE_AGENT_STORE";
 inline constexpr const char* kErrorFile = "TORCHELASTIC_ERROR_FILE";
 inline constexpr const char* kTorchNcclAsyncErrorHandling = "TORCH_NCCL_ASYNC_ERROR_HANDLING";
 inline constexpr const char* kNcclAsyncErrorHandling = "NCCL_ASYNC_ERROR_HANDLING";  // <= 2.1
+inline constexpr const char* kSignalsToHandle = "TORCHELASTIC_SIGNALS_TO_HANDLE";    // 2.x
 inline constexpr const char* kOmpNumThreads = "OMP_NUM_THREADS";
 
 // ddprun's own, read by libddp: the agent's store speaks PyTorch 2.x's dialect ("v2").
@@ -62,6 +63,7 @@ inline constexpr const char* kWorkerVariables[] = {
     kErrorFile,
     kTorchNcclAsyncErrorHandling,
     kNcclAsyncErrorHandling,
+    kSignalsToHandle,
     kOmpNumThreads,
     kStoreDialect,
 };
