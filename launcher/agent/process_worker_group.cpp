@@ -23,6 +23,7 @@
 #include "diagnosis/stack_capture.hpp"
 #include "diagnosis/tool_run.hpp"
 #include "process/nccl_profiler_lookup.hpp"
+#include "process/python_isolation.hpp"
 #include "process/python_probe.hpp"
 #include "process/worker_environment.hpp"
 
@@ -62,6 +63,12 @@ ProcessWorkerGroup::ProcessWorkerGroup(boost::asio::io_context& io,
                                        ProcessWorkerGroupOptions options, ConsoleWriter& console,
                                        GroupReaper& reaper)
     : io_(io), options_(std::move(options)), console_(console), reaper_(reaper), stacks_(io) {
+  if (const std::string flag = python_isolation_flag(options_.command); !flag.empty()) {
+    if (options_.notice)
+      options_.notice(python_isolation_notice(flag, options_.command, options_.config));
+    torchrun_only_ = true;
+    options_.python_probe_dir.clear();  // no probe: no stacks, no warm starts
+  }
   WarmStarterOptions warm;
   warm.mode = options_.config.warm_start;
   warm.command = options_.command;
@@ -70,6 +77,7 @@ ProcessWorkerGroup::ProcessWorkerGroup(boost::asio::io_context& io,
   warm.log_root = options_.log_root;
   warm.group_guard_fd = reaper_.channel();
   warm.alone = options_.config.max_nodes == 1;
+  warm.later_rounds = workers_may_start_again(options_.config);
   warm.notice = options_.notice;
   warm_ = std::make_unique<WarmStarter>(io_, std::move(warm));
 }
@@ -81,6 +89,7 @@ NodeEnvironment ProcessWorkerGroup::node_environment() const {
   node.python_probe_dir = options_.python_probe_dir;
   node.stack_signal = python_stack_signal();
   node.nccl_profiler = options_.nccl_profiler;
+  node.torchrun_only = torchrun_only_;
   return node;
 }
 
@@ -199,7 +208,7 @@ std::shared_ptr<ProcessWorkerGroup::Launch> ProcessWorkerGroup::prepare_worker(i
   own.modules = warm_->modules_variable(dir);
   own.flight_dumps = (dir.parent_path() / kFlightRecorderPrefix).string();
   spawn.env = worker_environment(node_environment(), options_.config, master, identity, own);
-  spawn.inherit_fds = {record->fd()};
+  if (!torchrun_only_) spawn.inherit_fds = {record->fd()};
   if (options_.command.python && !options_.python_probe_dir.empty()) {
     spawn.inherit_fds.push_back(record->stack_fd());
   }

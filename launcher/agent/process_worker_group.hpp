@@ -148,6 +148,7 @@ class ProcessWorkerGroup : public WorkerGroup {
   std::vector<std::thread> analysers_;                          // joined by the destructor
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);  // for what they post back
   std::unique_ptr<WarmStarter> warm_;  // --warm_start: forks Python workers when it may
+  bool torchrun_only_ = false;         // the workers' Python never loads the probe: nothing of ours
 };
 
 }  // namespace ddp::launcher

@@ -51,13 +51,18 @@ std::size_t command_line_bytes(const std::vector<std::string>& argv) {
 
 }  // namespace
 
+bool workers_may_start_again(const LaunchConfig& config) {
+  return config.max_restarts > 0 || config.max_nodes > 1;
+}
+
 WarmStarter::WarmStarter(boost::asio::io_context& io, WarmStarterOptions options)
     : io_(io),
       options_(std::move(options)),
       template_env_(options_.env.begin(), options_.env.end()),
       lists_(io) {
   enabled_ = options_.mode != WarmStart::kOff && options_.command.python &&
-             !options_.probe_dir.empty() && fs::exists(options_.probe_dir / kTemplateScript);
+             !options_.probe_dir.empty() && fs::exists(options_.probe_dir / kTemplateScript) &&
+             (options_.later_rounds || options_.mode == WarmStart::kAlways);
   if (!enabled_ || options_.mode != WarmStart::kAlways) return;
   // The first attempt is forked too: the template imports torch while the rendezvous runs.
   std::error_code ec;
@@ -76,7 +81,7 @@ std::chrono::milliseconds WarmStarter::wait_limit() const {
 }
 
 std::string WarmStarter::modules_variable(const fs::path& dir) const {
-  if (!enabled_) return "";
+  if (!enabled_ || !options_.later_rounds) return "";  // no restart to feed
   return std::string(ddp::contract::kModulesFile) + "=" + (dir / kModulesFile).string();
 }
 
@@ -99,8 +104,11 @@ bool WarmStarter::start_template() {
   WorkerTemplateOptions spawn;
   spawn.program = options_.command.program;
   spawn.argv = {argv.at(0)};
-  for (std::size_t i = 1; i < argv.size() && argv[i].starts_with("-") && argv[i] != "-c"; ++i) {
-    spawn.argv.push_back(argv[i]);  // the interpreter's flags: the workers have the same
+  // The interpreter's flags, which the workers have too: up to the -c of ddprun's wrapper or
+  // the -m of a module.
+  for (std::size_t i = 1;
+       i < argv.size() && argv[i].starts_with("-") && argv[i] != "-c" && argv[i] != "-m"; ++i) {
+    spawn.argv.push_back(argv[i]);
   }
   spawn.argv.push_back((options_.probe_dir / kTemplateScript).string());
   // Room for a forked worker's command line (the template writes it over its own).
@@ -269,6 +277,11 @@ void WarmStarter::end_round(const fs::path& attempt_dir, int local_world) {
                     " workers were forked from the template (" +
                     std::to_string(template_->imported()) + " modules preloaded in " + seconds +
                     " s)");
+  }
+  if (!options_.later_rounds) {  // always's first round was the only one: free its memory
+    template_.reset();
+    off_ = "this node's workers start no other round";
+    return;
   }
   watched_dir_ = attempt_dir;
   watched_world_ = local_world;

@@ -32,8 +32,16 @@ struct WarmStarterOptions {
   std::filesystem::path log_root;   // <log_root>/warm_template.log is its output
   int group_guard_fd = -1;          // GroupReaper::channel()
   bool alone = false;               // the job has one node: no rendezvous keep-alive to miss
+  bool later_rounds = true;         // workers_may_start_again: else only --warm_start=always
+                                    // starts a template, for the first round alone
   std::function<void(const std::string&)> notice;  // one line on the console
 };
+
+// Whether this node's workers may start again after their first round, so that a template could
+// fork them: a failure restarts them (--max_restarts above 0), or a change of membership does
+// (a job of more than one node: a node lost, or one arriving, whatever --max_restarts says).
+// One node with no restart to make has one round only. The one place this is decided.
+bool workers_may_start_again(const LaunchConfig& config);
 
 class WarmStarter {
  public:

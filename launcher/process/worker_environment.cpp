@@ -61,12 +61,27 @@ bool add_python_probe(std::vector<std::string>& env, const NodeEnvironment& node
   return true;
 }
 
+// What torchrun gives the worker, and no more: worker_variables less libddp's store dialect
+// (unless the user set it).
+std::vector<std::string> torchrun_environment(const NodeEnvironment& node,
+                                              const LaunchConfig& config,
+                                              const MasterEndpoint& master,
+                                              const WorkerIdentity& worker) {
+  std::map<std::string, std::string> variables =
+      worker_variables(config, master, worker, node.base_env);
+  variables.erase(contract::kStoreDialect);
+  std::vector<std::string> env = merge_environment(node.base_env, variables);
+  drop_outer_variables(env);
+  return env;
+}
+
 }  // namespace
 
 std::vector<std::string> worker_environment(const NodeEnvironment& node, const LaunchConfig& config,
                                             const MasterEndpoint& master,
                                             const WorkerIdentity& worker,
                                             const WorkerOwnVariables& own) {
+  if (node.torchrun_only) return torchrun_environment(node, config, master, worker);
   std::vector<std::string> env =
       merge_environment(node.base_env, worker_variables(config, master, worker, node.base_env));
   if (node.python) add_flight_recorder(env, own.flight_dumps);

@@ -24,6 +24,9 @@ struct NodeEnvironment {
   int stack_signal = 0;
   // ddprun's NCCL profiler plugin (NCCL_PROFILER_PLUGIN unless the user names one); empty: none.
   std::filesystem::path nccl_profiler;
+  // The Python never loads the probe (python_isolation.hpp): torchrun's contract alone, so that
+  // nothing of ddprun's reaches the workers or their children.
+  bool torchrun_only = false;
 };
 
 // What is one worker's own beyond torchrun's contract: "K=V" entries, empty when it has none.
@@ -35,9 +38,10 @@ struct WorkerOwnVariables {
 };
 
 // One worker's environment, in the order it is exec'd with: base_env with torchrun's contract
-// for `worker`; for a Python worker the Flight Recorder's variables (none when the user set
-// any); the variables an outer ddprun gave this one dropped; its own; the NCCL plugin; the
-// probe's PYTHONPATH and signal, then its stack file.
+// for `worker` (and, with torchrun_only, nothing more: no variable of ddprun's, `own` unused,
+// the outer ddprun's variables dropped); for a Python worker the Flight Recorder's variables (none
+// when the user set any); the variables an outer ddprun gave this one dropped; its own; the NCCL
+// plugin; the probe's PYTHONPATH and signal, then its stack file.
 std::vector<std::string> worker_environment(const NodeEnvironment& node, const LaunchConfig& config,
                                             const MasterEndpoint& master,
                                             const WorkerIdentity& worker,

@@ -1,14 +1,16 @@
 // ddprun's Python probe does no harm in a worker (issue 28): the stack signal is sent only to a
 // worker that still handles it with the stack file ddprun gave it, a stack dump never lands in
 // the program's own files, and the worker and its children see the PYTHONPATH the user gave,
-// exactly. Python workers that never import torch, run with the Python of DDP_TEST_PYTHON, so
-// that each case runs against both interpreters.
+// exactly; a Python that cannot load the probe (isolated, issue 36) gets nothing of ddprun's.
+// Python workers run with the Python of DDP_TEST_PYTHON, so that each case runs against both
+// interpreters.
 
 #include <catch2/catch.hpp>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 
 #include "process_harness.hpp"
@@ -171,5 +173,101 @@ TEST_CASE(
     CHECK(seen["pythonpath"] == expected["pythonpath"]);
     CHECK(seen["sys_path"] == expected["sys_path"]);
     CHECK(seen["child"] == expected["child"]);
+  }
+}
+
+namespace {
+
+// The `isolated {json}` line of each rank (or of a plain run) that isolated_report.py printed.
+std::vector<nlohmann::json> isolated_reports(const std::string& output) {
+  std::vector<nlohmann::json> reports;
+  for (std::size_t at = output.find("isolated {"); at != std::string::npos;
+       at = output.find("isolated {", at + 1)) {
+    const auto end = output.find('\n', at);
+    reports.push_back(nlohmann::json::parse(output.substr(at + 9, end - at - 9)));
+  }
+  return reports;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "a PYTHON_EXEC that starts Python isolated (-I), ignoring PYTHON* (-E) or without site (-S) "
+    "gets torchrun's environment alone, and one line says what is off (warm starts too)",
+    "[torch]") {
+  if (!torch_available()) {
+    return skip(torch_python() + " cannot import torch.distributed with Gloo");
+  }
+  const auto [flag, options] = GENERATE(table<std::string, std::string>({
+      {"-I", "--warm_start=always"},  // the template would fork the first attempt
+      {"-E", "--max_restarts=1"},     // the template would start once attempt 0 imported
+      {"-S", ""},
+  }));
+  TempDir dir;
+  const fs::path wrapper = dir.path() / "python-isolated";
+  std::ofstream(wrapper) << "#!/bin/sh\nexec '" << torch_python() << "' " << flag << " \"$@\"\n";
+  fs::permissions(wrapper, fs::perms::owner_all);
+  // What the same interpreter sees outside ddprun: the names and descriptors it has anyway.
+  const ProcessResult plain = run_process({wrapper.string(), script("isolated_report.py")},
+                                          {{"PYTHON_EXEC", wrapper.string()}});
+  INFO("flag " << flag << "\nplain:\n" << plain.out << plain.err);
+  REQUIRE(plain.status == 0);
+  const nlohmann::json baseline = isolated_reports(plain.out).at(0);
+  TempDir logs;
+  std::vector<std::string> argv = {bin_path("ddprun").string(), "--nproc_per_node=2",
+                                   "--log_dir=" + logs.path().string()};
+  if (!options.empty()) argv.push_back(options);
+  argv.push_back(script("isolated_report.py"));
+  const ProcessResult result =
+      run_process(argv, {{"PYTHON_EXEC", wrapper.string()}}, {}, milliseconds(120000));
+  INFO("stderr:\n" << result.err << "\nstdout:\n" << result.out);
+  REQUIRE(result.status == 0);
+  // One line, naming the flag and the warm starts that are off.
+  const std::string line = "ddprun: the workers' interpreter (" + wrapper.string() + ") ";
+  CHECK_THAT(result.err, Catch::Contains(line) && Catch::Contains("(" + flag + ")") &&
+                             Catch::Contains("no warm starts (every worker is exec'd)"));
+  CHECK(result.err.find(line) == result.err.rfind(line));
+  CHECK_THAT(result.err, !Catch::Contains("deprecated"));  // PyTorch 2.14, both FR names set
+  // torchrun's contract, and nothing else of ddprun's: no PYTHONPATH, no DDPRUN_*, no
+  // DDP_STORE_DIALECT, no Flight Recorder or NCCL plugin variables, no descriptor.
+  const std::set<std::string> contract = {"RANK",
+                                          "LOCAL_RANK",
+                                          "WORLD_SIZE",
+                                          "LOCAL_WORLD_SIZE",
+                                          "GROUP_RANK",
+                                          "GROUP_WORLD_SIZE",
+                                          "ROLE_RANK",
+                                          "ROLE_NAME",
+                                          "ROLE_WORLD_SIZE",
+                                          "MASTER_ADDR",
+                                          "MASTER_PORT",
+                                          "TORCHELASTIC_RESTART_COUNT",
+                                          "TORCHELASTIC_MAX_RESTARTS",
+                                          "TORCHELASTIC_RUN_ID",
+                                          "TORCHELASTIC_USE_AGENT_STORE",
+                                          "TORCHELASTIC_ERROR_FILE",
+                                          "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+                                          "TORCHELASTIC_SIGNALS_TO_HANDLE",
+                                          "OMP_NUM_THREADS"};
+  const std::set<std::string> had = baseline["names"].get<std::set<std::string>>();
+  const std::set<int> open = baseline["descriptors"].get<std::set<int>>();
+  const std::vector<nlohmann::json> ranks = isolated_reports(result.out);
+  REQUIRE(ranks.size() == 2);
+  for (const nlohmann::json& rank : ranks) {
+    for (const std::string& name : rank["names"].get<std::vector<std::string>>()) {
+      INFO("a worker's variable " << name);
+      CHECK((had.contains(name) || contract.contains(name)));
+    }
+    for (const int fd : rank["descriptors"].get<std::vector<int>>()) {
+      INFO("a worker's descriptor " << fd);
+      CHECK(open.contains(fd));
+    }
+    CHECK(rank["flags"] == baseline["flags"]);
+    CHECK(rank["child_modules"] == "[]");  // a plain Python child loads nothing of ddprun's
+  }
+  for (const auto& entry : fs::recursive_directory_iterator(logs.path())) {
+    INFO("in the log folder: " << entry.path());
+    CHECK(entry.path().filename() != "warm_template.log");
+    CHECK(entry.path().filename() != "modules.txt");
   }
 }

@@ -360,3 +360,33 @@ TEST_CASE("kill -USR1 of ddprun shows the stacks of workers forked from the warm
   CHECK(result.status == 0);
   CHECK_THAT(result.err, Catch::Contains("warm_job.py"));
 }
+
+TEST_CASE(
+    "no warm template where the workers cannot start again (one node, --max_restarts=0): no "
+    "modules lists and no template, while with a restart to make the lists are written",
+    "[torch]") {
+  if (!torch_available()) {
+    return skip(torch_python() + " cannot import torch.distributed with Gloo");
+  }
+  const auto [restarts, warm] = GENERATE(table<std::string, bool>({
+      {"--max_restarts=0", false},  // torchrun's default: one round only
+      {"--max_restarts=1", true},
+  }));
+  TempDir logs;
+  const ProcessResult result = run_process(
+      {bin_path("ddprun").string(), "--nproc_per_node=2", restarts, "--warm_start=restart",
+       "--log_dir=" + logs.path().string(), script("torch_allreduce.py")},
+      {{"PYTHON_EXEC", torch_python()}}, {}, milliseconds(120000));
+  INFO(restarts << "\nstderr:\n" << result.err << "\nstdout:\n" << result.out);
+  REQUIRE(result.status == 0);
+  CHECK_THAT(result.err, !Catch::Contains("warm start"));
+  int lists = 0;
+  for (const auto& entry : fs::recursive_directory_iterator(logs.path())) {
+    INFO("in the log folder: " << entry.path());
+    if (!warm) CHECK(entry.path().filename() != "warm_template.log");
+    if (entry.path().filename() == "modules.txt") ++lists;
+  }
+  // The probe writes each rank's list after its first collective (attempt 0's, for the
+  // template of a restart) only where a template could use it.
+  CHECK(lists == (warm ? 2 : 0));
+}
