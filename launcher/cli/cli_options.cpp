@@ -141,8 +141,9 @@ constexpr std::array kOptions = {
                "does): no collective records, hang verdicts or live stacks for PyTorch jobs."},
     OptionSpec{"warm_start", "", true, false, "off|restart|always", "restart", kEntry,
                "Python workers forked from a per-node template that imported their modules "
-               "already: restart (restarts only; the template imports what attempt 0's "
-               "workers imported), always (the first attempt too, from a template that "
+               "already: restart (restarts only, where one can come: --max_restarts above 0 "
+               "or more than one node; the template imports what attempt 0's workers imported), "
+               "always (the first attempt too, from a template that "
                "imported torch), off (every worker exec'd). Falls back to exec'd workers, in "
                "one line, when a fork would not match an exec'd worker."},
     OptionSpec{"legacy_local_rank", "", true, true, "", "", kEntry,
