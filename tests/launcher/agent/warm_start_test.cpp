@@ -272,7 +272,8 @@ TEST_CASE(
 
 namespace {
 
-// warm_job.py wait under ddprun --warm_start=always, 2 workers, both ready.
+// warm_job.py wait under ddprun --warm_start=always, 2 workers, both ready, with a restart to
+// make (else the template goes once it forked them).
 struct WaitingJob {
   TempDir out;
   TempDir logs;
@@ -283,8 +284,9 @@ struct WaitingJob {
   WaitingJob() {
     ddprun = std::make_unique<ChildProcess>(
         std::vector<std::string>{bin_path("ddprun").string(), "--nproc_per_node=2",
-                                 "--warm_start=always", "--log_dir=" + logs.path().string(),
-                                 script("warm_job.py"), "wait", out.path().string()},
+                                 "--max_restarts=1", "--warm_start=always",
+                                 "--log_dir=" + logs.path().string(), script("warm_job.py"), "wait",
+                                 out.path().string()},
         std::map<std::string, std::string>{{"PYTHON_EXEC", torch_python()},
                                            {"WARM_MARKER", (out.path() / "marker").string()}});
     for (const std::string& line :
