@@ -303,6 +303,8 @@ class Agent::Impl {
     if (!outcome.report.empty()) {
       console_.write_notice(options_.console_err, std::move(outcome.report));
     }
+    // Its connection to the store this agent may serve would hold the wait below.
+    exchange_.stop();
     if (rendezvous_->hosts_rendezvous_store()) {  // the others may still need the store
       lingering_ = true;                          // a signal ends it
       return rendezvous_->shut_down(others_read_the_end, [this] { io_.stop(); });

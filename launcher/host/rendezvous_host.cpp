@@ -200,8 +200,15 @@ void RendezvousHost::shut_down(bool wait_for_others, std::function<void()> done)
 
 void RendezvousHost::check_linger(std::chrono::steady_clock::time_point deadline,
                                   std::function<void()> done) {
-  if (hurry_ || rendezvous_store_->stats().connections == 0 ||
-      std::chrono::steady_clock::now() >= deadline) {
+  const auto connections = rendezvous_store_->stats().connections;
+  if (hurry_ || connections == 0) return done();
+  if (std::chrono::steady_clock::now() >= deadline) {
+    if (options_.notice) {
+      options_.notice("ddprun: " + std::to_string(connections) +
+                      " connection(s) to the rendezvous store this agent serves still open " +
+                      std::to_string(kStoreLingerTimeout.count() / 1000) +
+                      " s after the job ended; ending anyway");
+    }
     return done();
   }
   linger_timer_.expires_after(kStoreLingerCheck);

@@ -85,7 +85,9 @@ CollectiveExchange::CollectiveExchange(std::function<void(const std::string&)> n
     : notice_(std::move(notice)),
       hang_timeout_s_(static_cast<double>(hang_timeout.count()) / 1000.0) {}
 
-CollectiveExchange::~CollectiveExchange() {
+CollectiveExchange::~CollectiveExchange() { stop(); }
+
+void CollectiveExchange::stop() {
   {
     std::lock_guard lock(mutex_);
     stopping_ = true;
@@ -98,6 +100,7 @@ CollectiveExchange::~CollectiveExchange() {
   }
   wake_.notify_all();
   if (thread_.joinable()) thread_.join();
+  drop_client();
 }
 
 std::string CollectiveExchange::key(int round, int group_rank) {
@@ -110,6 +113,7 @@ void CollectiveExchange::publish(const elastic::RoundInfo& round, std::vector<Ra
   if (round.members.size() <= 1) return;
   {
     std::lock_guard lock(mutex_);
+    if (stopping_) return;
     round_ = round;
     local_ = std::move(local);
     fed_at_ = Clock::now();

@@ -80,7 +80,11 @@ class CollectiveExchange {
   // the gatherer judges by (--hang_timeout; 0: no hang detection, verdicts say "no hang").
   CollectiveExchange(std::function<void(const std::string&)> notice,
                      std::chrono::milliseconds hang_timeout);
-  ~CollectiveExchange();  // stops the thread, interrupting a request under way
+  ~CollectiveExchange();  // stop()
+  // Stops the thread, interrupting a request under way, and closes its connection to the
+  // store (which may be this agent's own: its host then waits only for the other agents).
+  // Later publishes are dropped. Idempotent.
+  void stop();
   CollectiveExchange(const CollectiveExchange&) = delete;
   CollectiveExchange& operator=(const CollectiveExchange&) = delete;
 

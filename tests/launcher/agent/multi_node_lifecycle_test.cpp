@@ -148,3 +148,30 @@ TEST_CASE("static: while node 0 waits for its peer it says for what, then the jo
     CHECK_THAT(r.out, Catch::Contains(" of 2 ("));
   }
 }
+
+TEST_CASE("static: kill -9 of node 1's agent: node 0 reports and ends without waiting for itself") {
+  const int port = reserve_port();
+  // libddp workers all-reducing in steps: their records make the agents share their views
+  // through the store node 0's agent serves (a connection of its own to its own store).
+  const std::vector<std::string> worker = {bin_path("ddp-hang-worker").string(), "--steps",
+                                           "100000", "--step-ms", "20"};
+  auto node = [&](int rank) {
+    std::vector<std::string> argv = {bin_path("ddprun").string()};
+    for (const auto& option : static_node(rank, 2, port)) argv.push_back(option);
+    argv.insert(argv.end(), worker.begin(), worker.end());
+    return std::make_unique<ChildProcess>(argv);
+  };
+  auto host = node(0);
+  auto lost = node(1);
+  host->wait_for_stdout_lines("ready rank=", 1, kJobTimeout);
+  lost->wait_for_stdout_lines("ready rank=", 1, kJobTimeout);
+  lost->signal(SIGKILL);
+  lost->wait(kJobTimeout);
+  ProcessResult r = host->wait(kJobTimeout);
+  INFO("node 0:\n" << r.err);
+  CHECK(r.status != 0);
+  CHECK_THAT(r.err, Catch::Contains("Root Cause (first observed failure):"));
+  // Its store lingers only for the agents still connected: none, once its own connection
+  // (the view exchange's) is closed. It used to wait out the 5 s for itself.
+  CHECK_THAT(r.err, !Catch::Contains("still open"));
+}
