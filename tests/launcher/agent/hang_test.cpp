@@ -258,6 +258,29 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "a PyTorch hang that ends in Gloo's timeout is no 'job moves again', and without --log_dir "
+    "no stack path points into the removed temporary folder",
+    "[torch]") {
+  if (!torch_available()) {
+    return skip(torch_python() + " cannot import torch.distributed with Gloo");
+  }
+  // --hang_timeout (1 s) below the process group's timeout (3 s): ddprun warns of the hang,
+  // then rank 0's all_reduce fails, which moved nothing.
+  const std::vector<std::string> argv = {
+      bin_path("ddprun").string(), "--nproc_per_node=2", "--hang_timeout=1",
+      "--hang_stop_timeout=600",
+      source_path("tests/launcher/agent/python/sleep_before_allreduce.py").string()};
+  auto [result, took] = run_timed_env(argv, {{"PYTHON_EXEC", torch_python()}});
+  INFO("stderr:\n" << result.err);
+  CHECK(result.status == 1);  // rank 0's timeout
+  CHECK_THAT(result.err, Catch::Contains("ddprun: warning: the job hung at collective"));
+  CHECK_THAT(result.err, !Catch::Contains("the job moves again"));
+  CHECK_THAT(result.err,
+             Catch::Contains("  1 rank (rank 1): in <module> (sleep_before_allreduce.py:12)"));
+  CHECK_THAT(result.err, !Catch::Contains("python_stack.txt"));
+}
+
+TEST_CASE(
     "a PyTorch rank's stack is reported with --redirects too, and its stderr file holds "
     "no dump",
     "[torch]") {
