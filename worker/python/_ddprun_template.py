@@ -80,6 +80,7 @@ except OSError:
 import _ddprun_contract as _contract  # noqa: E402  (from this file's folder; names only)
 _STARTUP_FD = os.environ[_contract.TEMPLATE_FD]
 import _ddprun_warm_checks as _checks  # noqa: E402  (from this file's folder; opens nothing)
+import _ddprun_frameless as _frameless  # noqa: E402  (from this file's folder; opens nothing)
 
 # The descriptors the interpreter's start-up opened (a .pth line or a sitecustomize that opens
 # a log, faulthandler.enable(file=...)): an exec'd worker opens its own; a forked one keeps
@@ -100,6 +101,7 @@ if sys.path and os.path.realpath(sys.path[0] or ".") == _FOLDER:
 
 _SOCKET_FD = int(_STARTUP_FD)
 _C_SOURCE_KEPT = None  # _c_source_in_tracebacks(), asked before the first fork
+_FRAMELESS = False  # _frameless.works() (and not _C_SOURCE_KEPT), asked before the first fork
 _MAX_FDS = 64
 
 
@@ -116,7 +118,11 @@ class _Refuse(Exception):
 
 
 def _threads():
-    return len(os.listdir("/proc/self/task"))
+    """This process's threads, less those _ddprun_frameless started to fork (each ends once it
+    has forked)."""
+    tasks = {int(task) for task in os.listdir("/proc/self/task")}
+    _frameless.own_threads &= tasks
+    return len(tasks - _frameless.own_threads)
 
 
 def _openblas_threads():
@@ -355,10 +361,14 @@ def _spawn(request, fds, preloaded, control):
     pid_read, pid_write = os.pipe()
     sys.stdout.flush()
     sys.stderr.flush()
-    middle = os.fork()
-    if middle == 0:
+
+    def in_middle():
+        """The middle child: forks the worker, and returns its _Job there. Its own session
+        first, so that the worker is never in the template's process group, which the agent
+        may kill as soon as it has the worker's pid (the worker makes its own session)."""
         try:
             os.close(pid_read)
+            os.setsid()
             worker = os.fork()
         except BaseException:
             os._exit(1)
@@ -370,7 +380,20 @@ def _spawn(request, fds, preloaded, control):
             os.write(pid_write, struct.pack("i", worker))
         finally:
             os._exit(0)  # the worker is re-parented to the agent now
+
+    if _FRAMELESS:  # the worker runs its program on the thread that forked it
+        try:
+            middle = _frameless.run(in_middle)
+        except OSError:
+            middle = -1
+    else:
+        middle = os.fork()
+        if middle == 0:
+            return in_middle()
     os.close(pid_write)
+    if middle < 0:
+        os.close(pid_read)
+        raise _Refuse("the template's fork failed")
     os.waitpid(middle, 0)
     data = os.read(pid_read, 4)
     os.close(pid_read)
@@ -664,7 +687,7 @@ class _Job:
 
             namespace["__loader__"] = importlib.machinery.BuiltinImporter
             sys.modules["__main__"] = main
-            try:
+            try:  # (_ddprun_frameless: the same, with no frame of this file's beneath)
                 runpy._run_module_as_main(self.module, True)
             except SystemExit:
                 raise
@@ -695,6 +718,27 @@ class _Job:
             raise
 
 
+    def prepare_main(self):
+        """A fresh __main__ in sys.modules, as the interpreter's start-up leaves it for the
+        C entry point that runs the program (_ddprun_frameless): __file__ and the loader of a
+        script are PyRun_SimpleFileExFlags's to set, and to take away at the end."""
+        import builtins
+        import importlib.machinery
+        import types
+
+        main = types.ModuleType("__main__")
+        namespace = main.__dict__
+        namespace["__builtins__"] = builtins
+        for key in _MAIN_KEYS:
+            namespace[key] = {}
+        if self.file is None:
+            namespace["__loader__"] = importlib.machinery.BuiltinImporter
+        if self.file is None and self.module is None:  # -c SOURCE, as the interpreter's
+            self.source_bytes = self.source.encode("utf-8", "surrogateescape")  # UTF-8
+        self.source = None
+        sys.modules["__main__"] = main
+
+
 class _TrimmedHook:
     """Prints an exception the entrypoint raised without this file's frames above it, as a
     fresh interpreter's traceback begins at the script, then gives sys.excepthook back."""
@@ -721,8 +765,13 @@ def _reply(control, message):
 def _serve():
     """Answers the agent until it closes the socket: None in the template, the worker's _Job
     in a forked worker."""
-    global _C_SOURCE_KEPT
+    global _C_SOURCE_KEPT, _FRAMELESS
     _C_SOURCE_KEPT = _c_source_in_tracebacks()
+    _FRAMELESS = not _C_SOURCE_KEPT and _frameless.works()
+    sys.stderr.write("ddprun warm template: workers run %s\n" % (
+        "with no frame of the template's beneath" if _FRAMELESS else
+        "above the template's frames (this interpreter cannot finalize a child forked from a "
+        "thread)"))
     control = socket.socket(fileno=_SOCKET_FD)
     preloaded = _Preloaded()
     while True:

@@ -241,15 +241,18 @@ TEST_CASE("PyTorch: @record's error file becomes the report's root cause", "[tor
 namespace {
 
 // module_view.py's "view" line, and the traceback its failure printed (from "Traceback" to
-// the exception's line), of `argv` run in the folder of the test scripts.
+// the exception's line), of `argv` then `entry` (-m module_view, or the script) run in the
+// folder of the test scripts.
 struct ModuleView {
   json view;
   std::vector<std::string> traceback;
 };
 
-ModuleView module_view(std::vector<std::string> argv, const std::string& chdir_to) {
+ModuleView module_view(std::vector<std::string> argv, const std::vector<std::string>& entry,
+                       const std::string& chdir_to) {
   argv.insert(argv.begin(), {"/bin/sh", "-c", "cd \"$0\" && exec \"$@\"", python_dir()});
-  argv.insert(argv.end(), {"-m", "module_view", chdir_to, "fail"});
+  argv.insert(argv.end(), entry.begin(), entry.end());
+  argv.insert(argv.end(), {chdir_to, "fail"});
   ProcessResult r =
       run_process(argv, {{"PYTHON_EXEC", torch_python()}}, {}, std::chrono::milliseconds(180000));
   INFO(r.err);
@@ -268,22 +271,49 @@ ModuleView module_view(std::vector<std::string> argv, const std::string& chdir_t
   return result;
 }
 
-}  // namespace
-
-TEST_CASE("a -m worker sees and prints what python -m shows it cold and warm", "[torch]") {
-  // What torchrun runs for -m: PYTHON_EXEC -u -m NAME ARGS.
+// What a worker of `entry` sees under ddprun, cold and warm, against what torchrun runs:
+// PYTHON_EXEC -u ENTRY ARGS. A warm worker has no frame of the template's beneath its own
+// where the template says so in its log; elsewhere (Python 3.14 cannot finalize a child forked
+// from a thread) exactly the template's two.
+void check_view_as_python(const std::vector<std::string>& entry) {
   TempDir dir;
-  const ModuleView python = module_view({torch_python(), "-u"}, dir.path().string());
-  CHECK(python.view["path0"] == python.view["cwd"]);  // the working directory, in full
+  const ModuleView python = module_view({torch_python(), "-u"}, entry, dir.path().string());
   REQUIRE(python.traceback.size() > 2);
   for (const std::string warm : {"off", "always"}) {
     INFO("--warm_start=" << warm);
-    const ModuleView ddprun = module_view(
-        {ddprun_path(), "--nproc_per_node=1", "--warm_start=" + warm}, dir.path().string());
+    TempDir logs;
+    const ModuleView ddprun =
+        module_view({ddprun_path(), "--nproc_per_node=1", "--warm_start=" + warm,
+                     "--log_dir=" + logs.path().string()},
+                    entry, dir.path().string());
     CHECK(ddprun.view["warm"] == (warm == "always"));
     CHECK(ddprun.view["path0"] == python.view["path0"]);
     CHECK(ddprun.view["argv"] == python.view["argv"]);
-    CHECK(ddprun.view["stack"] == python.view["stack"]);
     CHECK(ddprun.traceback == python.traceback);
+    json stack = ddprun.view["stack"];
+    std::string template_log;
+    for (const auto& file : std::filesystem::recursive_directory_iterator(logs.path())) {
+      if (file.path().filename() == "warm_template.log") template_log = read_file(file.path());
+    }
+    INFO(template_log);
+    if (warm == "always" &&
+        template_log.find("with no frame of the template's beneath") == std::string::npos) {
+      REQUIRE(stack.size() >= 2);
+      for (int i = 0; i < 2; ++i) {
+        CHECK_THAT(stack[0][0].get<std::string>(), Catch::EndsWith("/_ddprun_template.py"));
+        stack.erase(0);
+      }
+    }
+    CHECK(stack == python.view["stack"]);
   }
+}
+
+}  // namespace
+
+TEST_CASE("a -m worker sees and prints what python -m shows it cold and warm", "[torch]") {
+  check_view_as_python({"-m", "module_view"});
+}
+
+TEST_CASE("a script worker's stack and traceback are python's cold and warm", "[torch]") {
+  check_view_as_python({python_dir() + "/module_view.py"});
 }
