@@ -91,11 +91,11 @@ std::string help_text() {
   out << "  --version                 Show the version and exit.\n";
   out << '\n';
   wrap(out, 0,
-       "Exit status: 0 when every worker succeeded; when a worker failed and no restart was "
-       "left, the root cause's exit code (128+N when it died by signal N); 1 when a worker "
-       "could not be started, the job hung, the rendezvous failed or ddprun could not go on "
-       "(such as a port in use); 2 for a bad command line; 128+N when ddprun itself got "
-       "signal N.",
+       "Exit status: as torchrun's, 0 when every worker succeeded; 1 for any failure (a "
+       "worker failed and no restart was left, ddprun got a signal, a worker could not be "
+       "started, the job hung, the rendezvous failed, a bad option value); 2 for a command "
+       "line that does not parse. With --exit_code=root_cause: the root cause's exit code "
+       "(128+N when it died by signal N), and 128+N when ddprun itself got signal N.",
        0);
   return out.str();
 }

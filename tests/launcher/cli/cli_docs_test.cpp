@@ -11,6 +11,7 @@
 #include <sstream>
 
 #include "cli/cli_options.hpp"
+#include "ddp/common/worker_contract.hpp"
 #include "ddp/launcher/cli.hpp"
 #include "process_harness.hpp"
 #include "skip.hpp"
@@ -132,17 +133,28 @@ TEST_CASE("the exit statuses --help and docs/cli.md list are the ones ddprun ret
     std::string doc_row;    // the first cell of the row in docs/cli.md
     std::vector<std::string> argv;
   };
+  const std::vector<std::string> torchrun = {"--exit_code=torchrun"};
+  const std::vector<std::string> root_cause = {"--exit_code=root_cause"};
   const std::vector<Case> cases = {
-      {0, "0 when every worker succeeded", "| 0 |", ddprun_argv({}, {"--exit", "0"})},
+      {0, "0 when every worker succeeded", "| 0 |", ddprun_argv(torchrun, {"--exit", "0"})},
+      {1, "1 for any failure (a worker failed and no restart was left",
+       "| 1 | anything else: a worker failed and no restarts were left",
+       ddprun_argv({"--exit_code=torchrun", "--nproc_per_node=2"},
+                   {"--if-rank", "1", "--exit", "3", "--wait"})},
       {1,
-       "1 when a worker could not be started",
-       "| 1 |",
-       {bin_path("ddprun").string(), "--no_python", not_a_program.string()}},
-      {2, "2 for a bad command line", "| 2 |", ddprun_argv({"--no-such-option"}, {})},
+       "a worker could not be started",
+       "a worker could not be started",
+       {bin_path("ddprun").string(), "--exit_code=torchrun", "--no_python",
+        not_a_program.string()}},
+      {1, "a bad option value", "`--nproc_per_node=abc`",
+       ddprun_argv({"--exit_code=torchrun", "--nproc_per_node=abc"}, {})},
+      {2, "2 for a command line that does not parse", "| 2 |",
+       ddprun_argv({"--no-such-option"}, {})},
       {3, "the root cause's exit code", "| the root cause's exit code",
-       ddprun_argv({"--nproc_per_node=2"}, {"--if-rank", "1", "--exit", "3", "--wait"})},
-      {128 + SIGKILL, "(128+N when it died by signal N)", "or 128+N |",
-       ddprun_argv({}, {"--signal", "SIGKILL"})},
+       ddprun_argv({"--exit_code=root_cause", "--nproc_per_node=2"},
+                   {"--if-rank", "1", "--exit", "3", "--wait"})},
+      {128 + SIGKILL, "(128+N when it died by signal N)", "or 128+N after signal N",
+       ddprun_argv(root_cause, {"--signal", "SIGKILL"})},
   };
   for (const Case& c : cases) {
     ProcessResult r = run_process(c.argv);
@@ -151,9 +163,26 @@ TEST_CASE("the exit statuses --help and docs/cli.md list are the ones ddprun ret
     CHECK_THAT(help, Catch::Contains(c.help_says));
     CHECK_THAT(table, Catch::Contains(c.doc_row));
   }
-  // ddprun's own signal (tested in launcher_agent_test: "each handled signal ...").
+  // ddprun's own signal (tested in launcher_signal_grace_test and launcher_agent_test).
   CHECK_THAT(help, Catch::Contains("128+N when ddprun itself got signal N"));
   CHECK_THAT(table, Catch::Contains("| 128+N | ddprun got signal N"));
+}
+
+TEST_CASE("every variable ddprun gives a worker is in docs/cli.md's tables") {
+  const std::string doc = section(cli_md(), "Worker environment");
+  for (const char* name : ddp::contract::kWorkerVariables) {
+    INFO(name);
+    CHECK_THAT(doc, Catch::Contains(std::string("`") + name + "`"));
+  }
+  const auto own = doc.find("\n### Variables only ddprun sets\n");
+  REQUIRE(own != std::string::npos);
+  for (const char* name :
+       {ddp::contract::kRecordFd, ddp::contract::kStackFd, ddp::contract::kStackSignal,
+        ddp::contract::kModulesFile, ddp::contract::kUserPythonPath,
+        ddp::contract::kFlightRecorderOldNames}) {
+    INFO(name);
+    CHECK_THAT(doc.substr(own), Catch::Contains(std::string("`") + name + "`"));
+  }
 }
 
 TEST_CASE("the restart line and the failure report in docs/cli.md are what ddprun prints") {
