@@ -21,7 +21,7 @@
 #include "diagnosis/flight_recorder.hpp"
 #include "diagnosis/python_stacks.hpp"
 #include "diagnosis/stack_capture.hpp"
-#include "diagnosis/tool_run.hpp"
+#include "shared/tool_run.hpp"
 #include "process/nccl_profiler_lookup.hpp"
 #include "process/python_isolation.hpp"
 #include "process/python_probe.hpp"

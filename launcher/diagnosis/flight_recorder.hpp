@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "diagnosis/tool_run.hpp"
+#include "shared/tool_run.hpp"
 
 namespace ddp::launcher {
 

@@ -10,7 +10,7 @@
 #include <thread>
 
 #include "diagnosis/collective_diagnosis.hpp"
-#include "diagnosis/tool_run.hpp"
+#include "shared/tool_run.hpp"
 
 namespace ddp::launcher {
 namespace {

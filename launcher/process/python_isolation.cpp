@@ -3,7 +3,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "diagnosis/tool_run.hpp"
+#include "shared/tool_run.hpp"
 
 namespace ddp::launcher {
 namespace {

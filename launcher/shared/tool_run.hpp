@@ -1,7 +1,7 @@
 #pragma once
-// Runs a diagnosis tool (eu-stack, PyTorch's Flight Recorder analyser) as a child process with
-// its stdout and stderr captured together, bounded by a deadline (then SIGKILL) and by the
-// bytes kept. Blocking: call off the agent's loop. Internal to the launcher.
+// Runs a tool (eu-stack, PyTorch's Flight Recorder analyser, an interpreter asked its flags) as
+// a child process with its stdout and stderr captured together, bounded by a deadline (then
+// SIGKILL) and by the bytes kept. Blocking: call off the agent's loop. Internal to the launcher.
 
 #include <chrono>
 #include <cstddef>

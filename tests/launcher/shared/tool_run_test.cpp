@@ -1,5 +1,5 @@
 // run_tool: a diagnosis tool as a child process, bounded by its deadline whatever it does.
-#include "diagnosis/tool_run.hpp"
+#include "shared/tool_run.hpp"
 
 #include <pthread.h>
 

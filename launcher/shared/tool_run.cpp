@@ -1,4 +1,4 @@
-#include "diagnosis/tool_run.hpp"
+#include "shared/tool_run.hpp"
 
 #include <fcntl.h>
 #include <poll.h>
