@@ -40,11 +40,22 @@ std::string without_thread_id(const std::string& line) {
 
 }  // namespace
 
+namespace {
+
+// A frame of ddprun's own Python (the probe's Work.wait wrapper, the warm template's frames
+// beneath a forked worker's program where they remain): not the program's, so not shown.
+bool is_ddprun_frame(const std::string& line) {
+  static const std::regex ours(R"re(^  File ".*/ddprun/python/_ddprun_[a-z_]+\.py", line )re");
+  return is_python_frame(line) && std::regex_search(line, ours);
+}
+
+}  // namespace
+
 std::string faulthandler_threads(std::string_view text) {
   std::istringstream lines{std::string(text)};
   std::string line, dump;
   while (std::getline(lines, line)) {
-    if (is_thread_header(line) || is_frame(line)) dump += line + "\n";
+    if (is_thread_header(line) || (is_frame(line) && !is_ddprun_frame(line))) dump += line + "\n";
   }
   return dump;
 }

@@ -23,6 +23,23 @@ std::string dump_at(const std::string& file, int line, const std::string& thread
 
 }  // namespace
 
+TEST_CASE("a dump leaves out ddprun's own frames: the probe's wait wrapper, the template's") {
+  const std::string dump = faulthandler_threads(
+      "Current thread 0x01 (most recent call first):\n"
+      "  File \"/usr/share/ddprun/python/_ddprun_probe.py\", line 180 in wait\n"
+      "  File \"/usr/share/ddprun/python/_ddprun_probe.py\", line 243 in wait_recorded\n"
+      "  File \"/usr/lib/python3/dist-packages/torch/distributed/distributed_c10d.py\", line 1536 "
+      "in all_reduce\n"
+      "  File \"/work/train.py\", line 12 in <module>\n"
+      "  File \"/opt/ddprun/share/ddprun/python/_ddprun_template.py\", line 400 in _serve\n"
+      "  File \"/opt/ddprun/share/ddprun/python/_ddprun_template.py\", line 500 in <module>\n"
+      "  File \"/work/_ddprun_mine.py\", line 3 in helper\n");
+  CHECK_THAT(dump, !Catch::Contains("ddprun/python/_ddprun_"));
+  CHECK_THAT(dump, Catch::Contains("in all_reduce"));
+  CHECK_THAT(dump, Catch::Contains("/work/_ddprun_mine.py"));  // the program's own file
+  CHECK(innermost_frame(dump) == "all_reduce (distributed_c10d.py:1536)");
+}
+
 TEST_CASE("a dump keeps its thread headers and frames, and the innermost frame is found") {
   const std::string dump = faulthandler_threads("\n" + dump_at("train.py", 42, "0x02") + "\n");
   CHECK_THAT(dump, Catch::StartsWith("Thread 0x00007f0000000001 (most recent call first):\n"));
