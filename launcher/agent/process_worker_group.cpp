@@ -21,11 +21,11 @@
 #include "diagnosis/flight_recorder.hpp"
 #include "diagnosis/python_stacks.hpp"
 #include "diagnosis/stack_capture.hpp"
-#include "shared/tool_run.hpp"
 #include "process/nccl_profiler_lookup.hpp"
 #include "process/python_isolation.hpp"
 #include "process/python_probe.hpp"
 #include "process/worker_environment.hpp"
+#include "shared/tool_run.hpp"
 
 namespace ddp::launcher {
 namespace fs = std::filesystem;
