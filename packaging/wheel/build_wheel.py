@@ -34,9 +34,12 @@ def plugin_path(bin_dir):
 
 
 def shipped_elf_files(bin_dir):
-    """Every ELF file the wheel ships: the programs, and the plugin when it was built."""
+    """Every ELF file the wheel ships: the programs, and the plugin and the probe's native
+    wrapper when they were built."""
     plugin = plugin_path(bin_dir)
-    return [os.path.join(bin_dir, name) for name in PROGRAMS] + ([plugin] if plugin else [])
+    around = os.path.join(bin_dir, "..", "share", "ddprun", "python", "_ddprun_around.abi3.so")
+    return [os.path.join(bin_dir, name) for name in PROGRAMS] + ([plugin] if plugin else []) + \
+        ([around] if os.path.isfile(around) else [])
 
 
 def platform_tag(files):
@@ -70,7 +73,8 @@ def main():
         sys.exit(f"build_wheel: not built: {', '.join(missing)} (build the targets "
                  f"{' '.join(PROGRAMS)} first)")
     probe_dir = os.path.join(args.bin_dir, "..", "share", "ddprun", "python")
-    probe = sorted(f for f in os.listdir(probe_dir) if f.endswith(".py")) \
+    # Its .py files and its native wrapper (_ddprun_around.abi3.so, CPython's stable ABI).
+    probe = sorted(f for f in os.listdir(probe_dir) if f.endswith((".py", ".abi3.so"))) \
         if os.path.isdir(probe_dir) else []
     if "sitecustomize.py" not in probe:
         sys.exit(f"build_wheel: ddprun's Python probe is not in {probe_dir} (build ddprun first)")
@@ -97,7 +101,10 @@ def main():
                 subprocess.run(["strip", "--strip-unneeded", staged], check=True)
         os.mkdir(os.path.join(stage, "probe"))
         for name in probe:
-            shutil.copy(os.path.join(probe_dir, name), os.path.join(stage, "probe", name))
+            staged = os.path.join(stage, "probe", name)
+            shutil.copy(os.path.join(probe_dir, name), staged)
+            if args.strip and name.endswith(".so"):
+                subprocess.run(["strip", "--strip-unneeded", staged], check=True)
         env = dict(os.environ, DDP_WHEEL_VERSION=args.version, DDP_WHEEL_PLATFORM=tag,
                    PYTHONWARNINGS="ignore")  # setuptools deprecates setup.py itself
         subprocess.run([sys.executable, "setup.py", "-q", "bdist_wheel", "--dist-dir", dist_dir],

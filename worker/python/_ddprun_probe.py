@@ -79,7 +79,7 @@ import time
 
 import _ddprun_contract as _contract  # names only
 
-# functools, weakref and inspect are imported where torch is instrumented, not at start-up: the
+# weakref, inspect and importlib are imported where torch is instrumented, not at start-up: the
 # probe loads into every Python worker, torch or not (threading: _thread, for the same reason).
 
 from _ddprun_record import (  # the page and its writer
@@ -135,6 +135,66 @@ class _ThreadState(_thread._local):
     last_step = None  # the _StepWatch of the last step this thread began
 
 
+# --- Around PyTorch's calls ---------------------------------------------------------------------
+
+_AROUND_FILE = "_ddprun_around.abi3.so"  # beside this file (worker/python_around)
+_around_function = None  # what _around() found
+
+
+def _around():
+    """around(target, before, after): the callable the probe puts in place of one of PyTorch's.
+    It calls token = before(args, kwargs); when token is not None, target(*args, **kwargs) and
+    then after(token, result, failed) (result None when the call raised, and the exception goes
+    on). Bound as a method when set on a class.
+
+    The native one (_ddprun_around) leaves no frame of ours on the stack while target runs, so
+    the program's tracebacks and stacks are its own. Loaded by its path, not from sys.path, and
+    only once torch.distributed is. Where it cannot load (not built, another interpreter), a
+    Python function does the same, and shows as two frames in tracebacks through the call."""
+    global _around_function
+    if _around_function is None:
+        _around_function = _load_around()
+    return _around_function
+
+
+def _load_around():
+    try:
+        import importlib.machinery
+        import importlib.util
+
+        path = os.path.join(os.path.dirname(os.path.abspath(__file__)), _AROUND_FILE)
+        loader = importlib.machinery.ExtensionFileLoader("_ddprun_around", path)
+        spec = importlib.util.spec_from_file_location("_ddprun_around", path, loader=loader)
+        module = importlib.util.module_from_spec(spec)
+        loader.exec_module(module)
+        return module.around
+    except Exception:
+        return _around_in_python
+
+
+def _around_in_python(target, before, after):
+    """around() where the native one cannot load."""
+    def call(*args, **kwargs):
+        token = before(args, kwargs)
+        if token is None:
+            return target(*args, **kwargs)
+        try:
+            result = target(*args, **kwargs)
+        except BaseException:
+            after(token, None, True)
+            raise
+        after(token, result, False)
+        return result
+
+    for name in ("__module__", "__name__", "__qualname__", "__doc__"):
+        try:
+            setattr(call, name, getattr(target, name))
+        except (AttributeError, TypeError):
+            pass
+    call.__wrapped__ = target
+    return call
+
+
 # At most this many Works wait for a completion that only Python sees; past it, the oldest
 # completed ones are let go and the rest recorded as finished (no false hang from a program
 # that never waits for its sends).
@@ -169,34 +229,37 @@ class _OpenWorks:
             if done and self._recorder.finish(lane, seq):
                 self.open.pop(key, None)
 
-    def wait(self, original, work, args, kwargs):
-        """work.wait(*args, **kwargs) through the pybind method `original`, recorded."""
+    def wait_before(self, args, kwargs):
+        """Before work.wait(): a token for wait_after, or None when the Work is not open."""
+        if not self.open:
+            return None
+        work = args[0]
         entry = self.open.get(id(work))
         if entry is None or entry[0] is not work:
-            return original(work, *args, **kwargs)
+            return None
         _, lane, seq, p2p = entry
-        recorder = self._recorder
         waiting = False
         try:
-            waiting = p2p is not None and recorder.p2p_wait(lane, *p2p)
+            waiting = p2p is not None and self._recorder.p2p_wait(lane, *p2p)
         except Exception as error:
-            recorder.stop(error)
-        try:
-            result = original(work, *args, **kwargs)
-        except BaseException:
-            self._finished(work, lane, seq, True)
-            raise
-        finally:
-            if waiting:
-                try:
-                    recorder.p2p_done(lane)
-                except Exception as error:
-                    recorder.stop(error)
-        if result is not False:  # False: wait(timeout) timed out
-            self._finished(work, lane, seq, False)
+            self._recorder.stop(error)
+        return (work, lane, seq, waiting)
+
+    def wait_after(self, token, result, failed):
+        """After work.wait() returned `result`, or raised (failed)."""
+        work, lane, seq, waiting = token
+        if waiting:
+            try:
+                self._recorder.p2p_done(lane)
+            except Exception as error:
+                self._recorder.stop(error)
+        if failed or result is not False:  # False: wait(timeout) timed out
+            self._finished(work, lane, seq, failed)
         if self.open:  # time passed: others may have completed meanwhile
             self.sweep()
-        return result
+
+    def stop(self, error):
+        self._recorder.stop(error)
 
     def _finished(self, work, lane, seq, failed):
         try:
@@ -230,35 +293,32 @@ class _OpenWorks:
             self._finished(work, entry[1], entry[2], False)
 
 
-def _wrap_work(work_class, works):
-    """Work.wait, get_future and is_completed: through `works` while any Work is open;
-    otherwise the methods themselves (one test of a dict)."""
+def _wrap_work(work_class, works, around):
+    """Work.wait, get_future and is_completed, through `works` while any Work is open."""
     wait, get_future, is_completed = (work_class.wait, work_class.get_future,
                                       work_class.is_completed)
     works.is_completed = is_completed
 
-    def wait_recorded(self, *args, **kwargs):
-        if not works.open:
-            return wait(self, *args, **kwargs)
-        return works.wait(wait, self, args, kwargs)
+    def work_if_open(args, kwargs):
+        return args[0] if works.open else None
 
-    def get_future_recorded(self):
-        future = get_future(self)
-        if works.open:
-            works.future_taken(self, future)
-        return future
+    def future_taken(work, future, failed):
+        try:
+            if not failed:
+                works.future_taken(work, future)
+        except Exception as error:
+            works.stop(error)
 
-    def is_completed_recorded(self):
-        done = is_completed(self)
-        if done and works.open:
-            works.completed(self)
-        return done
+    def completed(work, done, failed):
+        try:
+            if done and not failed:
+                works.completed(work)
+        except Exception as error:
+            works.stop(error)
 
-    for name, method, original in (("wait", wait_recorded, wait),
-                                   ("get_future", get_future_recorded, get_future),
-                                   ("is_completed", is_completed_recorded, is_completed)):
-        method.__doc__ = original.__doc__
-        setattr(work_class, name, method)
+    work_class.wait = around(wait, works.wait_before, works.wait_after)
+    work_class.get_future = around(get_future, work_if_open, future_taken)
+    work_class.is_completed = around(is_completed, work_if_open, completed)
 
 
 # --- PyTorch 2.14: the process groups' own hooks ---------------------------------------------
@@ -439,12 +499,11 @@ def _position(parameters, name):
     return parameters.index(name) if name in parameters else -1
 
 
-def _wrap_collective(probe, function, op, tensor_name, non_member):
+def _wrap_collective(probe, around, function, op, tensor_name, non_member):
     """`function` recording each call: a collective in its group's lane, finished when a
     synchronous call returns (failed if it raises), or when an asynchronous call's Work
     completes; a send or recv as a p2p wait while a thread waits for it. Arguments and results
     pass through untouched."""
-    import functools
     import inspect
 
     recorder, state, works = probe.recorder, probe.state, probe.works
@@ -457,17 +516,18 @@ def _wrap_collective(probe, function, op, tensor_name, non_member):
     always_async = function.__name__ in _ALWAYS_ASYNC
 
     def argument(args, kwargs, at, name, default):
-        return args[at] if 0 <= at < len(args) else kwargs.get(name, default)
+        if 0 <= at < len(args):
+            return args[at]
+        return kwargs.get(name, default) if kwargs else default
 
-    @functools.wraps(function)
-    def collective(*args, **kwargs):
+    def before(args, kwargs):
         if not recorder.writing or state.inside:
-            return function(*args, **kwargs)
-        lane, seq, p2p, waiting = None, 0, None, False
+            return None
         try:
             group = argument(args, kwargs, group_at, "group", None)
             lane = probe.lane_of(group) if group is not non_member else None
             is_async = always_async or argument(args, kwargs, async_at, "async_op", False)
+            seq, p2p, waiting = 0, None, False
             if lane is not None:
                 if works.open:
                     works.sweep()
@@ -483,37 +543,30 @@ def _wrap_collective(probe, function, op, tensor_name, non_member):
                     seq = recorder.queue(lane, op, *size)
         except Exception as error:
             recorder.stop(error)
-            return function(*args, **kwargs)
+            return None
         state.inside = True
+        return (lane, seq, p2p, waiting, is_async)
+
+    def after(token, result, failed):
+        state.inside = False
+        lane, seq, p2p, waiting, is_async = token
         try:
-            result = function(*args, **kwargs)
-        except BaseException:
-            try:
-                recorder.finish(lane, seq, True)  # a communication error, or the arguments'
-            except Exception as error:
-                recorder.stop(error)
-            raise
-        finally:
-            state.inside = False
             if waiting:
-                try:
-                    recorder.p2p_done(lane)
-                except Exception as error:
-                    recorder.stop(error)
-        try:
-            if p2p is not None:
+                recorder.p2p_done(lane)
+            if failed:
+                recorder.finish(lane, seq, True)  # a communication error, or the arguments'
+            elif p2p is not None:
                 if is_async and result is not None:
                     works.add(result, lane, 0, p2p)
             elif seq:  # an asynchronous call's Work goes to the program: Python sees it
                 _finish_when_done(probe, lane, seq, result if is_async else None, True)
         except Exception as error:
             recorder.stop(error)
-        return result
 
-    return collective
+    return around(function, before, after)
 
 
-def _wrap_functions(probe, dist, c10d):
+def _wrap_functions(probe, around, dist, c10d):
     """Wraps c10d's collective functions, in c10d (which calls them itself: all_gather_object
     calls all_gather) and in torch.distributed (which imported them by name)."""
     non_member = c10d.GroupMember.NON_GROUP_MEMBER
@@ -521,7 +574,7 @@ def _wrap_functions(probe, dist, c10d):
         original = getattr(c10d, name, None)
         if original is None:
             continue
-        wrapped = _wrap_collective(probe, original, op, tensor_name, non_member)
+        wrapped = _wrap_collective(probe, around, original, op, tensor_name, non_member)
         setattr(c10d, name, wrapped)
         if getattr(dist, name, None) is original:
             setattr(dist, name, wrapped)
@@ -568,12 +621,12 @@ def _watch_groups(probe, dist, c10d):
     to ddprun's NCCL profiler plugin: their futures complete when the work is queued on the GPU,
     which tells nothing of a hang; a job whose default group is NCCL is not recorded here at
     all (the plugin records it)."""
-    import functools
     import inspect
     import weakref
 
     recorder = probe.recorder
     process_group = dist.ProcessGroup
+    probe.group_lanes = weakref.WeakKeyDictionary()
     hooks = None
     if probe.hooks:
         hooks = sys.modules["torch._C._distributed_c10d"].HookOpName
@@ -606,41 +659,44 @@ def _watch_groups(probe, dist, c10d):
         else:
             probe.group_lanes[group] = lane
 
+    around = _around()
     helper = c10d._new_process_group_helper
     helper_signature = inspect.signature(helper)
 
-    @functools.wraps(helper)
-    def new_process_group_helper(*args, **kwargs):
-        result = helper(*args, **kwargs)
+    def call(args, kwargs):  # every group, the default one before the page is claimed
+        return (args, kwargs or {})
+
+    def helper_returned(call, result, failed):
+        if failed:
+            return
         try:
-            call = helper_signature.bind(*args, **kwargs)
-            call.apply_defaults()
+            arguments = helper_signature.bind(*call[0], **call[1])
+            arguments.apply_defaults()
             group = result[0] if isinstance(result, tuple) else result  # 2.x: (group, store)
-            new_group(group, call.arguments["backend"], call.arguments.get("timeout"),
-                      _group_name(c10d, group, call.arguments.get("group_name")))
+            new_group(group, arguments.arguments["backend"], arguments.arguments.get("timeout"),
+                      _group_name(c10d, group, arguments.arguments.get("group_name")))
         except Exception as error:
             recorder.stop(error)
-        return result
 
-    c10d._new_process_group_helper = new_process_group_helper
+    c10d._new_process_group_helper = around(helper, call, helper_returned)
 
     split = getattr(c10d, "split_group", None)  # 2.x: groups split from a parent, no helper
     if split is None:
         return
     split_signature = inspect.signature(split)
 
-    @functools.wraps(split)
-    def split_group(*args, **kwargs):
-        group = split(*args, **kwargs)
+    def split_returned(call, group, failed):
+        if failed:
+            return
         try:
-            timeout = split_signature.bind(*args, **kwargs).arguments.get("timeout")
+            timeout = split_signature.bind(*call[0], **call[1]).arguments.get("timeout")
             if isinstance(group, process_group):
                 new_group(group, c10d.get_backend(group), timeout,
                           _group_name(c10d, group, None))
         except Exception as error:
             recorder.stop(error)
-        return group
 
+    split_group = around(split, call, split_returned)
     c10d.split_group = split_group
     if getattr(dist, "split_group", None) is split:
         dist.split_group = split_group
@@ -741,7 +797,6 @@ def _gradients(probe, module, sizes):
 def _watch_steps(probe, torch, ddp_class, with_gradients):
     """Wraps DistributedDataParallel.forward: a forward that will reduce gradients (grad enabled,
     outside no_sync) begins a step."""
-    import functools
     import weakref
 
     recorder, state = probe.recorder, probe.state
@@ -750,12 +805,11 @@ def _watch_steps(probe, torch, ddp_class, with_gradients):
     engine = torch.autograd.Variable._execution_engine
     sizes = weakref.WeakKeyDictionary()
 
-    @functools.wraps(forward)
-    def ddp_forward(self, *inputs, **kwargs):
+    def begin(args, kwargs):
         if not recorder.writing or not is_grad_enabled():
-            return forward(self, *inputs, **kwargs)
-        if not getattr(self, "require_backward_grad_sync", True):  # inside no_sync()
-            return forward(self, *inputs, **kwargs)
+            return None
+        if not getattr(args[0], "require_backward_grad_sync", True):  # inside no_sync()
+            return None
         # As libddp's steps: a step begins where the last one's backward ended, so that its data
         # loading counts as its compute (a rank slow to load is a straggler); the first at its
         # forward.
@@ -769,18 +823,22 @@ def _watch_steps(probe, torch, ddp_class, with_gradients):
             step = recorder.begin_step(begin_ns)
         except Exception as error:
             recorder.stop(error)
-        output = forward(self, *inputs, **kwargs)
+        return (args[0], step, begin_ns) if step else None
+
+    def forwarded(token, output, failed):
+        if failed:
+            return
+        module, step, begin_ns = token
         try:
-            tensor = _first_tensor_requiring_grad(output) if step else None
+            tensor = _first_tensor_requiring_grad(output)
             if tensor is not None:
-                gradients = _gradients(probe, self, sizes) if with_gradients else None
+                gradients = _gradients(probe, module, sizes) if with_gradients else None
                 state.last_step = watch = _StepWatch(probe, engine, step, begin_ns, gradients)
                 tensor.register_hook(watch.backward_began)
         except Exception as error:
             recorder.stop(error)
-        return output
 
-    ddp_class.forward = ddp_forward
+    ddp_class.forward = _around()(forward, begin, forwarded)
 
 
 # --- Instrumenting torch as it is imported ------------------------------------------------------
@@ -837,7 +895,10 @@ class _Probe:
         self.distributed = False  # torch.distributed is available and instrumented
         self.nccl_job = False  # the default group is NCCL's: the plugin records, not us
         self.default_lane = None  # the default group's lane (lane 0), once claimed
-        self.group_lanes = {}  # 1.13: process group -> its lane (the recorded ones)
+        # 1.13: process group -> its lane (the recorded ones). Weak (_watch_groups makes it): a
+        # group the program destroyed must die with its threads, as it would without us, not at
+        # the interpreter's exit (where a Gloo thread that frees a tensor aborts the process).
+        self.group_lanes = {}
 
     def lane_of(self, group):
         """The lane a call on `group` (None: the default group) records in; None: none."""
@@ -862,9 +923,10 @@ class _Probe:
             c10d = sys.modules["torch.distributed.distributed_c10d"]
             self.hooks = hasattr(dist.ProcessGroup, "register_pre_hook")
             _watch_groups(self, dist, c10d)
+            around = _around()
             if not self.hooks:
-                _wrap_functions(self, dist, c10d)
-            _wrap_work(sys.modules["torch._C._distributed_c10d"].Work, self.works)
+                _wrap_functions(self, around, dist, c10d)
+            _wrap_work(sys.modules["torch._C._distributed_c10d"].Work, self.works, around)
             self.distributed = True
         except Exception as error:
             self.recorder.stop(error)

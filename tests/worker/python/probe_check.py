@@ -16,9 +16,14 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 
 CHECKOUT = os.path.realpath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
-PROBE_FOLDER = os.path.join(CHECKOUT, "worker", "python")
+# The probe as built (build/share/ddprun/python: with its native wrapper), which the test that
+# runs this script names; else the source folder, where the probe falls back to a Python one.
+PROBE_FOLDER = os.path.realpath(os.environ.get("DDP_PROBE_FOLDER")
+                                or os.path.join(CHECKOUT, "worker", "python"))
+NATIVE_WRAPPER = os.path.isfile(os.path.join(PROBE_FOLDER, "_ddprun_around.abi3.so"))
 HEADER = os.path.join(CHECKOUT, "common", "include", "ddp", "common", "collective_record.hpp")
 STACK_SIGNAL = signal.SIGRTMIN + 5
 TIMEOUT_S = 120  # per worker: a hang fails the check instead of the run
@@ -325,6 +330,20 @@ def check_world_of_one(checks, hooks):
                   "a broadcast from an invalid root: closed, failed", (h, slots[:3]))
     checks.expect(h["steps"] == 0 and not page.steps(),
                   "forked child: its DDP forward is not recorded", h["steps"])
+    check_no_frames_of_ours(checks, "world of one: an invalid root, a DDP forward that raises",
+                            report_of(out).get("tracebacks"), 2)
+
+
+def check_no_frames_of_ours(checks, what, tracebacks, count):
+    """Tracebacks through the calls the probe wraps show the program's frames and PyTorch's,
+    none of ours (with the native wrapper; without it, the Python one's are expected)."""
+    tracebacks = tracebacks or []
+    ours = [t for t in tracebacks if "_ddprun" in t]
+    if not NATIVE_WRAPPER:
+        print("skip %s: no frame of ours (no native wrapper in %s)" % (what, PROBE_FOLDER))
+        return
+    checks.expect(len(tracebacks) == count and not ours,
+                  "%s: no frame of ours in the tracebacks" % what, tracebacks)
 
 
 def check_failures(checks):
@@ -338,9 +357,12 @@ def check_failures(checks):
     h = pages[0].header()
     slots = pages[0].collectives()
     checks.expect(rc == 0 and "raised" in out, "peer died: the all_reduce raised", (rc, out, err))
-    checks.expect(h["failed"] == 1 and h["queued"] == h["finished"] == 2
-                  and slots[-1]["failed"] == 1 and OPS[slots[-1]["op"]] == "all_reduce",
-                  "peer died: recorded as failed", (h, slots))
+    check_no_frames_of_ours(checks, "peer died: a collective and an async one's wait",
+                            report_of(out).get("tracebacks"), 2)
+    checks.expect(h["failed"] == 1 and h["queued"] == h["finished"] == 3
+                  and all(slot["failed"] == 1 and OPS[slot["op"]] == "all_reduce"
+                          for slot in slots[1:]),
+                  "peer died: recorded as failed (a collective, then an async one)", (h, slots))
 
     page = Page()
     rc, out, err = worker("probe_breaks", str(free_port()), page=page, stacks=stack_memfd())
@@ -699,18 +721,24 @@ def worker_world1(port):
 
     init(dist, port, 0, 1)
     dist.all_reduce(torch.ones(1))
+    tracebacks = []
     try:
         dist.broadcast(torch.ones(1), src=5)  # no such rank: raises at issue
     except (RuntimeError, ValueError):
-        pass
+        tracebacks.append(traceback.format_exc())
     model = torch.nn.parallel.DistributedDataParallel(small_model(torch))  # 2.14: collectives
+    try:
+        with torch.no_grad():  # (a step that began would stay open)
+            model(torch.randn(2, 5))  # the wrong width: the forward raises
+    except RuntimeError:
+        tracebacks.append(traceback.format_exc())
     dist.barrier()
     child = os.fork()
     if child == 0:  # a forward would begin a step: the forked child must not record it
         model(torch.randn(2, 4))
         os._exit(0)
     os.waitpid(child, 0)
-    report()  # no destroy_process_group: the probe must not make the exit crash
+    report(tracebacks=tracebacks)  # no destroy_process_group: the exit must not crash
 
 
 def worker_peer_dies(rank, port):
@@ -727,6 +755,12 @@ def worker_peer_dies(rank, port):
         print("no error")
     except RuntimeError:
         print("raised")
+        tracebacks = [traceback.format_exc()]
+        try:
+            dist.all_reduce(torch.ones(2), async_op=True).wait()
+        except RuntimeError:
+            tracebacks.append(traceback.format_exc())
+        report(tracebacks=tracebacks)
     sys.stdout.flush()
     os._exit(0)  # the group is broken: skip its teardown
 
