@@ -1,8 +1,12 @@
 # ddprun and its sample workers
 add_executable(ddprun ddprun.cpp)
 target_link_libraries(ddprun PRIVATE ddp::launcher)
-# The NCCL profiler plugin ddprun hands its workers is built with it (build/lib).
+# The NCCL profiler plugin ddprun hands its workers is built with it (build/lib), and so is the
+# Python probe's native wrapper where Python's headers are (build/share/ddprun/python).
 add_dependencies(ddprun ddprun_nccl_profiler)
+if(TARGET ddprun_around)
+  add_dependencies(ddprun ddprun_around)
+endif()
 # Start-up time: the dynamic loader's symbol look-ups and relocations in libstdc++ are a few
 # milliseconds of every launch on a small machine (docs/benchmarks.md, Launch time). ddprun
 # loads no C++ library at run time (device_count.cpp dlopens C libraries only), so linking the

@@ -55,6 +55,10 @@ What PyTorch lets us see, checked with two Gloo processes on 127.0.0.1:
 - A hook that raises raises into the user's call, so every hook here catches everything.
 - A group never destroyed outlives Python (c10d's C++ registry) and destroying our hooks then
   aborts the process: they are unregistered at exit.
+- Whatever the probe puts in place of PyTorch's callables (Work's methods, DDP's forward, the
+  group makers, 1.13's collective functions) is made by around(): C code that calls the
+  probe's Python before and after, so that no frame of ours is on the stack while PyTorch's
+  call runs and the program's tracebacks are its own (docs/cli.md, "Where ddprun differs").
 - torch.compile would trace the hooks (run from C++ inside compiled regions) and the forward
   wrapper: this module is put on dynamo's skip list once torch._dynamo is imported.
 - PyTorch 1.13 has no such hooks: its Python collective functions are wrapped instead. Any
