@@ -9,10 +9,15 @@ the worker ends in Py_Exit, as Py_RunMain does: threads joined, atexit, flushing
 the interpreter's exit status. After a fork CPython makes the forking thread the child's main
 thread (signals, threading.main_thread()).
 
+CPython 3.13 and later remember the main thread's state in _PyRuntime.main_tstate and never
+update it after a fork, so a child forked from another thread crashes in Py_FinalizeEx (it
+swaps in the state PyOS_AfterFork_Child deleted). The child points that word at its own
+thread's state first (_adopt_main_thread_state): the one word of the runtime's head that held
+the template's main thread state.
+
 The template asks works() once, before its first fork: a child forked this way that runs an
-atexit callback and exits 0. Where it does not (Python 3.14 crashes in Py_FinalizeEx of such a
-child), the template forks from its main thread as before, and its frames stay beneath the
-program's.
+atexit callback and exits 0. Where it does not, the template forks from its main thread as
+before, and its frames stay beneath the program's.
 
 Threading: run() is called on the template's main thread and returns in the template once the
 middle child has been forked; everything after the fork runs on the forking thread alone.
@@ -49,6 +54,35 @@ def _api():
 
 
 _API, _LIBC = _api()
+
+
+_RUNTIME_WORDS = 2048  # how much of _PyRuntime's head is searched for main_tstate
+
+
+def _main_thread_state():
+    """(the _PyRuntime words, the calling thread's state): on the template's main thread, what
+    _adopt_main_thread_state needs; None before 3.13 or where _PyRuntime is not exported."""
+    if sys.version_info < (3, 13):
+        return None
+    try:
+        api = ctypes.pythonapi
+        api.PyThreadState_Get.restype = ctypes.c_void_p
+        runtime = ctypes.addressof(ctypes.c_char.in_dll(api, "_PyRuntime"))
+        return (ctypes.c_void_p * _RUNTIME_WORDS).from_address(runtime), api.PyThreadState_Get()
+    except (AttributeError, ValueError):
+        return None
+
+
+def _adopt_main_thread_state(main):
+    """In a child forked from a thread other than the main one: the runtime's main_tstate, the
+    one word that still holds the main thread's (deleted) state, becomes this thread's, as if
+    this thread had always been the main one. Left alone unless exactly one word matches."""
+    if main is None:
+        return
+    words, old = main
+    found = [i for i in range(_RUNTIME_WORDS) if words[i] == old]
+    if len(found) == 1:
+        words[found[0]] = ctypes.pythonapi.PyThreadState_Get()
 
 
 def _fork(state):
@@ -179,6 +213,7 @@ def _steps(state, become, lock):
     if state["pid"] != 0:
         yield functools.partial(lock.release)
         return
+    _adopt_main_thread_state(state["main"])
     job = become()
     if job is None:
         return
@@ -194,7 +229,7 @@ own_threads = set()
 def run(become):
     """Forks the middle child from a frameless thread: its pid in the template (raises the
     fork's error). become() runs in it, as described in _steps."""
-    state = {"results": []}
+    state = {"results": [], "main": _main_thread_state()}
     lock = _thread.allocate_lock()
     lock.acquire()
     steps = map(state["results"].append, map(_call, _steps(state, become, lock)))

@@ -101,7 +101,10 @@ if sys.path and os.path.realpath(sys.path[0] or ".") == _FOLDER:
 
 _SOCKET_FD = int(_STARTUP_FD)
 _C_SOURCE_KEPT = None  # _c_source_in_tracebacks(), asked before the first fork
-_FRAMELESS = False  # _frameless.works() (and not _C_SOURCE_KEPT), asked before the first fork
+# _frameless.works(), asked before the first fork. Where the interpreter keeps `-c` code's source
+# for its tracebacks (_C_SOURCE_KEPT: 3.14), a `-c` worker (--run_path's) still runs above the
+# template's frames: PyRun_SimpleStringFlags would not keep it.
+_FRAMELESS = False
 _MAX_FDS = 64
 
 
@@ -353,6 +356,14 @@ def _output_sizes():
 # --- Forking a worker ---------------------------------------------------------------------
 
 
+def _runs_source(argv):
+    """Whether argv is `python [flags] -c SOURCE ...` (_Job's reading of it)."""
+    at = 1
+    while at < len(argv) and argv[at].startswith("-") and argv[at] not in ("-c", "-m"):
+        at += 1
+    return at < len(argv) and argv[at] == "-c"
+
+
 def _spawn(request, fds, preloaded, control):
     """Forks the worker: its pid in the template, a _Job in the worker."""
     problem = preloaded.fork_problem(request)
@@ -381,7 +392,8 @@ def _spawn(request, fds, preloaded, control):
         finally:
             os._exit(0)  # the worker is re-parented to the agent now
 
-    if _FRAMELESS:  # the worker runs its program on the thread that forked it
+    if _FRAMELESS and not (_C_SOURCE_KEPT and _runs_source(request["argv"])):
+        # The worker runs its program on the thread that forked it.
         try:
             middle = _frameless.run(in_middle)
         except OSError:
@@ -767,9 +779,11 @@ def _serve():
     in a forked worker."""
     global _C_SOURCE_KEPT, _FRAMELESS
     _C_SOURCE_KEPT = _c_source_in_tracebacks()
-    _FRAMELESS = not _C_SOURCE_KEPT and _frameless.works()
+    _FRAMELESS = _frameless.works()
     sys.stderr.write("ddprun warm template: workers run %s\n" % (
-        "with no frame of the template's beneath" if _FRAMELESS else
+        ("with no frame of the template's beneath" +
+         (" (-c workers above them: this interpreter keeps -c code's source)"
+          if _C_SOURCE_KEPT else "")) if _FRAMELESS else
         "above the template's frames (this interpreter cannot finalize a child forked from a "
         "thread)"))
     control = socket.socket(fileno=_SOCKET_FD)
