@@ -206,6 +206,7 @@ class Agent::Impl {
     machine.job_name = config_.entrypoint;
     machine.node_id = node_id;
     machine.max_restarts = config_.max_restarts;
+    machine.workers_run_on = config_.restart_policy == RestartPolicy::kNone;
     machine.shutdown_timeout = config_.shutdown_timeout;
     AgentMachineContext context;
     context.rendezvous = rendezvous_.get();

@@ -79,6 +79,7 @@ void AgentMachine::on(const event::RoundReady& e) {
   sent_reason_.reset();
   root_cause_.reset();
   other_failures_.clear();
+  ran_on_failures_.clear();
   auto post = ctx_.post;
   const int round = round_;
   ctx_.rendezvous->watch_round([post, round](StopReason reason) {
@@ -173,7 +174,13 @@ void AgentMachine::on(const event::WorkerExited& e) {
     return;
   }
   ++exits_seen_;
-  if (state_ == State::kRunning && e.exit.failed()) on_local_failure(e.local_rank);
+  if (state_ == State::kRunning && e.exit.failed()) {
+    if (config_.workers_run_on) {
+      note_failure_running_on(e.local_rank);
+    } else {
+      on_local_failure(e.local_rank);
+    }
+  }
   if (state_ == State::kStopping && e.exit.failed()) note_late_failure(e.local_rank);
   if (exits_seen_ == group_size_) on_group_exited();
 }
@@ -198,6 +205,28 @@ void AgentMachine::on_local_failure(int local_rank) {
   local_failure(std::move(root), ctx_.workers->other_failures(local_rank));
 }
 
+// --restart_policy=none: the failure is said at once, and kept; the others run on.
+void AgentMachine::note_failure_running_on(int local_rank) {
+  WorkerFailure failure = ctx_.workers->failure_of(local_rank);
+  mark("worker failed", "rank " + std::to_string(failure.rank) + ": " + failure.describe_exit());
+  ctx_.notice("ddprun: rank " + std::to_string(failure.rank) + " failed (" +
+              failure.describe_exit() +
+              "); --restart_policy=none: the other workers go on, and the job ends when every "
+              "worker has exited");
+  ran_on_failures_.push_back(std::move(failure));
+}
+
+// --restart_policy=none, once every local worker has exited: the round ends for a failure,
+// ours (the first local one is the root cause, the others follow) or another node's.
+void AgentMachine::end_round_run_on() {
+  if (!ran_on_failures_.empty()) {
+    WorkerFailure root = ran_on_failures_.front();
+    std::vector<WorkerFailure> others(ran_on_failures_.begin() + 1, ran_on_failures_.end());
+    send_root_cause(std::move(root), std::move(others));
+  }
+  state_ = State::kStopping;
+}
+
 // The job hung: the report so far goes out at once (the stop takes up to --shutdown_timeout),
 // then the round ends as after a worker failure, with the blamed rank as its root cause.
 void AgentMachine::on(const event::Hung& e) {
@@ -208,6 +237,14 @@ void AgentMachine::on(const event::Hung& e) {
 
 // The root cause is ours: tell the other nodes, stop the local workers.
 void AgentMachine::local_failure(WorkerFailure root, std::vector<WorkerFailure> others) {
+  send_root_cause(std::move(root), std::move(others));
+  ctx_.workers->dump_python_stacks();
+  if (root_cause_->hung) return stop_hung_workers();
+  stop_workers(SIGTERM);
+}
+
+// Keeps the root cause and its companions, and ends the round for every node with it.
+void AgentMachine::send_root_cause(WorkerFailure root, std::vector<WorkerFailure> others) {
   root_cause_ = std::move(root);
   other_failures_ = std::move(others);
   mark(root_cause_->hung ? "hang" : "worker failed",
@@ -220,9 +257,6 @@ void AgentMachine::local_failure(WorkerFailure root, std::vector<WorkerFailure> 
   if (root_cause_->error) reason.message = root_cause_->error->message;
   sent_reason_ = reason;
   ctx_.rendezvous->stop_round(reason);
-  ctx_.workers->dump_python_stacks();
-  if (root_cause_->hung) return stop_hung_workers();
-  stop_workers(SIGTERM);
 }
 
 void AgentMachine::stop_hung_workers() {
@@ -265,6 +299,9 @@ void AgentMachine::on_group_exited() {
   ctx_.timers->cancel(TimerId::kAbort);
   ctx_.workers->release();
   if (state_ == State::kShuttingDown) return finish(signalled(signal_));
+  if (state_ == State::kRunning && (!ran_on_failures_.empty() || (reason_ && reason_->failed()))) {
+    end_round_run_on();
+  }
   if (state_ == State::kStopping) {
     const bool failed = sent_reason_ || (reason_ && reason_->failed());
     if (failed) ctx_.workers->analyse_flight_recorder();
@@ -283,6 +320,12 @@ void AgentMachine::on_group_exited() {
 void AgentMachine::on(const event::RoundStopped& e) {
   if (!current(e.round) || reason_) return;
   if (state_ == State::kStarting) return deferred_.push_back(e);
+  if (state_ == State::kRunning && config_.workers_run_on && e.reason.failed()) {
+    reason_ = e.reason;  // decided on once every local worker has exited
+    ctx_.notice("ddprun: " + stop_reason_text(e.reason) +
+                "; --restart_policy=none: the workers here go on");
+    return;
+  }
   if (state_ == State::kRunning) {
     reason_ = e.reason;
     ctx_.notice("ddprun: stopping the workers: " + stop_reason_text(e.reason));

@@ -10,6 +10,8 @@
 //       |                                    v                                           v
 //       +--- restart / membership change -- Stopping --restarts exhausted--> Draining -> Done
 //   A worker that cannot be started (Starting) is a local failure: Stopping, as above.
+//   With workers_run_on (--restart_policy=none), a failed worker, or another node's, stops
+//   nothing: Running lasts until every local worker has exited, then Stopping as above.
 //   Starting may last (forked workers wait for the warm template): worker exits and a stop
 //   of the round that come meanwhile are handled once it ended, in order; a signal at once.
 //   A handled signal: ShuttingDown (workers stopped, rendezvous left) --> Draining.
@@ -53,6 +55,9 @@ struct AgentMachineConfig {
   int max_restarts = 0;  // --max_restarts: rounds after a worker failure
   std::chrono::milliseconds shutdown_timeout{30000};  // SIGTERM (or the signal) to SIGKILL
   std::chrono::milliseconds drain_timeout = kOutputDrainTimeout;
+  // --restart_policy=none: a worker's exit stops no other worker, here or on other nodes; the
+  // round ends once every local worker has exited, a failure then as after --restart_policy=all.
+  bool workers_run_on = false;
 };
 
 // How the job ended.
@@ -134,6 +139,9 @@ class AgentMachine {
   void join_next_round();
   void mark(const std::string& what, const std::string& detail) const;
   void on_local_failure(int local_rank);
+  void note_failure_running_on(int local_rank);
+  void end_round_run_on();
+  void send_root_cause(WorkerFailure root, std::vector<WorkerFailure> others);
   void note_late_failure(int local_rank);
   void on_start_failure(const WorkerStartError& error);
   void local_failure(WorkerFailure root, std::vector<WorkerFailure> others);
@@ -162,6 +170,7 @@ class AgentMachine {
   std::optional<elastic::StopReason> sent_reason_;  // ours, given to stop_round
   std::optional<WorkerFailure> root_cause_;         // a local failure that ended the round
   std::vector<WorkerFailure> other_failures_;       // local workers that had failed too
+  std::vector<WorkerFailure> ran_on_failures_;  // workers_run_on: failed while the others ran
   int signal_ = 0;                                  // the handled signal that shuts the agent down
   std::vector<int> forwarded_;  // the signals the workers got from this shutdown, once each
   int stop_signal_ = SIGTERM;   // the signal the workers were last asked to stop with

@@ -30,8 +30,9 @@ struct Harness {
   std::optional<AgentOutcome> outcome;
   AgentMachine machine;
 
-  explicit Harness(int max_restarts = 0)
-      : machine(AgentMachineConfig{"train.py", "node-a", max_restarts, kShutdown},
+  explicit Harness(int max_restarts = 0, bool workers_run_on = false)
+      : machine(AgentMachineConfig{"train.py", "node-a", max_restarts, kShutdown,
+                                   kOutputDrainTimeout, workers_run_on},
                 AgentMachineContext{&rdzv, &workers, &timers,
                                     [this](AgentEvent e) { queue.push_back(std::move(e)); },
                                     [this](const std::string& line) { notices.push_back(line); },
@@ -206,6 +207,58 @@ TEST_CASE(
   CHECK_THAT(others, Catch::Contains("host      : host-a"));
   CHECK_THAT(others, Catch::Contains("exitcode  : -15 (pid: 1000)  (SIGTERM)"));
   CHECK_THAT(others, Catch::Contains("exitcode  : -15 (pid: 1001)  (SIGTERM)"));
+}
+
+TEST_CASE(
+    "restart policy none: a failed worker stops no other; once all have exited its failure "
+    "ends the round, the first failure the root cause") {
+  Harness h(0, true);
+  h.round_ready(two_nodes(0, 0));
+  h.exit(1, 3);
+  CHECK(h.workers.signals.empty());
+  CHECK(h.rdzv.stopped.empty());
+  CHECK(h.machine.state() == AgentMachine::State::kRunning);
+  CHECK(h.noticed("rank 1 failed (exit code 3); --restart_policy=none: the other workers go on"));
+  h.exit(0, 4);  // fails later: another failure, not the root cause
+  CHECK(h.workers.signals.empty());
+  REQUIRE(h.rdzv.stopped.size() == 1);
+  CHECK(h.rdzv.stopped[0].rank == 1);
+  CHECK(h.rdzv.stopped[0].exit_code == 3);
+  h.remote_stop(h.rdzv.stopped[0]);
+  REQUIRE(h.outcome);
+  CHECK(h.outcome->exit_code == 3);
+  CHECK_THAT(h.outcome->report, Catch::Contains("rank      : 1 (local_rank: 1)"));
+  CHECK_THAT(h.outcome->report, Catch::Contains("Failures:\n[1]:"));
+  CHECK(h.workers.signals.empty());
+}
+
+TEST_CASE("restart policy none: another node's failure stops nothing here; it ends the round "
+          "once the workers here have exited") {
+  Harness h(0, true);
+  h.round_ready(two_nodes(0));
+  h.remote_stop(worker_failed("node-b", "host-b", 0, 1));
+  CHECK(h.workers.signals.empty());
+  CHECK(h.noticed("rank 0 on host-b: exit code 1; --restart_policy=none: the workers here go on"));
+  CHECK(h.machine.state() == AgentMachine::State::kRunning);
+  h.exit(0, 0);
+  CHECK_FALSE(h.outcome);
+  h.exit(1, 0);
+  REQUIRE(h.outcome);
+  CHECK(h.outcome->exit_code == 1);
+  CHECK_THAT(h.outcome->report, Catch::Contains("host      : host-b"));
+  CHECK(h.workers.signals.empty());
+}
+
+TEST_CASE("restart policy none: a failed round restarts the group while --max_restarts allows") {
+  Harness h(1, true);
+  h.round_ready(two_nodes(0));
+  h.exit(0, 2);
+  h.exit(1, 0);
+  REQUIRE(h.rdzv.stopped.size() == 1);
+  h.remote_stop(h.rdzv.stopped[0]);
+  CHECK(h.rdzv.rounds.size() == 2);
+  CHECK(h.noticed("restarting it (restart 1 of at most 1)"));
+  CHECK(h.workers.signals.empty());
 }
 
 TEST_CASE("a worker that exits 0 when the group is stopped is not a failure") {

@@ -311,6 +311,30 @@ TEST_CASE("restarts increment TORCHELASTIC_RESTART_COUNT and stop at --max_resta
   CHECK(count(ok.out, "done") == 2);
 }
 
+TEST_CASE(
+    "restart policy none: a failed rank stops no other; the job ends once every worker has "
+    "exited, with the report") {
+  TempDir dir;
+  const std::string go = (dir.path() / "go").string();
+  // Ranks 0-2 run on until the test has seen ddprun take rank 3's failure; a signal from ddprun
+  // would end them before their second "ready" line.
+  ChildProcess run(ddprun({"--nproc_per_node=4", "--restart_policy=none"},
+                          {"--ready", "--if-rank", "3", "--exit", "5", "--wait-for-file", go,
+                           "--ready", "--exit", "0"}));
+  run.wait_for_stderr("rank 3 failed (exit code 5); --restart_policy=none: the other workers go on");
+  std::ofstream(go).put('\n');
+  const ProcessResult r = run.wait();
+  INFO(r.err);
+  CHECK(r.status == 5);  // the tests' PET_EXIT_CODE=root_cause
+  for (const std::string rank : {"0", "1", "2"}) {
+    CHECK(count(r.out, "ready rank=" + rank + " ") == 2);
+  }
+  CHECK(count(r.out, "ready rank=3 ") == 1);
+  CHECK_THAT(r.err, !Catch::Contains("stopping the workers"));
+  CHECK_THAT(r.err, Catch::Contains("rank      : 3 (local_rank: 3)"));
+  CHECK_THAT(r.err, Catch::Contains("exitcode  : 5"));
+}
+
 TEST_CASE("SIGTERM to ddprun is forwarded and leaves no process in any worker group") {
   ChildProcess run(ddprun({"--nproc_per_node=2"}, {"--spawn-child", "--ready", "--wait"}));
   auto ready = run.wait_for_stdout_lines("ready", 2);

@@ -41,6 +41,12 @@ enum class EntrypointKind {
   kDirect,  // --no_python: run the entrypoint as an executable
 };
 
+// --restart_policy: what a worker's exit does to the others.
+enum class RestartPolicy {
+  kAll,   // stop the whole group, restart it while --max_restarts allows (torchrun's)
+  kNone,  // nothing: the others go on; the job ends once every worker has exited
+};
+
 struct LaunchConfig {
   // Node and worker counts.
   int min_nodes = 1;                      // --nnodes (MIN of MIN:MAX)
@@ -64,6 +70,7 @@ struct LaunchConfig {
 
   // Worker lifecycle.
   int max_restarts = 0;                // --max_restarts: group restarts after a failure
+  RestartPolicy restart_policy = RestartPolicy::kAll;  // --restart_policy
   double monitor_interval_s = 5.0;     // --monitor_interval (accepted; the agent is event driven)
   std::string start_method = "spawn";  // --start_method (accepted; --warm_start decides)
   std::string role = "default";        // --role; ROLE_NAME and the tee prefix
