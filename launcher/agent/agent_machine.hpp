@@ -170,7 +170,7 @@ class AgentMachine {
   std::optional<elastic::StopReason> sent_reason_;  // ours, given to stop_round
   std::optional<WorkerFailure> root_cause_;         // a local failure that ended the round
   std::vector<WorkerFailure> other_failures_;       // local workers that had failed too
-  std::vector<WorkerFailure> ran_on_failures_;  // workers_run_on: failed while the others ran
+  std::vector<WorkerFailure> ran_on_failures_;      // workers_run_on: failed while the others ran
   int signal_ = 0;                                  // the handled signal that shuts the agent down
   std::vector<int> forwarded_;  // the signals the workers got from this shutdown, once each
   int stop_signal_ = SIGTERM;   // the signal the workers were last asked to stop with

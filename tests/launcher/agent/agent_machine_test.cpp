@@ -232,8 +232,9 @@ TEST_CASE(
   CHECK(h.workers.signals.empty());
 }
 
-TEST_CASE("restart policy none: another node's failure stops nothing here; it ends the round "
-          "once the workers here have exited") {
+TEST_CASE(
+    "restart policy none: another node's failure stops nothing here; it ends the round "
+    "once the workers here have exited") {
   Harness h(0, true);
   h.round_ready(two_nodes(0));
   h.remote_stop(worker_failed("node-b", "host-b", 0, 1));

@@ -321,7 +321,8 @@ TEST_CASE(
   ChildProcess run(ddprun({"--nproc_per_node=4", "--restart_policy=none"},
                           {"--ready", "--if-rank", "3", "--exit", "5", "--wait-for-file", go,
                            "--ready", "--exit", "0"}));
-  run.wait_for_stderr("rank 3 failed (exit code 5); --restart_policy=none: the other workers go on");
+  run.wait_for_stderr(
+      "rank 3 failed (exit code 5); --restart_policy=none: the other workers go on");
   std::ofstream(go).put('\n');
   const ProcessResult r = run.wait();
   INFO(r.err);
