@@ -70,11 +70,11 @@ struct LaunchConfig {
 
   // Worker lifecycle.
   int max_restarts = 0;                // --max_restarts: group restarts after a failure
-  RestartPolicy restart_policy = RestartPolicy::kAll;  // --restart_policy
   double monitor_interval_s = 5.0;     // --monitor_interval (accepted; the agent is event driven)
   std::string start_method = "spawn";  // --start_method (accepted; --warm_start decides)
   std::string role = "default";        // --role; ROLE_NAME and the tee prefix
   std::vector<int> signals_to_handle;  // --signals_to_handle, as signal numbers
+  RestartPolicy restart_policy = RestartPolicy::kAll;                    // --restart_policy
   std::chrono::milliseconds shutdown_timeout{std::chrono::seconds(30)};  // --shutdown_timeout
   bool root_cause_exit_code = false;  // --exit_code=root_cause (default torchrun: 0 or 1)
   // --hang_timeout: no collective finished for this long while one waits: a hang. 0: off.
