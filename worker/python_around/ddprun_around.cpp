@@ -21,8 +21,9 @@
 //     after(token, result, False)
 //     return result
 // Set on a class, the wrapper binds as a method does (work.wait is the wrapper with work
-// first). Other attributes (__name__, __doc__, __module__...) are the target's; __wrapped__ is
-// the target (bound alike), so inspect.signature gives the target's signature.
+// first). Other attributes (__name__, __doc__, __module__...) are the target's, and one set on
+// the wrapper is set on the target; __wrapped__ is the target (bound alike), so
+// inspect.signature gives the target's signature.
 //
 // before and after are the probe's, and catch everything they can. What still escapes them:
 // an Exception is dropped (the probe has already stopped recording); anything else (the
@@ -177,6 +178,12 @@ PyObject* around_getattro(PyObject* object, PyObject* name) {
   return PyObject_GetAttr(self->target, name);
 }
 
+// Attributes set on the wrapper go to the target (a decorator that marks a function marks
+// PyTorch's), where around_getattro finds them again.
+int around_setattro(PyObject* object, PyObject* name, PyObject* value) {
+  return PyObject_SetAttr(reinterpret_cast<Around*>(object)->target, name, value);
+}
+
 PyObject* around_repr(PyObject* object) {
   return PyObject_Repr(reinterpret_cast<Around*>(object)->target);
 }
@@ -224,6 +231,7 @@ PyType_Slot around_slots[] = {
     {Py_tp_call, reinterpret_cast<void*>(around_call)},
     {Py_tp_descr_get, reinterpret_cast<void*>(around_get)},
     {Py_tp_getattro, reinterpret_cast<void*>(around_getattro)},
+    {Py_tp_setattro, reinterpret_cast<void*>(around_setattro)},
     {Py_tp_repr, reinterpret_cast<void*>(around_repr)},
     {Py_tp_traverse, reinterpret_cast<void*>(around_traverse)},
     {Py_tp_clear, reinterpret_cast<void*>(around_clear)},
