@@ -32,6 +32,7 @@
 #include "host/rendezvous_host.hpp"
 #include "output/console_writer.hpp"
 #include "output/outer_error_file.hpp"
+#include "process/adopted_processes.hpp"
 #include "process/group_reaper.hpp"
 #include "process/nccl_profiler_lookup.hpp"
 #include "process/numa_binding.hpp"
@@ -100,6 +101,12 @@ class Agent::Impl {
   int run() {
     if (!check_binding()) return 1;
     reaper_.emplace();  // before any handler or socket of ours exists to be inherited
+    if (config_.restart_policy == RestartPolicy::kNone) {
+      adopted_.emplace(io_, *reaper_, [this](pid_t pid) {
+        return pid == reaper_->pid() || (workers_ && workers_->owns(pid));
+      });
+      adopted_->start();
+    }
     for (int signal : config_.signals_to_handle) signals_.add(signal);
     if (!handles(SIGUSR1)) signals_.add(SIGUSR1);  // prints the collectives; not forwarded
     wait_for_signal();
@@ -200,6 +207,7 @@ class Agent::Impl {
       if (!probe.notice.empty()) notice(probe.notice);
       group.python_probe_dir = std::move(probe.dir);
     }
+    group.keep_leftovers = adopted_.has_value();
     workers_ = std::make_unique<ProcessWorkerGroup>(io_, std::move(group), console_, *reaper_);
 
     AgentMachineConfig machine;
@@ -272,6 +280,11 @@ class Agent::Impl {
         print_collectives();
         return wait_for_signal();
       }
+      if (adopted_waiting_) {  // a signal ends the wait for what the workers left
+        adopted_waiting_ = false;
+        adopted_.reset();  // SIGKILLs and reaps them
+        return stop(std::move(*adopted_outcome_));
+      }
       if (lingering_) {
         // A second signal: end as soon as the engine has (its last calls go to the store
         // this loop serves: stopping the loop now would leave them waiting); a third: now.
@@ -289,6 +302,7 @@ class Agent::Impl {
   // else runs on it, such as a store server); run() then flushes the console.
   void stop(AgentOutcome outcome) {
     if (trace_ && !trace_written_) return write_trace(std::move(outcome));  // then back here
+    if (adopted_ && !adopted_outcome_) return wait_for_adopted(std::move(outcome));
     if (events_job_) final_events(outcome);
     exit_code_ = exit_status(outcome);
     if (auto steps = hang_monitor_->step_summary_now(); !steps.empty()) notice("ddprun: " + steps);
@@ -311,6 +325,20 @@ class Agent::Impl {
       return rendezvous_->shut_down(others_read_the_end, [this] { io_.stop(); });
     }
     io_.stop();
+  }
+
+  // --restart_policy=none: the processes the workers left running are waited for (bounded)
+  // before the report; then back to stop.
+  void wait_for_adopted(AgentOutcome outcome) {
+    adopted_outcome_ = std::move(outcome);
+    adopted_waiting_ = true;
+    adopted_->wait_all(
+        kAdoptedGrace, config_.shutdown_timeout, [this](const std::string& line) { notice(line); },
+        [this] {
+          if (!adopted_waiting_) return;
+          adopted_waiting_ = false;
+          stop(std::move(*adopted_outcome_));
+        });
   }
 
   // Every rank of the job as its record shows it: this node's, and what the other nodes'
@@ -621,6 +649,10 @@ class Agent::Impl {
   AgentOptions options_;
   ConsoleWriter console_;              // every console write of the agent; never blocks the loop
   std::optional<GroupReaper> reaper_;  // kills the groups if this process dies first
+  // --restart_policy=none: the processes the workers left, waited for at the end.
+  std::optional<AdoptedProcesses> adopted_;
+  std::optional<AgentOutcome> adopted_outcome_;  // the outcome, while they are waited for
+  bool adopted_waiting_ = false;
   boost::asio::signal_set signals_;
   AsioTimers timers_;
   std::string host_;

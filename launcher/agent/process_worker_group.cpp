@@ -347,7 +347,8 @@ void ProcessWorkerGroup::signal(int signal) {
 
 void ProcessWorkerGroup::release() {
   for (auto& worker : workers_) {
-    worker->signal_group(SIGKILL);  // stragglers in the groups
+    // Stragglers in the groups; --restart_policy=none waits for them (AdoptedProcesses).
+    if (!options_.keep_leftovers) worker->signal_group(SIGKILL);
     reaper_.forget(worker->pid());
   }
 }
@@ -488,6 +489,13 @@ std::vector<RankView> ProcessWorkerGroup::rank_views() const {
     views.push_back(std::move(view));
   }
   return views;
+}
+
+bool ProcessWorkerGroup::owns(pid_t pid) const {
+  for (const auto& worker : workers_) {
+    if (worker->pid() == pid) return true;
+  }
+  return warm_ && warm_->template_pid() == pid;
 }
 
 pid_t ProcessWorkerGroup::pid_of(int local_rank) const {

@@ -52,6 +52,9 @@ struct ProcessWorkerGroupOptions {
   std::shared_ptr<LogFileErrors> log_errors;  // failed log writes, said once per file
   // --numa_binding: the CPUs of each local rank (numa_binding.hpp); empty: no binding.
   std::vector<std::vector<int>> cpus_of_local_rank;
+  // --restart_policy=none: release() leaves what is still in a worker's process group
+  // running (the agent's AdoptedProcesses waits for it) instead of killing it.
+  bool keep_leftovers = false;
 };
 
 class ProcessWorkerGroup : public WorkerGroup {
@@ -83,6 +86,9 @@ class ProcessWorkerGroup : public WorkerGroup {
       const std::function<void(int rank, const record::RecordPage& page)>& fn) const;
   // The pid of the worker of local_rank in the round last started (0: none).
   pid_t pid_of(int local_rank) const;
+  // Whether pid is a child of ddprun's that this group started: a worker of the round last
+  // started, or the warm template.
+  bool owns(pid_t pid) const;
   // The round the workers were last started for.
   const elastic::RoundInfo& round() const { return round_; }
   // The round's attempt directory: <log_root>/attempt_<restart count>/.

@@ -80,6 +80,8 @@ std::chrono::milliseconds WarmStarter::wait_limit() const {
   return options_.alone ? kWaitLimitAlone : kWaitLimit;
 }
 
+pid_t WarmStarter::template_pid() const { return template_ ? template_->pid() : 0; }
+
 std::string WarmStarter::modules_variable(const fs::path& dir) const {
   if (!enabled_ || !options_.later_rounds) return "";  // no restart to feed
   return std::string(ddp::contract::kModulesFile) + "=" + (dir / kModulesFile).string();

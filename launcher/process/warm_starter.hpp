@@ -63,6 +63,8 @@ class WarmStarter {
                    std::function<void()> ready);
   // Whether this round's workers are asked of the template (spawn answers on the loop).
   bool forking() const { return round_warm_ && template_ != nullptr; }
+  // The template's pid while one runs (0: none).
+  pid_t template_pid() const;
   // A worker of the round begun: `done` gets its pid when the template forked it (on the
   // loop), else nullopt (start it cold; the first such worker of a round says why, once),
   // at once when the round is cold.

@@ -336,6 +336,70 @@ TEST_CASE(
   CHECK_THAT(r.err, Catch::Contains("exitcode  : 5"));
 }
 
+namespace {
+
+// ddprun --restart_policy=none running /bin/sh -c SCRIPT as each of `workers` workers.
+std::vector<std::string> ddprun_sh(int workers, const std::string& script,
+                                   std::vector<std::string> options = {}) {
+  std::vector<std::string> argv = {bin_path("ddprun").string(),
+                                   "--nproc_per_node=" + std::to_string(workers),
+                                   "--restart_policy=none", "--no_python"};
+  argv.insert(argv.end(), options.begin(), options.end());
+  argv.insert(argv.end(), {"/bin/sh", "-c", script});
+  return argv;
+}
+
+// A worker that starts a daemon in a session of its own (setsid, as a double fork leaves it),
+// prints "daemon pid=P" and exits; the daemon runs `daemon_script`.
+std::string worker_with_daemon(const std::string& daemon_script) {
+  return "setsid sh -c 'echo daemon pid=$$; " + daemon_script + "' & exit 0";
+}
+
+}  // namespace
+
+TEST_CASE(
+    "restart policy none: a daemon a worker left in a session of its own is waited for before "
+    "the job ends") {
+  TempDir dir;
+  const std::string go = (dir.path() / "go").string();
+  ChildProcess run(ddprun_sh(
+      1, worker_with_daemon("while [ ! -e " + go + " ]; do sleep 0.05; done; echo daemon done")));
+  const pid_t daemon =
+      static_cast<pid_t>(field_of(run.wait_for_stdout_lines("daemon pid=", 1).at(0), "pid"));
+  run.wait_for_stderr("for 1 process(es) the workers left running: pid " + std::to_string(daemon));
+  std::ofstream(go).put('\n');
+  const ProcessResult r = run.wait();
+  INFO(r.err);
+  CHECK(r.status == 0);
+  CHECK_THAT(r.out, Catch::Contains("daemon done"));
+  CHECK(wait_for_process_exit(daemon));  // and reaped: no zombie left of it
+}
+
+TEST_CASE(
+    "restart policy none: a daemon that does not exit gets SIGTERM after the wait, and kill -9 "
+    "of ddprun leaves none") {
+  {
+    ChildProcess run(ddprun_sh(1, worker_with_daemon("exec sleep 1000"), {"--shutdown_timeout=1"}));
+    const pid_t daemon =
+        static_cast<pid_t>(field_of(run.wait_for_stdout_lines("daemon pid=", 1).at(0), "pid"));
+    const ProcessResult r = run.wait();
+    INFO(r.err);
+    CHECK(r.status == 0);
+    CHECK_THAT(r.err, Catch::Contains("still running after the wait: pid " +
+                                      std::to_string(daemon) + " (sleep); sending SIGTERM"));
+    CHECK(wait_for_process_exit(daemon));
+  }
+  ChildProcess run(ddprun_sh(1, worker_with_daemon("exec sleep 1000")));
+  const pid_t daemon =
+      static_cast<pid_t>(field_of(run.wait_for_stdout_lines("daemon pid=", 1).at(0), "pid"));
+  run.wait_for_stderr("the workers left running: pid " + std::to_string(daemon));
+  run.signal(SIGKILL);
+  CHECK(run.wait().status == 128 + SIGKILL);
+  const bool gone = wait_for_process_exit(daemon, std::chrono::seconds(10));
+  if (!gone) ::kill(daemon, SIGKILL);
+  CHECK(gone);
+}
+
 TEST_CASE("SIGTERM to ddprun is forwarded and leaves no process in any worker group") {
   ChildProcess run(ddprun({"--nproc_per_node=2"}, {"--spawn-child", "--ready", "--wait"}));
   auto ready = run.wait_for_stdout_lines("ready", 2);
