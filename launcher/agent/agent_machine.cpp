@@ -205,14 +205,17 @@ void AgentMachine::on_local_failure(int local_rank) {
   local_failure(std::move(root), ctx_.workers->other_failures(local_rank));
 }
 
-// --restart_policy=none: the failure is said at once, and kept; the others run on.
+// --restart_policy=none: the failure is kept, and said at once while other local workers run
+// on (after the last one the report follows at once).
 void AgentMachine::note_failure_running_on(int local_rank) {
   WorkerFailure failure = ctx_.workers->failure_of(local_rank);
   mark("worker failed", "rank " + std::to_string(failure.rank) + ": " + failure.describe_exit());
-  ctx_.notice("ddprun: rank " + std::to_string(failure.rank) + " failed (" +
-              failure.describe_exit() +
-              "); --restart_policy=none: the other workers go on, and the job ends when every "
-              "worker has exited");
+  if (const int running = group_size_ - exits_seen_; running > 0) {
+    ctx_.notice("ddprun: rank " + std::to_string(failure.rank) + " failed (" +
+                failure.describe_exit() + "); --restart_policy=none: the " +
+                std::to_string(running) +
+                " other worker(s) here go on, and the job ends when every worker has exited");
+  }
   ran_on_failures_.push_back(std::move(failure));
 }
 

@@ -218,7 +218,8 @@ TEST_CASE(
   CHECK(h.workers.signals.empty());
   CHECK(h.rdzv.stopped.empty());
   CHECK(h.machine.state() == AgentMachine::State::kRunning);
-  CHECK(h.noticed("rank 1 failed (exit code 3); --restart_policy=none: the other workers go on"));
+  CHECK(h.noticed(
+      "rank 1 failed (exit code 3); --restart_policy=none: the 1 other worker(s) here go on"));
   h.exit(0, 4);  // fails later: another failure, not the root cause
   CHECK(h.workers.signals.empty());
   REQUIRE(h.rdzv.stopped.size() == 1);

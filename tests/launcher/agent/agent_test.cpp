@@ -322,7 +322,7 @@ TEST_CASE(
                           {"--ready", "--if-rank", "3", "--exit", "5", "--wait-for-file", go,
                            "--ready", "--exit", "0"}));
   run.wait_for_stderr(
-      "rank 3 failed (exit code 5); --restart_policy=none: the other workers go on");
+      "rank 3 failed (exit code 5); --restart_policy=none: the 3 other worker(s) here go on");
   std::ofstream(go).put('\n');
   const ProcessResult r = run.wait();
   INFO(r.err);
