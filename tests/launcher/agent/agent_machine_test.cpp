@@ -210,7 +210,7 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "restart policy none: a failed worker stops no other; once all have exited its failure "
+    "restart policy none: a failed worker stops no other, and once all have exited its failure "
     "ends the round, the first failure the root cause") {
   Harness h(0, true);
   h.round_ready(two_nodes(0, 0));
@@ -234,7 +234,7 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "restart policy none: another node's failure stops nothing here; it ends the round "
+    "restart policy none: another node's failure stops nothing here, and it ends the round "
     "once the workers here have exited") {
   Harness h(0, true);
   h.round_ready(two_nodes(0));

@@ -312,7 +312,7 @@ TEST_CASE("restarts increment TORCHELASTIC_RESTART_COUNT and stop at --max_resta
 }
 
 TEST_CASE(
-    "restart policy none: a failed rank stops no other; the job ends once every worker has "
+    "restart policy none: a failed rank stops no other, and the job ends once every worker has "
     "exited, with the report") {
   TempDir dir;
   const std::string go = (dir.path() / "go").string();
