@@ -179,10 +179,7 @@ void AdoptedProcesses::wait_all(std::chrono::milliseconds grace,
   notice("ddprun: waiting up to " + seconds(grace) + " for " + std::to_string(adopted_.size()) +
          " process(es) the workers left running: " + describe() +
          " (--restart_policy=none: nothing outlives the job)");
-  on_all_exited_ = [this, done = std::move(done)] {
-    wait_timer_.cancel();
-    done();
-  };
+  on_all_exited_ = std::move(done);  // on_exit cancels the timer first
   wait_timer_.expires_after(grace);
   wait_timer_.async_wait([this, kill_after, notice](boost::system::error_code ec) {
     if (ec || adopted_.empty()) return;

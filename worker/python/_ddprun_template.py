@@ -356,11 +356,18 @@ def _output_sizes():
 # --- Forking a worker ---------------------------------------------------------------------
 
 
-def _runs_source(argv):
-    """Whether argv is `python [flags] -c SOURCE ...` (_Job's reading of it)."""
+def _program_at(argv):
+    """Where the program starts in `python [flags] PROGRAM ...`: the index of -c, -m or the
+    script, past the interpreter's flags (this template runs with the same)."""
     at = 1
     while at < len(argv) and argv[at].startswith("-") and argv[at] not in ("-c", "-m"):
         at += 1
+    return at
+
+
+def _runs_source(argv):
+    """Whether argv is `python [flags] -c SOURCE ...`."""
+    at = _program_at(argv)
     return at < len(argv) and argv[at] == "-c"
 
 
@@ -651,9 +658,7 @@ class _Job:
     as the agent would have exec'd it (argv is that command)."""
 
     def __init__(self, argv):
-        at = 1
-        while at < len(argv) and argv[at].startswith("-") and argv[at] not in ("-c", "-m"):
-            at += 1  # the interpreter's flags: this template runs with the same
+        at = _program_at(argv)
         # The real interpreter's command line, as exec'd (a wrapper's exec included).
         self.argv = _ORIG_PREFIX + argv[at:] if _ORIG_PREFIX else list(argv)
         if hasattr(sys, "orig_argv"):  # Python 3.10+
