@@ -37,6 +37,12 @@ endif()
 list(TRANSFORM DDP_PYTHON_PROBE_FILES PREPEND worker/ OUTPUT_VARIABLE _ddp_probe_sources)
 install(FILES ${_ddp_probe_sources} DESTINATION ${CMAKE_INSTALL_DATADIR}/ddprun/python
   PERMISSIONS OWNER_READ OWNER_WRITE GROUP_READ WORLD_READ COMPONENT ddprun)
+# ddprun's Python package (ddprun.inplace), beside it: the probe offers it to workers under
+# --restart_policy=inplace; the wheel and the .deb also put it on Python's own path.
+list(TRANSFORM DDP_PYTHON_PACKAGE_FILES PREPEND worker/python_package/
+     OUTPUT_VARIABLE _ddp_package_sources)
+install(FILES ${_ddp_package_sources} DESTINATION ${CMAKE_INSTALL_DATADIR}/ddprun/python-package/ddprun
+  PERMISSIONS OWNER_READ OWNER_WRITE GROUP_READ WORLD_READ COMPONENT ddprun)
 
 install(EXPORT ddpTargets NAMESPACE ddp:: DESTINATION ${DDP_INSTALL_CMAKEDIR} COMPONENT dev)
 configure_package_config_file(cmake/ddpConfig.cmake.in

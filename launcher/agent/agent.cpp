@@ -39,6 +39,7 @@
 #include "process/python_probe.hpp"
 #include "watch/collective_exchange.hpp"
 #include "watch/hang_monitor.hpp"
+#include "watch/inplace_generations.hpp"
 #include "watch/trace_share.hpp"
 
 namespace ddp::launcher {
@@ -91,6 +92,7 @@ class Agent::Impl {
 
   ~Impl() {
     if (trace_thread_.joinable()) trace_thread_.join();  // bounded by its store timeouts
+    generations_.reset();  // interrupts its waits on the workers' store, joins its threads
     hang_monitor_.reset();
     machine_.reset();
     workers_.reset();  // kills and reaps what still runs
@@ -215,6 +217,7 @@ class Agent::Impl {
     machine.node_id = node_id;
     machine.max_restarts = config_.max_restarts;
     machine.workers_run_on = config_.restart_policy == RestartPolicy::kNone;
+    machine.replace_in_place = config_.restart_policy == RestartPolicy::kInplace;
     machine.shutdown_timeout = config_.shutdown_timeout;
     AgentMachineContext context;
     context.rendezvous = rendezvous_.get();
@@ -226,6 +229,18 @@ class Agent::Impl {
       context.open_worker_store = [this] { return rendezvous_->open_worker_store(); };
     }
     context.on_done = [this](AgentOutcome outcome) { stop(std::move(outcome)); };
+    if (machine.replace_in_place) {
+      generations_ = std::make_unique<InplaceGenerations>();
+      context.begin_generation = [this](const elastic::RoundInfo& round, int rank,
+                                        std::function<void(int, std::string)> done) {
+        generations_->begin(round, rank, std::move(done));
+      };
+      context.watch_generation = [this](const elastic::RoundInfo& round, int generation,
+                                        std::chrono::milliseconds limit,
+                                        std::function<void(std::string)> done) {
+        generations_->watch(round, generation, limit, std::move(done));
+      };
+    }
     context.collectives = [this] { return hang_monitor_->summary_now(); };
     if (config_.event_log_handler == "console") events_job_ = event_job();
     if (trace_ || events_job_) {
@@ -661,6 +676,9 @@ class Agent::Impl {
   std::unique_ptr<RendezvousHost> rendezvous_;
   std::unique_ptr<ProcessWorkerGroup> workers_;
   std::unique_ptr<AgentMachine> machine_;
+  // --restart_policy=inplace: the generations in the workers' store (its threads answer
+  // through post, which queues on the loop).
+  std::unique_ptr<InplaceGenerations> generations_;
   std::unique_ptr<HangMonitor> hang_monitor_;  // after machine_: destroyed (joined) first
   // Its notices come from its own thread: onto the loop.
   CollectiveExchange exchange_{

@@ -8,6 +8,7 @@
 
 #include <exception>
 #include <optional>
+#include <string>
 #include <variant>
 
 #include "agent/worker_start_error.hpp"
@@ -63,6 +64,24 @@ struct Hung {  // the hang monitor found the round's collectives stuck (--hang_t
   int round = 0;
   WorkerFailure root_cause;  // the rank to blame, hung = true, the report in error
 };
+// --restart_policy=inplace (AgentMachineContext::begin_generation and watch_generation).
+struct GenerationBegun {  // the next generation began for local_rank's failed worker, or not
+  int round = 0;
+  int local_rank = 0;
+  int generation = 0;  // 0: it did not begin
+  std::string why;     // why not
+};
+struct ReplacementStarted {  // WorkerGroup::replace's on_started
+  int round = 0;
+  int generation = 0;
+  int started = 0;
+  std::optional<WorkerStartError> error;
+};
+struct GenerationFormed {  // every rank joined the generation, or the wait for it ended
+  int round = 0;
+  int generation = 0;
+  std::string why;  // why it did not form; empty: it formed
+};
 struct OutputDrained {};  // teed output of every worker reached end-of-file
 struct DrainTimer {};     // waited long enough for the last output
 
@@ -74,6 +93,7 @@ using AgentEvent =
     std::variant<event::RoundReady, event::RoundError, event::Waiting, event::WorkersStarted,
                  event::WorkerExited, event::RoundStopped, event::BarrierDone, event::KillTimer,
                  event::GraceTimer, event::AbortTimer, event::Signal, event::Hung,
+                 event::GenerationBegun, event::ReplacementStarted, event::GenerationFormed,
                  event::OutputDrained, event::DrainTimer>;
 
 }  // namespace ddp::launcher

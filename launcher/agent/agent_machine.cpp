@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <csignal>
+#include <cstdio>
 
 #include "agent/worker_start_error.hpp"
 #include "ddp/launcher/signal_names.hpp"
@@ -80,6 +81,8 @@ void AgentMachine::on(const event::RoundReady& e) {
   root_cause_.reset();
   other_failures_.clear();
   ran_on_failures_.clear();
+  recovery_.reset();
+  replacing_ = 0;
   auto post = ctx_.post;
   const int round = round_;
   ctx_.rendezvous->watch_round([post, round](StopReason reason) {
@@ -177,12 +180,16 @@ void AgentMachine::on(const event::WorkerExited& e) {
   if (state_ == State::kRunning && e.exit.failed()) {
     if (config_.workers_run_on) {
       note_failure_running_on(e.local_rank);
+    } else if (config_.replace_in_place) {
+      replace_in_place(e.local_rank);
     } else {
       on_local_failure(e.local_rank);
     }
   }
   if (state_ == State::kStopping && e.exit.failed()) note_late_failure(e.local_rank);
-  if (exits_seen_ == group_size_) on_group_exited();
+  // A slot whose replacement is to come still runs.
+  const bool slot_pending = recovery_ && recovery_->generation == 0;
+  if (exits_seen_ == group_size_ && !slot_pending && !group_exited_) on_group_exited();
 }
 
 // A worker that exits with a failure while the group is being stopped is listed with the other
@@ -207,6 +214,101 @@ void AgentMachine::on_local_failure(int local_rank) {
 
 // --restart_policy=none: the failure is kept, and said at once while other local workers run
 // on (after the last one the report follows at once).
+// In-place recovery: the failed worker's slot is taken by a replacement once the next
+// generation began in the workers' store; the recovery ends when every rank has joined it.
+void AgentMachine::replace_in_place(int local_rank) {
+  WorkerFailure failure = ctx_.workers->failure_of(local_rank);
+  if (recovery_) {
+    const std::string what = "rank " + std::to_string(failure.rank) + " failed too (" +
+                             failure.describe_exit() + ") while rank " +
+                             std::to_string(recovery_->failure.rank) + " was being replaced";
+    return fall_back(what, std::move(failure));
+  }
+  if (restarts_used() >= config_.max_restarts || !ctx_.begin_generation) {
+    return on_local_failure(local_rank);  // no restart left: the report, as under all
+  }
+  mark("worker failed", "rank " + std::to_string(failure.rank) + ": " + failure.describe_exit());
+  ctx_.notice("ddprun: rank " + std::to_string(failure.rank) + " failed (" +
+              failure.describe_exit() +
+              "); --restart_policy=inplace: replacing it while the other workers go on");
+  recovery_ = Recovery{std::move(failure), 0, ctx_.timers->now()};
+  auto post = ctx_.post;
+  const int round = round_;
+  ctx_.begin_generation(
+      *info_, recovery_->failure.rank, [post, round, local_rank](int generation, std::string why) {
+        post(event::GenerationBegun{round, local_rank, generation, std::move(why)});
+      });
+}
+
+void AgentMachine::on(const event::GenerationBegun& e) {
+  if (!current(e.round) || state_ != State::kRunning || !recovery_ || recovery_->generation != 0 ||
+      recovery_->failure.local_rank != e.local_rank) {
+    return;
+  }
+  if (e.generation == 0) return fall_back(e.why);
+  recovery_->generation = e.generation;
+  --exits_seen_;  // the slot runs again; the replacement's exit is counted as any worker's
+  replacing_ = e.generation;
+  auto post = ctx_.post;
+  const int round = round_;
+  const int generation = e.generation;
+  ctx_.workers->replace(
+      e.local_rank, generation, [post, round, generation](WorkerGroup::StartResult result) {
+        post(event::ReplacementStarted{round, generation, result.started, std::move(result.error)});
+      });
+  ctx_.watch_generation(*info_, generation, config_.recovery_timeout,
+                        [post, round, generation](std::string why) {
+                          post(event::GenerationFormed{round, generation, std::move(why)});
+                        });
+}
+
+// Whatever the state, a replacement that did not start gives its slot back as exited.
+void AgentMachine::on(const event::ReplacementStarted& e) {
+  if (!current(e.round) || replacing_ != e.generation) return;
+  replacing_ = 0;
+  if (e.started > 0) return;
+  ++exits_seen_;
+  if (state_ == State::kRunning && recovery_ && recovery_->generation == e.generation) {
+    return fall_back(e.error
+                         ? "its replacement could not be started: " + std::string(e.error->what())
+                         : std::string("its replacement could not be started"));
+  }
+  if (exits_seen_ == group_size_ && !group_exited_) on_group_exited();
+}
+
+void AgentMachine::on(const event::GenerationFormed& e) {
+  if (!current(e.round) || state_ != State::kRunning || !recovery_ ||
+      recovery_->generation != e.generation) {
+    return;
+  }
+  if (!e.why.empty()) return fall_back(e.why);
+  ++replaced_;
+  const double seconds =
+      std::chrono::duration<double>(ctx_.timers->now() - recovery_->began).count();
+  char took[32];
+  std::snprintf(took, sizeof took, "%.2f", seconds);
+  const std::string rank = std::to_string(recovery_->failure.rank);
+  mark("replaced", "rank " + rank + ", generation " + std::to_string(e.generation));
+  ctx_.notice("ddprun: rank " + rank + " was replaced in place: generation " +
+              std::to_string(e.generation) + " formed " + took + " s after its failure (" +
+              std::to_string(restarts_used()) + " of at most " +
+              std::to_string(config_.max_restarts) + " restarts used)");
+  recovery_.reset();
+}
+
+void AgentMachine::fall_back(const std::string& why, std::optional<WorkerFailure> also) {
+  Recovery recovery = std::move(*recovery_);
+  recovery_.reset();
+  ctx_.notice("ddprun: the in-place recovery of rank " + std::to_string(recovery.failure.rank) +
+              " falls back to restarting every worker: " + why);
+  std::vector<WorkerFailure> others = ctx_.workers->other_failures(recovery.failure.local_rank);
+  if (also && also->local_rank == recovery.failure.local_rank) others.push_back(*also);
+  local_failure(std::move(recovery.failure), std::move(others));
+  if (exits_seen_ == group_size_ && !group_exited_) on_group_exited();
+}
+
+int AgentMachine::restarts_used() const { return (info_ ? info_->restart_count : 0) + replaced_; }
+
 void AgentMachine::note_failure_running_on(int local_rank) {
   WorkerFailure failure = ctx_.workers->failure_of(local_rank);
   mark("worker failed", "rank " + std::to_string(failure.rank) + ": " + failure.describe_exit());
@@ -248,6 +350,7 @@ void AgentMachine::local_failure(WorkerFailure root, std::vector<WorkerFailure> 
 
 // Keeps the root cause and its companions, and ends the round for every node with it.
 void AgentMachine::send_root_cause(WorkerFailure root, std::vector<WorkerFailure> others) {
+  recovery_.reset();
   root_cause_ = std::move(root);
   other_failures_ = std::move(others);
   mark(root_cause_->hung ? "hang" : "worker failed",
@@ -331,9 +434,16 @@ void AgentMachine::on(const event::RoundStopped& e) {
   }
   if (state_ == State::kRunning) {
     reason_ = e.reason;
+    const bool slot_pending = recovery_ && recovery_->generation == 0;
+    if (recovery_) {
+      ctx_.notice("ddprun: the in-place recovery of rank " +
+                  std::to_string(recovery_->failure.rank) + " ends: the round stops");
+      recovery_.reset();
+    }
     ctx_.notice("ddprun: stopping the workers: " + stop_reason_text(e.reason));
     state_ = State::kStopping;
     if (e.reason.failed()) ctx_.workers->dump_python_stacks();
+    if (slot_pending && exits_seen_ == group_size_) return on_group_exited();
     if (e.reason.kind == StopReason::Kind::kHung) return stop_hung_workers();
     return stop_workers(SIGTERM);
   }
@@ -385,7 +495,7 @@ void AgentMachine::decide_after_stop() {
                 "--max_restarts)");
     return join_next_round();
   }
-  const int restarts = info_ ? info_->restart_count : 0;
+  const int restarts = restarts_used();
   if (restarts >= config_.max_restarts) return give_up(reason);
   mark("restart", stop_reason_text(reason));
   ctx_.notice("ddprun: worker group failed (" + stop_reason_text(reason) +
@@ -436,10 +546,13 @@ void AgentMachine::on(const event::Signal& e) {
     return finish(signalled(e.number));
   }
   ctx_.notice("ddprun: got " + signal_name(e.number) + ": forwarding it to the workers");
+  const bool slot_pending = recovery_ && recovery_->generation == 0;  // no replacement comes now
+  recovery_.reset();
   state_ = State::kShuttingDown;
   forwarded_ = {e.number};
   stop_workers(e.number);
   ctx_.rendezvous->leave();
+  if (slot_pending && !starting_ && exits_seen_ == group_size_) on_group_exited();
 }
 
 // Another signal while the workers stop: it never shortens their grace, since `timeout`,

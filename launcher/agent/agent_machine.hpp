@@ -58,6 +58,13 @@ struct AgentMachineConfig {
   // --restart_policy=none: a worker's exit stops no other worker, here or on other nodes; the
   // round ends once every local worker has exited, a failure then as after --restart_policy=all.
   bool workers_run_on = false;
+  // --restart_policy=inplace: a failed worker is replaced in the running round while the
+  // others go on (each replacement counts against max_restarts), when the program re-forms its
+  // process group through ddprun.inplace; else, and when a recovery fails, as
+  // --restart_policy=all. recovery_timeout bounds a recovery, from the failure to the moment
+  // every rank has joined the new generation.
+  bool replace_in_place = false;
+  std::chrono::milliseconds recovery_timeout{60000};
 };
 
 // How the job ended.
@@ -89,6 +96,16 @@ struct AgentMachineContext {
   // A step of the job's life for the timeline (--trace_file): "rendezvous", "round ready",
   // "workers started", "worker failed", "restart", "hang", "done", with a detail. Unset: none.
   std::function<void(const std::string& what, const std::string& detail)> milestone;
+  // --restart_policy=inplace, off the loop (watch/inplace_generations.hpp): begins the
+  // generation after the round's current one for a failed rank, answering the generation
+  // begun (0: none, and why); waits until every rank joined a generation, answering why not
+  // (empty: it formed). Unset: no in-place recovery (as --restart_policy=all).
+  std::function<void(const elastic::RoundInfo& round, int rank,
+                     std::function<void(int generation, std::string why)> done)>
+      begin_generation;
+  std::function<void(const elastic::RoundInfo& round, int generation,
+                     std::chrono::milliseconds limit, std::function<void(std::string why)> done)>
+      watch_generation;
   // Where the round's collectives are, for a failure's report (one line; empty: no worker
   // records them). Unset: none.
   std::function<std::string()> collectives;
@@ -132,6 +149,9 @@ class AgentMachine {
   void on(const event::AbortTimer& e);
   void on(const event::Signal& e);
   void on(const event::Hung& e);
+  void on(const event::GenerationBegun& e);
+  void on(const event::ReplacementStarted& e);
+  void on(const event::GenerationFormed& e);
   void on(const event::OutputDrained& e);
   void on(const event::DrainTimer& e);
 
@@ -143,6 +163,14 @@ class AgentMachine {
   void end_round_run_on();
   void send_root_cause(WorkerFailure root, std::vector<WorkerFailure> others);
   void note_late_failure(int local_rank);
+  // --restart_policy=inplace: replace local_rank's failed worker, or fall back.
+  void replace_in_place(int local_rank);
+  // The recovery under way cannot go on: one line says why, and every worker stops as after
+  // --restart_policy=all, the replaced worker's failure the root cause (with `also`, a
+  // failure of its replacement).
+  void fall_back(const std::string& why, std::optional<WorkerFailure> also = std::nullopt);
+  // Restarts and in-place replacements made so far: what --max_restarts bounds.
+  int restarts_used() const;
   void on_start_failure(const WorkerStartError& error);
   void local_failure(WorkerFailure root, std::vector<WorkerFailure> others);
   void stop_workers(int signal);
@@ -171,7 +199,16 @@ class AgentMachine {
   std::optional<WorkerFailure> root_cause_;         // a local failure that ended the round
   std::vector<WorkerFailure> other_failures_;       // local workers that had failed too
   std::vector<WorkerFailure> ran_on_failures_;      // workers_run_on: failed while the others ran
-  int signal_ = 0;                                  // the handled signal that shuts the agent down
+  // replace_in_place: the recovery under way, and the replacements made in the job.
+  struct Recovery {
+    WorkerFailure failure;  // the worker replaced
+    int generation = 0;     // the generation begun for it; 0 until then
+    AgentTimers::Clock::time_point began;
+  };
+  std::optional<Recovery> recovery_;
+  int replacing_ = 0;  // the generation whose replacement is being started (0: none)
+  int replaced_ = 0;
+  int signal_ = 0;              // the handled signal that shuts the agent down
   std::vector<int> forwarded_;  // the signals the workers got from this shutdown, once each
   int stop_signal_ = SIGTERM;   // the signal the workers were last asked to stop with
   std::optional<AgentTimers::Clock::time_point> last_wait_notice_;

@@ -112,6 +112,8 @@ void ProcessWorkerGroup::start(const elastic::RoundInfo& round, ExitHandler on_e
   on_exit_ = std::move(on_exit);
   on_started_ = std::move(on_started);
   start_signal_ = 0;
+  last_signal_ = 0;
+  generation_ = 0;
   starting_ = true;
   local_world_ = elastic::worker_ranks(round, 0).local_world_size;
   error_files_.assign(static_cast<std::size_t>(local_world_), "");
@@ -207,6 +209,10 @@ std::shared_ptr<ProcessWorkerGroup::Launch> ProcessWorkerGroup::prepare_worker(i
   own.stack = record->stack_variable();
   own.modules = warm_->modules_variable(dir);
   own.flight_dumps = (dir.parent_path() / kFlightRecorderPrefix).string();
+  if (options_.config.restart_policy == RestartPolicy::kInplace) {
+    own.inplace_generation =
+        std::string(contract::kInplaceGeneration) + "=" + std::to_string(generation_);
+  }
   spawn.env = worker_environment(node_environment(), options_.config, master, identity, own);
   if (!torchrun_only_) spawn.inherit_fds = {record->fd()};
   if (options_.command.python && !options_.python_probe_dir.empty()) {
@@ -241,10 +247,16 @@ void ProcessWorkerGroup::launch_worker(Launch& launch, std::optional<pid_t> fork
   } else {
     worker->start(launch.spawn, report_exit);
   }
-  workers_.push_back(worker);
+  const auto slot = static_cast<std::size_t>(launch.local_rank);
+  if (slot < workers_.size()) {  // a replacement (--restart_policy=inplace)
+    workers_[slot] = worker;
+    records_[slot] = launch.record;
+  } else {
+    workers_.push_back(worker);
+    records_.push_back(launch.record);
+  }
   reaper_.watch(worker->pid());  // again, should the worker's own message have been lost
-  error_files_[static_cast<std::size_t>(launch.local_rank)] = launch.error_file;
-  records_.push_back(launch.record);
+  error_files_[slot] = launch.error_file;
   tee_output(launch.local_rank, launch.streams);
   launch.streams = WorkerStreams();  // the child's ends of pipes and files close in the agent
 }
@@ -326,6 +338,7 @@ void ProcessWorkerGroup::on_tee_done() {
 }
 
 void ProcessWorkerGroup::signal(int signal) {
+  last_signal_ = signal;
   if (starting_) {  // no more workers start; a wait for the template ends now
     if (start_signal_ == 0) {
       warm_->cancel("ddprun got " + signal_name(signal) + " while the workers started");
@@ -513,6 +526,43 @@ std::vector<StillRunning> ProcessWorkerGroup::still_running() const {
                        worker->local_rank(), worker->pid()});
   }
   return running;
+}
+
+void ProcessWorkerGroup::replace(int local_rank, int generation, StartedHandler on_started) {
+  const auto slot = static_cast<std::size_t>(local_rank);
+  if (starting_ || slot >= workers_.size() || workers_[slot]->running()) {
+    return on_started(StartResult{});
+  }
+  // What the failed worker left in its process group goes with it; its pid is reaped.
+  workers_[slot]->signal_group(SIGKILL);
+  reaper_.forget(workers_[slot]->pid());
+  generation_ = generation;
+  const int signal_before = last_signal_;
+  std::shared_ptr<Launch> launch;
+  try {
+    launch = prepare_worker(local_rank);
+  } catch (const std::exception& e) {
+    return on_started(StartResult{0, start_error(local_rank, 0, e)});
+  }
+  auto launched = [this, launch, on_started, signal_before](std::optional<pid_t> forked) {
+    try {
+      launch_worker(*launch, forked);
+      workers_[static_cast<std::size_t>(launch->local_rank)]->confirm_started();
+    } catch (const std::exception& e) {
+      return on_started(StartResult{0, start_error(launch->local_rank, 0, e)});
+    }
+    Worker& worker = *workers_[static_cast<std::size_t>(launch->local_rank)];
+    if (last_signal_ != signal_before && worker.running()) worker.signal_group(last_signal_);
+    on_started(StartResult{1, std::nullopt});
+  };
+  warm_->spawn_replacement(launch->spawn, [this, launched = std::move(launched), local_rank](
+                                              std::optional<pid_t> forked, const std::string& why) {
+    if (!forked && warm_->enabled() && options_.notice) {
+      options_.notice("ddprun: warm start: the replacement of local rank " +
+                      std::to_string(local_rank) + " starts cold: " + why);
+    }
+    launched(forked);
+  });
 }
 
 WorkerFailure ProcessWorkerGroup::failure_of(int local_rank) {

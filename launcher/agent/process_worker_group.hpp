@@ -68,6 +68,7 @@ class ProcessWorkerGroup : public WorkerGroup {
              StartedHandler on_started) override;
   void signal(int signal) override;
   void release() override;
+  void replace(int local_rank, int generation, StartedHandler on_started) override;
   WorkerFailure failure_of(int local_rank) override;
   std::vector<WorkerFailure> other_failures(int except) override;
   std::vector<StillRunning> still_running() const override;
@@ -155,6 +156,8 @@ class ProcessWorkerGroup : public WorkerGroup {
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);  // for what they post back
   std::unique_ptr<WarmStarter> warm_;  // --warm_start: forks Python workers when it may
   bool torchrun_only_ = false;         // the workers' Python never loads the probe: nothing of ours
+  int generation_ = 0;                 // --restart_policy=inplace: the workers started now join
+  int last_signal_ = 0;                // the last signal sent to the group (0: none)
 };
 
 }  // namespace ddp::launcher

@@ -48,6 +48,17 @@ class WorkerGroup {
   // stops guarding them.
   virtual void release() = 0;
 
+  // --restart_policy=inplace: starts local_rank's worker again, in the round that runs, after
+  // its worker exited: forked by the warm template when it can (else exec'd), with
+  // DDPRUN_INPLACE_GENERATION=generation. on_started is called once (maybe before replace
+  // returns): started 1, or the error; the new worker's exit is reported as any worker's. A
+  // signal sent to the group meanwhile reaches it once it started. By default: none started.
+  virtual void replace(int local_rank, int generation, StartedHandler on_started) {
+    (void)local_rank;
+    (void)generation;
+    on_started(StartResult{});
+  }
+
   // What is known of a worker that exited (rank, pid, exit, its error file), for reports.
   virtual WorkerFailure failure_of(int local_rank) = 0;
 

@@ -201,8 +201,11 @@ void parse_lifecycle(const RawOptions& raw, LaunchConfig& config) {
   config.max_restarts = int_option(raw, "max_restarts", 0, 1000000);
   if (const std::string& policy = raw.values.at("restart_policy"); policy == "none") {
     config.restart_policy = RestartPolicy::kNone;
+  } else if (policy == "inplace") {
+    config.restart_policy = RestartPolicy::kInplace;
   } else if (policy != "all") {
-    throw UsageError(where(raw, "restart_policy") + ": '" + policy + "' is not one of all, none");
+    throw UsageError(where(raw, "restart_policy") + ": '" + policy +
+                     "' is not one of all, inplace, none");
   }
   config.monitor_interval_s = seconds_option(raw, "monitor_interval");
   config.start_method = raw.values.at("start_method");

@@ -62,10 +62,12 @@ constexpr std::array kOptions = {
                "(behind NAT or a proxy); by default only the job's nodes and loopback may."},
     OptionSpec{"max_restarts", "", true, false, "N", "0", kLife,
                "Restarts of the whole worker group after a failure before giving up."},
-    OptionSpec{"restart_policy", "", true, false, "all|none", "all", kLife,
+    OptionSpec{"restart_policy", "", true, false, "all|inplace|none", "all", kLife,
                "What a worker's exit does to the others: stop and restart the whole group "
-               "(all, as torchrun), or nothing: the others go on, and the job ends once every "
-               "worker has exited (none, for programs that recover by themselves)."},
+               "(all, as torchrun); replace only the failed worker while the others keep "
+               "running, for programs that use ddprun.inplace (inplace; else as all); or "
+               "nothing: the others go on, and the job ends once every worker has exited "
+               "(none, for programs that recover by themselves)."},
     OptionSpec{"monitor_interval", "", true, false, "SECONDS", "5", kLife,
                "Accepted for torchrun compatibility; ddprun reacts to events at once."},
     OptionSpec{"start_method", "", true, false, "spawn|fork|forkserver", "spawn", kLife,

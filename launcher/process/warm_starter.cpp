@@ -262,6 +262,23 @@ void WarmStarter::cancel(const std::string& why) {
   if (template_ && template_->waiting()) template_->abandon(why);
 }
 
+void WarmStarter::spawn_replacement(const SpawnOptions& options,
+                                    std::function<void(std::optional<pid_t>, std::string)> done) {
+  if (!enabled_) return done(std::nullopt, "warm starts are off");
+  if (!off_.empty()) return done(std::nullopt, off_);
+  if (!template_ || fed_.empty()) {
+    return done(std::nullopt, "the template does not hold the workers' imports yet");
+  }
+  std::error_code ec;
+  template_->spawn(options, fs::current_path(ec).string(), wait_limit(), false,
+                   [this, done = std::move(done)](WorkerTemplate::Forked result) {
+                     if (const pid_t* pid = std::get_if<pid_t>(&result)) return done(*pid, "");
+                     const std::string why = std::get<std::string>(result);
+                     drop_template(why);
+                     done(std::nullopt, why);
+                   });
+}
+
 void WarmStarter::end_round(const fs::path& attempt_dir, int local_world) {
   if (!enabled_) return;
   const std::string attempt = "attempt " + std::to_string(round_);

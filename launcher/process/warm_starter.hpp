@@ -69,6 +69,11 @@ class WarmStarter {
   // loop), else nullopt (start it cold; the first such worker of a round says why, once),
   // at once when the round is cold.
   void spawn(const SpawnOptions& options, std::function<void(std::optional<pid_t>)> done);
+  // A worker that replaces one of the running round's (--restart_policy=inplace): `done` gets
+  // its pid when the template forked it, on the loop, else nullopt and why (start it cold):
+  // at once when no template holds what the round's workers imported.
+  void spawn_replacement(const SpawnOptions& options,
+                         std::function<void(std::optional<pid_t>, std::string why)> done);
   // The agent stops: a wait for the template ends now (the template is dropped), and its
   // handler is called next on the loop, the round cold for `why`.
   void cancel(const std::string& why);

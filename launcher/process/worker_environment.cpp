@@ -40,7 +40,8 @@ void drop_outer_variables(std::vector<std::string>& env) {
            entry.starts_with(std::string(contract::kStackFd) + "=") ||
            entry.starts_with(std::string(contract::kStackSignal) + "=") ||
            entry.starts_with(std::string(contract::kModulesFile) + "=") ||
-           entry.starts_with(std::string(contract::kUserPythonPath) + "=");
+           entry.starts_with(std::string(contract::kUserPythonPath) + "=") ||
+           entry.starts_with(std::string(contract::kInplaceGeneration) + "=");
   });
 }
 
@@ -88,6 +89,7 @@ std::vector<std::string> worker_environment(const NodeEnvironment& node, const L
   drop_outer_variables(env);
   if (!own.record.empty()) env.push_back(own.record);
   if (!own.modules.empty()) env.push_back(own.modules);
+  if (!own.inplace_generation.empty()) env.push_back(own.inplace_generation);
   add_nccl_profiler(env, node);
   if (add_python_probe(env, node) && !own.stack.empty()) env.push_back(own.stack);
   return env;

@@ -11,6 +11,7 @@ USER_PYTHONPATH = "DDPRUN_PYTHONPATH"  # the user's PYTHONPATH, put back by site
 FR_OLD_NAMES = "DDPRUN_FR_OLD_NAMES"  # Flight Recorder variables to drop where PyTorch warns
 TEMPLATE_FD = "DDPRUN_TEMPLATE_FD"  # the warm template's end of its socket pair
 TEMPLATE_PAD = "DDPRUN_TEMPLATE_PAD"  # room for a forked worker's environment
+INPLACE_GENERATION = "DDPRUN_INPLACE_GENERATION"  # --restart_policy=inplace: the generation
 # Set by the user, read by ddprun: "0" turns the probe, or the NCCL plugin, off.
 PYTHON_PROBE = "DDPRUN_PYTHON_PROBE"
 NCCL_PROFILER = "DDPRUN_NCCL_PROFILER"

@@ -95,6 +95,7 @@ _ORIG_PREFIX = list(getattr(sys, "orig_argv", []))
 _ORIG_PREFIX = _ORIG_PREFIX[:_ORIG_PREFIX.index(sys.argv[0])] if sys.argv[0] in _ORIG_PREFIX else []
 
 import _ddprun_modules  # noqa: E402  (from this file's folder, sys.path[0] until here)
+import _ddprun_package  # noqa: E402
 
 if sys.path and os.path.realpath(sys.path[0] or ".") == _FOLDER:
     del sys.path[0]  # a worker's sys.path[0] is its script's folder, set when it is forked
@@ -439,6 +440,7 @@ def _become_worker(request, fds, control, held, effects):
             os.sched_setaffinity(0, request["cpus"])
         _reset_signals()
         exec_env = _set_environment(request["env"], request["given"])
+        _ddprun_package.offer(_FOLDER)
         _checks.apply_effects(effects)
         os.chdir(request["cwd"])
         job = _Job(request["argv"])

@@ -17,6 +17,7 @@ import os
 import sys
 
 import _ddprun_contract  # beside this file, first on sys.path until _drop_folder
+import _ddprun_package
 
 
 def _drop_folder(folder):
@@ -99,8 +100,10 @@ def _main():
     probe_on = os.environ.get(_ddprun_contract.PYTHON_PROBE) != "0"
     if not probe_on:  # nothing of ddprun's stays in such a worker
         sys.modules.pop("_ddprun_contract", None)
+        sys.modules.pop("_ddprun_package", None)
     probe, error = _import_probe() if probe_on else (None, None)
     _drop_folder(folder)
+    _ddprun_package.offer(folder)
     user_module = _run_user_sitecustomize()
     if probe_on:  # after the user's sitecustomize: the probe copes with torch imported already
         _start_probe(probe, error)

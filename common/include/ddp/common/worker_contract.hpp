@@ -88,6 +88,9 @@ inline constexpr const char* kFlightRecorderOldNames = "DDPRUN_FR_OLD_NAMES";
 // forked worker's (the template's alone: never a worker's).
 inline constexpr const char* kTemplateFd = "DDPRUN_TEMPLATE_FD";
 inline constexpr const char* kTemplatePad = "DDPRUN_TEMPLATE_PAD";
+// --restart_policy=inplace: the generation of the job's process group a worker starts in (0 for
+// the round's first workers, G for a replacement), which ddprun.inplace reads.
+inline constexpr const char* kInplaceGeneration = "DDPRUN_INPLACE_GENERATION";
 
 // Set by the user, read by ddprun: "0" turns the Python probe off; "0" turns ddprun's NCCL
 // profiler plugin off.
@@ -103,6 +106,7 @@ inline constexpr Name kDdprunVariables[] = {
     {"FR_OLD_NAMES", kFlightRecorderOldNames},
     {"TEMPLATE_FD", kTemplateFd},
     {"TEMPLATE_PAD", kTemplatePad},
+    {"INPLACE_GENERATION", kInplaceGeneration},
     {"PYTHON_PROBE", kPythonProbe},
     {"NCCL_PROFILER", kNcclProfiler},
 };

@@ -45,6 +45,9 @@ enum class EntrypointKind {
 enum class RestartPolicy {
   kAll,   // stop the whole group, restart it while --max_restarts allows (torchrun's)
   kNone,  // nothing: the others go on; the job ends once every worker has exited
+  // the others go on; the failed worker is replaced in the running round, and the program
+  // (ddprun.inplace) re-forms its process group with it; else as kAll (docs/inplace.md)
+  kInplace,
 };
 
 struct LaunchConfig {

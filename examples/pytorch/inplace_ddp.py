@@ -1,0 +1,142 @@
+"""A DDP job that recovers in place under `ddprun --restart_policy=inplace` (docs/inplace.md).
+
+    ddprun --nproc_per_node=4 --restart_policy=inplace --max_restarts=3 \
+        examples/pytorch/inplace_ddp.py --steps 200
+
+Each rank's data is a function of (step, rank), so a run's final parameters do not depend on
+where it was interrupted: rank 0 prints `params <sha256 of the final parameters' bytes>` last.
+Under torchrun, or another --restart_policy, the same program runs as plain DDP (with
+--checkpoint, a restarted job goes on from the last checkpoint).
+
+For tests and benchmarks:
+  --step_seconds S           a pause in each step (so that a rank can be killed mid-run)
+  --kill RANK:STEP:WHERE     in the job's first life, RANK SIGKILLs itself at STEP, WHERE being
+                             `between` (before the step), `allreduce` (during backward, with
+                             some gradient buckets reduced) or `optimizer` (inside
+                             optimizer.step(), half the parameters updated)
+  --checkpoint PATH          rank 0 saves the state every --checkpoint_every steps; a job that
+                             starts again loads it (for --restart_policy=all)
+Each rank prints `resumed <rank> <unix time>` after its first step following a recovery (or a
+restart), and the rank that kills itself prints `killing <rank> <unix time>` first.
+"""
+
+import argparse
+import hashlib
+import os
+import signal
+import time
+
+import torch
+
+from ddprun import inplace
+
+
+def parse():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=200)
+    parser.add_argument("--step_seconds", type=float, default=0.0)
+    parser.add_argument("--kill", default="")
+    parser.add_argument("--checkpoint", default="")
+    parser.add_argument("--checkpoint_every", type=int, default=20)
+    parser.add_argument("--backend", default="gloo")
+    return parser.parse_args()
+
+
+def say(line):
+    os.write(1, (line + "\n").encode())  # one write: ranks' lines never mix
+
+
+def batch(step, rank):
+    generator = torch.Generator().manual_seed(step * 1000 + rank)
+    return torch.randn(32, 64, generator=generator), torch.randn(32, 8, generator=generator)
+
+
+class Optimizer(torch.optim.SGD):
+    """SGD that can die half-way through its step (--kill R:S:optimizer)."""
+
+    die_in_step = False
+
+    def step(self, closure=None):
+        if not self.die_in_step:
+            return super().step(closure)
+        groups = self.param_groups
+        self.param_groups = groups[:1]  # the first layer's parameters are updated, then death
+        super().step(closure)
+        self.param_groups = groups
+        die()
+
+
+def die():
+    say(f"killing {os.environ['RANK']} {time.time():.6f}")
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def main():
+    args = parse()
+    torch.manual_seed(0)
+    job = inplace.Job(args.backend)
+    rank = job.rank
+    net = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 8))
+    job.wrap(net)
+    optimizer = Optimizer([{"params": net[0].parameters()}, {"params": net[2].parameters()}],
+                          lr=0.01, momentum=0.9)
+    job.keep(optimizer=optimizer)
+
+    kill_rank, kill_step, kill_where = -1, -1, ""
+    first_life = (os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
+                  and (job.generation or 0) == 0)
+    if args.kill and first_life:
+        kill_rank, kill_step, kill_where = args.kill.split(":")
+        kill_rank, kill_step = int(kill_rank), int(kill_step)
+    dying = rank == kill_rank
+
+    if args.checkpoint and os.path.exists(args.checkpoint):
+        saved = torch.load(args.checkpoint)
+        net.load_state_dict(saved["model"])
+        optimizer.load_state_dict(saved["optimizer"])
+        job.step = saved["step"]
+    if dying and kill_where == "allreduce":
+        def in_backward(grad):
+            if job.step == kill_step:
+                die()
+            return grad
+        net[0].weight.register_hook(in_backward)  # the last gradient: later buckets are reduced
+
+    resumed = job.generation not in (None, 0) or os.environ.get("TORCHELASTIC_RESTART_COUNT",
+                                                                 "0") != "0"
+    recoveries = job.recoveries
+    while job.step < args.steps:
+        with job.attempt():
+            step = job.step
+            if dying and step == kill_step and kill_where == "between":
+                die()
+            inputs, targets = batch(step, rank)
+            optimizer.zero_grad(set_to_none=True)
+            loss = torch.nn.functional.mse_loss(job.model(inputs), targets)
+            if args.step_seconds:
+                time.sleep(args.step_seconds)
+            loss.backward()
+            optimizer.die_in_step = dying and step == kill_step and kill_where == "optimizer"
+            optimizer.step()
+            job.commit()
+            if args.checkpoint and rank == 0 and job.step % args.checkpoint_every == 0:
+                torch.save({"model": net.state_dict(), "optimizer": optimizer.state_dict(),
+                            "step": job.step}, args.checkpoint + ".tmp")
+                os.replace(args.checkpoint + ".tmp", args.checkpoint)
+        if job.recoveries != recoveries:
+            recoveries = job.recoveries
+            resumed = True
+        elif resumed:
+            say(f"resumed {rank} {time.time():.6f}")
+            resumed = False
+
+    if rank == 0:
+        digest = hashlib.sha256()
+        for tensor in net.state_dict().values():
+            digest.update(tensor.detach().cpu().contiguous().numpy().tobytes())
+        say(f"recoveries {job.recoveries}")
+        say(f"params {digest.hexdigest()}")
+
+
+if __name__ == "__main__":
+    main()
