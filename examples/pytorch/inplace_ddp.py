@@ -10,13 +10,15 @@ Under torchrun, or another --restart_policy, the same program runs as plain DDP 
 
 For tests and benchmarks:
   --step_seconds S           a pause in each step (so that a rank can be killed mid-run)
-  --kill RANK:STEP:WHERE     in the job's first life, RANK SIGKILLs itself at STEP, WHERE being
+  --kill RANKS:STEP:WHERE    in the job's first life, each of RANKS (comma-separated) SIGKILLs
+                             itself at STEP, WHERE being
                              `between` (before the step), `allreduce` (during backward, with
                              some gradient buckets reduced) or `optimizer` (inside
                              optimizer.step(), half the parameters updated)
+  --replacement_fails        a replacement exits at start-up (an import that fails)
   --checkpoint PATH          rank 0 saves the state every --checkpoint_every steps; a job that
                              starts again loads it (for --restart_policy=all)
-Each rank prints `resumed <rank> <unix time>` after its first step following a recovery (or a
+Each rank prints `started <rank> <pid> <generation>` first, and `resumed <rank> <unix time>` after its first step following a recovery (or a
 restart), and the rank that kills itself prints `killing <rank> <unix time>` first.
 """
 
@@ -38,6 +40,7 @@ def parse():
     parser.add_argument("--kill", default="")
     parser.add_argument("--checkpoint", default="")
     parser.add_argument("--checkpoint_every", type=int, default=20)
+    parser.add_argument("--replacement_fails", action="store_true")
     parser.add_argument("--backend", default="gloo")
     return parser.parse_args()
 
@@ -73,6 +76,10 @@ def die():
 
 def main():
     args = parse()
+    generation = inplace.generation_from_environment()
+    say(f"started {os.environ['RANK']} {os.getpid()} {generation}")
+    if args.replacement_fails and generation:
+        raise ImportError("a module this replacement needs cannot be imported")
     torch.manual_seed(0)
     job = inplace.Job(args.backend)
     rank = job.rank
@@ -82,13 +89,13 @@ def main():
                           lr=0.01, momentum=0.9)
     job.keep(optimizer=optimizer)
 
-    kill_rank, kill_step, kill_where = -1, -1, ""
+    kill_ranks, kill_step, kill_where = [], -1, ""
     first_life = (os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
                   and (job.generation or 0) == 0)
     if args.kill and first_life:
-        kill_rank, kill_step, kill_where = args.kill.split(":")
-        kill_rank, kill_step = int(kill_rank), int(kill_step)
-    dying = rank == kill_rank
+        ranks, kill_step, kill_where = args.kill.split(":")
+        kill_ranks, kill_step = [int(r) for r in ranks.split(",")], int(kill_step)
+    dying = rank in kill_ranks
 
     if args.checkpoint and os.path.exists(args.checkpoint):
         saved = torch.load(args.checkpoint)

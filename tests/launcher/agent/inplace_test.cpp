@@ -1,0 +1,159 @@
+// --restart_policy=inplace (issue 37): a failed rank is replaced while the others keep their
+// processes, and examples/pytorch/inplace_ddp.py ends with the parameters of a run that never
+// failed; every case that cannot recover in place falls back to restarting every worker, with
+// one line saying why, and ends. The [torch] cases run against both peers (DDP_TEST_PYTHON).
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <regex>
+#include <set>
+#include <sstream>
+
+#include "process_harness.hpp"
+#include "skip.hpp"
+#include "test_support.hpp"
+
+using namespace ddp::test;
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr milliseconds kJobTimeout{240000};  // 4 ranks of PyTorch, twice when it falls back
+
+// ddprun running the example on 4 ranks, 30 steps; `extra`: the example's options.
+ProcessResult run_example(const std::string& policy, const std::vector<std::string>& extra,
+                          const std::map<std::string, std::string>& env = {}) {
+  std::vector<std::string> argv = {bin_path("ddprun").string(),
+                                   "--standalone",
+                                   "--nproc_per_node=4",
+                                   "--max_restarts=2",
+                                   "--restart_policy=" + policy,
+                                   source_path("examples/pytorch/inplace_ddp.py").string(),
+                                   "--steps",
+                                   "30",
+                                   "--step_seconds",
+                                   "0.02"};
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  std::map<std::string, std::string> variables = {{"PYTHON_EXEC", torch_python()},
+                                                  {"OMP_NUM_THREADS", "1"}};
+  variables.insert(env.begin(), env.end());
+  return run_process(argv, variables, {}, kJobTimeout);
+}
+
+// The example's `params <sha256>` (empty when it printed none).
+std::string params_of(const std::string& out) {
+  std::smatch match;
+  static const std::regex params("params ([0-9a-f]{64})");
+  return std::regex_search(out, match, params) ? match[1].str() : "";
+}
+
+// rank -> the pids its processes printed in their `started <rank> <pid> <generation>` lines.
+std::map<int, std::vector<std::string>> started_pids(const std::string& out) {
+  std::map<int, std::vector<std::string>> pids;
+  std::istringstream lines(out);
+  for (std::string line; std::getline(lines, line);) {
+    std::istringstream words(line);
+    std::string word, pid;
+    int rank = -1;
+    if (words >> word && word == "started" && words >> rank >> pid) pids[rank].push_back(pid);
+  }
+  return pids;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "in place: rank 2 of 4 killed between steps, in the all-reduce and in optimizer.step(), "
+    "the others keep their processes and the parameters equal those of an uninterrupted run "
+    "under --restart_policy=all",
+    "[torch]") {
+  if (!torch_available()) {
+    return skip(torch_python() + " cannot import torch.distributed with Gloo");
+  }
+  // The reference: the same program, uninterrupted, under --restart_policy=all (plain DDP, the
+  // package on PYTHONPATH as an installed one would be).
+  const std::string package =
+      (bin_path("ddprun").parent_path().parent_path() / "share/ddprun/python-package").string();
+  const ProcessResult clean = run_example("all", {}, {{"PYTHONPATH", package}});
+  INFO("uninterrupted stderr:\n" << clean.err << "\nstdout:\n" << clean.out);
+  REQUIRE(clean.status == 0);
+  CHECK_THAT(clean.out, Catch::Contains("recoveries 0"));
+  const std::string expected = params_of(clean.out);
+  REQUIRE_FALSE(expected.empty());
+
+  const std::string where = GENERATE("between", "allreduce", "optimizer");
+  const ProcessResult run = run_example("inplace", {"--kill", "2:15:" + where});
+  INFO("killed " << where << "; stderr:\n" << run.err << "\nstdout:\n" << run.out);
+  CHECK(run.status == 0);
+  CHECK_THAT(run.out, Catch::Contains("killing 2"));
+  CHECK_THAT(run.err, Catch::Contains("ddprun: rank 2 failed (signal SIGKILL (9)); "
+                                      "--restart_policy=inplace: replacing it"));
+  CHECK_THAT(run.err, Catch::Contains("ddprun: rank 2 was replaced in place: generation 1"));
+  CHECK_THAT(run.err, !Catch::Contains("falls back"));
+  CHECK_THAT(run.out, Catch::Contains("recoveries 1"));
+  CHECK(params_of(run.out) == expected);
+  // Ranks 0, 1 and 3 started once (they kept their processes); rank 2 twice.
+  const auto pids = started_pids(run.out);
+  for (int rank : {0, 1, 3}) {
+    CHECK(pids.count(rank) == 1);
+    if (pids.count(rank) == 1) CHECK(pids.at(rank).size() == 1);
+  }
+  REQUIRE(pids.count(2) == 1);
+  CHECK(pids.at(2).size() == 2);
+}
+
+TEST_CASE(
+    "in place: two ranks killed at once, or a replacement that fails at start-up, fall back to "
+    "restarting every worker with one line, and the job ends",
+    "[torch]") {
+  if (!torch_available()) {
+    return skip(torch_python() + " cannot import torch.distributed with Gloo");
+  }
+  SECTION("two ranks killed at once") {
+    const ProcessResult run = run_example("inplace", {"--kill", "1,2:15:between"});
+    INFO("stderr:\n" << run.err << "\nstdout:\n" << run.out);
+    CHECK(run.status == 0);  // the restart's round (no kill in it) completes
+    CHECK_THAT(run.err, Catch::Contains("falls back to restarting every worker: rank "));
+    CHECK_THAT(run.err, Catch::Contains("failed too"));
+    CHECK_THAT(run.err, Catch::Contains("restarting it (restart 1 of at most 2)"));
+    CHECK_FALSE(params_of(run.out).empty());
+  }
+  SECTION("a replacement that fails at start-up") {
+    const ProcessResult run =
+        run_example("inplace", {"--kill", "2:15:between", "--replacement_fails"});
+    INFO("stderr:\n" << run.err << "\nstdout:\n" << run.out);
+    CHECK(run.status == 0);
+    CHECK_THAT(run.err,
+               Catch::Contains("ddprun: the in-place recovery of rank 2 falls back to "
+                               "restarting every worker: rank 2 failed too (exit code 1)"));
+    CHECK_THAT(run.err, Catch::Contains("a module this replacement needs cannot be imported"));
+    CHECK_FALSE(params_of(run.out).empty());
+  }
+}
+
+TEST_CASE(
+    "in place: a program that does not use ddprun.inplace falls back to restarting every "
+    "worker, saying so") {
+  if (!fs::exists(torch_python())) return skip(torch_python() + " does not exist");
+  TempDir dir;
+  const auto script = dir.path() / "plain.py";
+  {
+    std::ofstream(script) << "import os, sys\n"
+                             "if os.environ['RANK'] == '1' and "
+                             "os.environ['TORCHELASTIC_RESTART_COUNT'] == '0':\n"
+                             "    sys.exit(3)\n"
+                             "print('done', os.environ['RANK'], flush=True)\n";
+  }
+  const ProcessResult run =
+      run_process({bin_path("ddprun").string(), "--standalone", "--nproc_per_node=2",
+                   "--max_restarts=1", "--restart_policy=inplace", script.string()},
+                  {{"PYTHON_EXEC", torch_python()}}, {}, kJobTimeout);
+  INFO("stderr:\n" << run.err << "\nstdout:\n" << run.out);
+  CHECK(run.status == 0);
+  CHECK_THAT(run.err, Catch::Contains("ddprun: the in-place recovery of rank 1 falls back to "
+                                      "restarting every worker: the program does not use "
+                                      "ddprun.inplace"));
+  CHECK_THAT(run.out, Catch::Contains("done 1"));
+}
