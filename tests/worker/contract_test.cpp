@@ -57,13 +57,16 @@ TEST_CASE("no source of launcher/, runtime/, worker/ or common/ spells a DDPRUN_
   const std::regex literal(R"re("DDPRUN_[A-Z0-9_]+=?")re");
   const fs::path contract_hpp = "common/include/ddp/common/worker_contract.hpp";
   const fs::path contract_py = "worker/python/_ddprun_contract.py";
+  // ddprun.inplace imports nothing of the probe's (it runs under torchrun too): it spells its
+  // one variable, and the case below checks that it is the contract's.
+  const fs::path package_py = "worker/python_package/ddprun/inplace.py";
   int files = 0;
   for (const char* root : {"launcher", "runtime", "worker", "common"}) {
     for (const auto& entry : fs::recursive_directory_iterator(source_path(root))) {
       const std::string ext = entry.path().extension().string();
       if (ext != ".cpp" && ext != ".hpp" && ext != ".py" && ext != ".h" && ext != ".c") continue;
       const fs::path relative = fs::relative(entry.path(), source_path(""));
-      if (relative == contract_hpp || relative == contract_py) continue;
+      if (relative == contract_hpp || relative == contract_py || relative == package_py) continue;
       ++files;
       const std::string text = read_file(entry.path());
       std::smatch match;
@@ -74,4 +77,10 @@ TEST_CASE("no source of launcher/, runtime/, worker/ or common/ spells a DDPRUN_
     }
   }
   CHECK(files > 50);
+}
+
+TEST_CASE("ddprun.inplace reads the contract's DDPRUN_INPLACE_GENERATION") {
+  const std::string text = read_file(source_path("worker/python_package/ddprun/inplace.py"));
+  CHECK_THAT(text, Catch::Contains(std::string("GENERATION_VARIABLE = \"") +
+                                   ddp::contract::kInplaceGeneration + "\""));
 }
