@@ -43,6 +43,10 @@ list(TRANSFORM DDP_PYTHON_PACKAGE_FILES PREPEND worker/python_package/
      OUTPUT_VARIABLE _ddp_package_sources)
 install(FILES ${_ddp_package_sources} DESTINATION ${CMAKE_INSTALL_DATADIR}/ddprun/python-package/ddprun
   PERMISSIONS OWNER_READ OWNER_WRITE GROUP_READ WORLD_READ COMPONENT ddprun)
+if(DDP_PYTHON_DIST_PACKAGES)
+  install(FILES ${_ddp_package_sources} DESTINATION ${DDP_PYTHON_DIST_PACKAGES}/ddprun
+    PERMISSIONS OWNER_READ OWNER_WRITE GROUP_READ WORLD_READ COMPONENT ddprun)
+endif()
 
 install(EXPORT ddpTargets NAMESPACE ddp:: DESTINATION ${DDP_INSTALL_CMAKEDIR} COMPONENT dev)
 configure_package_config_file(cmake/ddpConfig.cmake.in

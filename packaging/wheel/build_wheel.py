@@ -99,6 +99,13 @@ def main():
             shutil.copy(plugin, staged)
             if args.strip:
                 subprocess.run(["strip", "--strip-unneeded", staged], check=True)
+        # ddprun's Python package (ddprun.inplace), beside the probe in the build.
+        package_dir = os.path.join(args.bin_dir, "..", "share", "ddprun", "python-package",
+                                   "ddprun")
+        if not os.path.isfile(os.path.join(package_dir, "inplace.py")):
+            sys.exit(f"build_wheel: ddprun.inplace is not in {package_dir} (build ddprun first)")
+        shutil.copytree(package_dir, os.path.join(stage, "ddprun"),
+                        ignore=shutil.ignore_patterns("__pycache__"))
         os.mkdir(os.path.join(stage, "probe"))
         for name in probe:
             staged = os.path.join(stage, "probe", name)

@@ -1,6 +1,7 @@
 """The ddprun wheel: ddprun and ddpstore installed as scripts (into the virtualenv's bin/, as the
 cmake and ninja wheels do), and ddprun's Python probe as data files beside them
-(<prefix>/share/ddprun/python, which ddprun finds from its own place); no importable package. Built by build_wheel.py, which stages the programs
+(<prefix>/share/ddprun/python, which ddprun finds from its own place); and the importable package
+`ddprun` (ddprun.inplace, docs/inplace.md). Built by build_wheel.py, which stages the programs
 next to this file and passes the version and platform tag in the environment:
   DDP_WHEEL_VERSION   the project's version (CMake's PROJECT_VERSION)
   DDP_WHEEL_PLATFORM  linux_x86_64, or manylinux_2_NN_x86_64 when the programs qualify
@@ -46,7 +47,7 @@ setup(
     long_description_content_type="text/markdown",
     license="see the project's repository",
     python_requires=">=3",
-    packages=[],
+    packages=["ddprun"],  # ddprun.inplace (docs/inplace.md)
     scripts=["programs/ddprun", "programs/ddpstore"],
     data_files=[("share/ddprun/python",
                  sorted(os.path.join("probe", name) for name in os.listdir("probe")))] +

@@ -100,6 +100,15 @@ class FakeWorkers : public WorkerGroup {
   }
   void signal(int signal) override { signals.push_back(signal); }
   void release() override { ++released; }
+  // --restart_policy=inplace: (local rank, generation) of each replacement; it starts unless
+  // replace_fails.
+  std::vector<std::pair<int, int>> replaced;
+  bool replace_fails = false;
+  void replace(int local_rank, int generation, StartedHandler on_started) override {
+    replaced.emplace_back(local_rank, generation);
+    exits.erase(local_rank);
+    on_started({replace_fails ? 0 : 1, std::nullopt});
+  }
   WorkerFailure failure_of(int local_rank) override {
     WorkerFailure f;
     f.host = "host-a";

@@ -28,17 +28,42 @@ struct Harness {
   std::deque<AgentEvent> queue;
   std::vector<std::string> notices;
   std::optional<AgentOutcome> outcome;
+  // --restart_policy=inplace: the requests to the workers' store, answered by the test.
+  std::vector<std::pair<int, std::function<void(int, std::string)>>> begins;  // rank, answer
+  std::vector<std::pair<int, std::function<void(std::string)>>> watches;      // generation, answer
   AgentMachine machine;
 
-  explicit Harness(int max_restarts = 0, bool workers_run_on = false)
-      : machine(AgentMachineConfig{"train.py", "node-a", max_restarts, kShutdown,
-                                   kOutputDrainTimeout, workers_run_on},
-                AgentMachineContext{&rdzv, &workers, &timers,
-                                    [this](AgentEvent e) { queue.push_back(std::move(e)); },
-                                    [this](const std::string& line) { notices.push_back(line); },
-                                    nullptr, [this](AgentOutcome o) { outcome = std::move(o); },
-                                    nullptr, nullptr}) {
+  explicit Harness(int max_restarts = 0, bool workers_run_on = false, bool in_place = false)
+      : machine(config(max_restarts, workers_run_on, in_place), context(in_place)) {
     machine.start();
+  }
+  static AgentMachineConfig config(int max_restarts, bool workers_run_on, bool in_place) {
+    AgentMachineConfig c{"train.py",          "node-a",      max_restarts, kShutdown,
+                         kOutputDrainTimeout, workers_run_on};
+    c.replace_in_place = in_place;
+    return c;
+  }
+  AgentMachineContext context(bool in_place) {
+    AgentMachineContext c{&rdzv,
+                          &workers,
+                          &timers,
+                          [this](AgentEvent e) { queue.push_back(std::move(e)); },
+                          [this](const std::string& line) { notices.push_back(line); },
+                          nullptr,
+                          [this](AgentOutcome o) { outcome = std::move(o); },
+                          nullptr,
+                          nullptr};
+    if (in_place) {
+      c.begin_generation = [this](const RoundInfo&, int rank,
+                                  std::function<void(int, std::string)> done) {
+        begins.emplace_back(rank, std::move(done));
+      };
+      c.watch_generation = [this](const RoundInfo&, int generation, std::chrono::milliseconds,
+                                  std::function<void(std::string)> done) {
+        watches.emplace_back(generation, std::move(done));
+      };
+    }
+    return c;
   }
 
   void run() {
@@ -725,4 +750,78 @@ TEST_CASE("a hang travels to the other nodes as a stop reason of its own, counte
   CHECK(h.rdzv.stopped[0].kind == StopReason::Kind::kHung);
   CHECK(h.rdzv.stopped[0].failed());
   CHECK(h.rdzv.stopped[0].rank == 3);
+}
+
+TEST_CASE(
+    "restart policy inplace: a failed worker is replaced while the others run, and counts "
+    "against --max_restarts") {
+  Harness h(2, false, true);
+  h.round_ready(two_nodes(0));
+  h.exit(1, 0, SIGKILL);
+  CHECK(h.workers.signals.empty());
+  CHECK(h.rdzv.stopped.empty());
+  CHECK(h.noticed("rank 3 failed (signal SIGKILL (9)); --restart_policy=inplace: replacing it"));
+  REQUIRE(h.begins.size() == 1);
+  CHECK(h.begins[0].first == 3);
+  h.begins[0].second(1, "");
+  h.run();
+  REQUIRE(h.workers.replaced.size() == 1);
+  CHECK(h.workers.replaced[0] == std::pair<int, int>{1, 1});
+  REQUIRE(h.watches.size() == 1);
+  CHECK(h.watches[0].first == 1);
+  h.watches[0].second("");
+  h.run();
+  CHECK(h.noticed("rank 3 was replaced in place: generation 1 formed"));
+  CHECK(h.noticed("(1 of at most 2 restarts used)"));
+  CHECK(h.machine.state() == AgentMachine::State::kRunning);
+  // Every worker (the replacement included) ends: the round ends as usual.
+  h.exit(0, 0);
+  h.exit(1, 0);
+  CHECK(h.machine.state() == AgentMachine::State::kBarrier);
+  CHECK(h.workers.signals.empty());
+}
+
+TEST_CASE(
+    "restart policy inplace: a program without ddprun.inplace, and a second failure during a "
+    "recovery, fall back to stopping every worker with one line") {
+  Harness h(2, false, true);
+  h.round_ready(two_nodes(0));
+  SECTION("the generation cannot begin") {
+    h.exit(0, 1);
+    REQUIRE(h.begins.size() == 1);
+    h.begins[0].second(0, "the program does not use ddprun.inplace");
+    h.run();
+    CHECK(
+        h.noticed("the in-place recovery of rank 2 falls back to restarting every worker: the "
+                  "program does not use ddprun.inplace"));
+  }
+  SECTION("a second failure while the replacement joins") {
+    h.exit(0, 1);
+    h.begins[0].second(1, "");
+    h.run();
+    h.exit(1, 6);
+    CHECK(
+        h.noticed("falls back to restarting every worker: rank 3 failed too (exit code 6) while "
+                  "rank 2 was being replaced"));
+  }
+  SECTION("the generation does not form in time") {
+    h.exit(0, 1);
+    h.begins[0].second(1, "");
+    h.run();
+    h.watches[0].second("generation 1 did not form within 60 s");
+    h.run();
+    CHECK(h.noticed("falls back to restarting every worker: generation 1 did not form"));
+  }
+  REQUIRE(h.rdzv.stopped.size() == 1);
+  CHECK(h.rdzv.stopped[0].rank == 2);  // the first failure is the root cause
+  CHECK(h.workers.signals == std::vector<int>{SIGTERM});
+}
+
+TEST_CASE("restart policy inplace: with no restart left, a failure ends the job as under all") {
+  Harness h(0, false, true);
+  h.round_ready(two_nodes(0));
+  h.exit(0, 1);
+  CHECK(h.begins.empty());
+  REQUIRE(h.rdzv.stopped.size() == 1);
+  CHECK(h.workers.signals == std::vector<int>{SIGTERM});
 }
