@@ -12,7 +12,8 @@ For tests and benchmarks:
   --step_seconds S           a pause in each step (so that a rank can be killed mid-run)
   --kill RANKS:STEP:WHERE    in the job's first life, each of RANKS (comma-separated) SIGKILLs
                              itself at STEP, WHERE being
-                             `between` (before the step), `allreduce` (during backward, with
+                             `between` (before the step), `stop` (SIGSTOP, a hang, before the
+                             step), `allreduce` (during backward, with
                              some gradient buckets reduced) or `optimizer` (inside
                              optimizer.step(), half the parameters updated)
   --replacement_fails        a replacement exits at start-up (an import that fails)
@@ -117,6 +118,9 @@ def main():
             step = job.step
             if dying and step == kill_step and kill_where == "between":
                 die()
+            if dying and step == kill_step and kill_where == "stop":
+                say(f"stopping {rank} {time.time():.6f}")
+                os.kill(os.getpid(), signal.SIGSTOP)  # a hang: the diagnosis names this rank
             inputs, targets = batch(step, rank)
             optimizer.zero_grad(set_to_none=True)
             loss = torch.nn.functional.mse_loss(job.model(inputs), targets)

@@ -334,9 +334,29 @@ void AgentMachine::end_round_run_on() {
 
 // The job hung: the report so far goes out at once (the stop takes up to --shutdown_timeout),
 // then the round ends as after a worker failure, with the blamed rank as its root cause.
+// Under --restart_policy=inplace, only the blamed rank is killed, by its own node's agent, and
+// its exit is a failure like any: replaced in place (or the fallback). Another node's agent
+// leaves it to that node.
 void AgentMachine::on(const event::Hung& e) {
   if (!current(e.round) || state_ != State::kRunning) return;
   if (e.root_cause.error) ctx_.notice("ddprun: " + e.root_cause.error->traceback);
+  if (config_.replace_in_place && !recovery_ && restarts_used() < config_.max_restarts &&
+      ctx_.begin_generation) {
+    const WorkerFailure& root = e.root_cause;
+    const std::string rank = "rank " + std::to_string(root.rank);
+    const bool ours = root.local_rank >= 0 && root.local_rank < group_size_ &&
+                      ctx_.workers->failure_of(root.local_rank).pid == root.pid;
+    if (!ours) {
+      return ctx_.notice("ddprun: the hang diagnosis blames " + rank + " on " + root.host +
+                         "; --restart_policy=inplace: its node kills and replaces it");
+    }
+    if (ctx_.workers->kill_worker(root.local_rank)) {
+      return ctx_.notice("ddprun: --restart_policy=inplace: killing " + rank + " (pid " +
+                         std::to_string(root.pid) +
+                         "), which the hang diagnosis blames, to replace it; the other workers "
+                         "go on");
+    }
+  }
   local_failure(e.root_cause, ctx_.workers->other_failures(-1));
 }
 

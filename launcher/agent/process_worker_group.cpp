@@ -565,6 +565,13 @@ void ProcessWorkerGroup::replace(int local_rank, int generation, StartedHandler 
   });
 }
 
+bool ProcessWorkerGroup::kill_worker(int local_rank) {
+  const auto slot = static_cast<std::size_t>(local_rank);
+  if (slot >= workers_.size() || !workers_[slot]->running()) return false;
+  workers_[slot]->signal_group(SIGKILL);
+  return true;
+}
+
 WorkerFailure ProcessWorkerGroup::failure_of(int local_rank) {
   const Worker& worker = *workers_.at(static_cast<std::size_t>(local_rank));
   WorkerFailure failure;

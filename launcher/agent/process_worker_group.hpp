@@ -69,6 +69,7 @@ class ProcessWorkerGroup : public WorkerGroup {
   void signal(int signal) override;
   void release() override;
   void replace(int local_rank, int generation, StartedHandler on_started) override;
+  bool kill_worker(int local_rank) override;
   WorkerFailure failure_of(int local_rank) override;
   std::vector<WorkerFailure> other_failures(int except) override;
   std::vector<StillRunning> still_running() const override;

@@ -59,6 +59,14 @@ class WorkerGroup {
     on_started(StartResult{});
   }
 
+  // --restart_policy=inplace: SIGKILLs local_rank's worker (its process group), which the hang
+  // diagnosis blames; its exit is then reported as any worker's. False when it does not run
+  // (by default: nothing is killed).
+  virtual bool kill_worker(int local_rank) {
+    (void)local_rank;
+    return false;
+  }
+
   // What is known of a worker that exited (rank, pid, exit, its error file), for reports.
   virtual WorkerFailure failure_of(int local_rank) = 0;
 

@@ -104,6 +104,11 @@ class FakeWorkers : public WorkerGroup {
   // replace_fails.
   std::vector<std::pair<int, int>> replaced;
   bool replace_fails = false;
+  std::vector<int> killed;  // kill_worker's local ranks
+  bool kill_worker(int local_rank) override {
+    killed.push_back(local_rank);
+    return true;
+  }
   void replace(int local_rank, int generation, StartedHandler on_started) override {
     replaced.emplace_back(local_rank, generation);
     exits.erase(local_rank);

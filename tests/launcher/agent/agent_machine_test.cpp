@@ -825,3 +825,30 @@ TEST_CASE("restart policy inplace: with no restart left, a failure ends the job 
   REQUIRE(h.rdzv.stopped.size() == 1);
   CHECK(h.workers.signals == std::vector<int>{SIGTERM});
 }
+
+TEST_CASE(
+    "restart policy inplace: a hang kills only the blamed rank here, and nothing for another "
+    "node's") {
+  Harness h(2, false, true);
+  h.round_ready(two_nodes(0));
+  WorkerFailure blamed = h.workers.failure_of(1);
+  blamed.hung = true;
+  SECTION("the blamed rank is here") {
+    h.queue.push_back(event::Hung{h.machine.round(), blamed});
+    h.run();
+    CHECK(h.workers.killed == std::vector<int>{1});
+    CHECK(h.noticed("--restart_policy=inplace: killing rank 3 (pid 1001)"));
+  }
+  SECTION("it is another node's") {
+    blamed.pid = 77;
+    blamed.host = "host-b";
+    h.queue.push_back(event::Hung{h.machine.round(), blamed});
+    h.run();
+    CHECK(h.workers.killed.empty());
+    CHECK(h.noticed(
+        "blames rank 3 on host-b; --restart_policy=inplace: its node kills and replaces it"));
+  }
+  CHECK(h.workers.signals.empty());
+  CHECK(h.rdzv.stopped.empty());
+  CHECK(h.machine.state() == AgentMachine::State::kRunning);
+}

@@ -157,3 +157,30 @@ TEST_CASE(
                                       "ddprun.inplace"));
   CHECK_THAT(run.out, Catch::Contains("done 1"));
 }
+
+TEST_CASE(
+    "in place: a SIGSTOPped rank is named by the hang diagnosis, killed alone and replaced, and "
+    "the job goes on",
+    "[torch]") {
+  if (!torch_available()) {
+    return skip(torch_python() + " cannot import torch.distributed with Gloo");
+  }
+  const ProcessResult run =
+      run_process({bin_path("ddprun").string(), "--standalone", "--nproc_per_node=4",
+                   "--max_restarts=2", "--restart_policy=inplace", "--hang_timeout=2",
+                   "--hang_stop_timeout=4", source_path("examples/pytorch/inplace_ddp.py").string(),
+                   "--steps", "30", "--kill", "2:15:stop"},
+                  {{"PYTHON_EXEC", torch_python()}, {"OMP_NUM_THREADS", "1"}}, {}, kJobTimeout);
+  INFO("stderr:\n" << run.err << "\nstdout:\n" << run.out);
+  CHECK(run.status == 0);
+  CHECK_THAT(run.out, Catch::Contains("stopping 2"));
+  CHECK_THAT(run.err, Catch::Contains("rank 2 (host "));
+  CHECK_THAT(run.err, Catch::Contains("--restart_policy=inplace: killing rank 2 (pid "));
+  CHECK_THAT(run.err, Catch::Contains("ddprun: rank 2 was replaced in place: generation 1"));
+  CHECK_THAT(run.err, !Catch::Contains("falls back"));
+  CHECK_THAT(run.out, Catch::Contains("recoveries 1"));
+  const auto pids = started_pids(run.out);
+  for (int rank : {0, 1, 3}) CHECK(pids.count(rank) == 1);
+  REQUIRE(pids.count(2) == 1);
+  CHECK(pids.at(2).size() == 2);
+}
