@@ -19,8 +19,10 @@ For tests and benchmarks:
   --replacement_fails        a replacement exits at start-up (an import that fails)
   --checkpoint PATH          rank 0 saves the state every --checkpoint_every steps; a job that
                              starts again loads it (for --restart_policy=all)
-Each rank prints `started <rank> <pid> <generation>` first, and `resumed <rank> <unix time>` after its first step following a recovery (or a
-restart), and the rank that kills itself prints `killing <rank> <unix time>` first.
+Each rank prints `started <rank> <pid> <generation>` first; a survivor prints `lost <rank> <unix
+time>` when it recovered (the time its collective failed); every rank prints `resumed <rank>
+<unix time>` after its first step following a recovery (or a restart); the rank that kills
+itself prints `killing <rank> <unix time>` first.
 """
 
 import argparse
@@ -136,6 +138,7 @@ def main():
                 os.replace(args.checkpoint + ".tmp", args.checkpoint)
         if job.recoveries != recoveries:
             recoveries = job.recoveries
+            say(f"lost {rank} {job.last_lost_time:.6f}")
             resumed = True
         elif resumed:
             say(f"resumed {rank} {time.time():.6f}")

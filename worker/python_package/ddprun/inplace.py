@@ -232,6 +232,7 @@ class Job:
         self.recovers = self.generation is not None
         self.recoveries = 0  # recoveries this process took part in
         self.last_recovery_seconds = None  # from the lost peer to the state in hand
+        self.last_lost_time = None  # time.time() when this rank last saw a peer lost
         self._backend = backend
         self._timeout = timeout
         self._recovery_timeout = recovery_timeout
@@ -307,6 +308,7 @@ class Job:
         if not self.recovers:
             raise PeerLost(f"rank {self.rank} lost a peer: {error}") from error
         started = time.monotonic()
+        self.last_lost_time = time.time()
         next_generation = self.generation + 1
         if self._ddp is not None:
             self._layout = _bucket_layout(self._ddp)
