@@ -10,12 +10,13 @@ Under torchrun, or another --restart_policy, the same program runs as plain DDP 
 
 For tests and benchmarks:
   --step_seconds S           a pause in each step (so that a rank can be killed mid-run)
-  --kill RANKS:STEP:WHERE    in the job's first life, each of RANKS (comma-separated) SIGKILLs
-                             itself at STEP, WHERE being
-                             `between` (before the step), `stop` (SIGSTOP, a hang, before the
-                             step), `allreduce` (during backward, with
-                             some gradient buckets reduced) or `optimizer` (inside
-                             optimizer.step(), half the parameters updated)
+  --kill RANKS:STEP:WHERE[/RANKS:STEP:WHERE...]
+                             each of RANKS (comma-separated) SIGKILLs itself at STEP (when its
+                             process ran an earlier step; never after a restart of the whole
+                             job), WHERE being `between` (before the step), `stop` (SIGSTOP, a
+                             hang, before the step), `allreduce` (during backward, with some
+                             gradient buckets reduced) or `optimizer` (inside optimizer.step(),
+                             half the parameters updated)
   --replacement_fails        a replacement exits at start-up (an import that fails)
   --checkpoint PATH          rank 0 saves the state every --checkpoint_every steps; a job that
                              starts again loads it (for --restart_policy=all)
@@ -92,25 +93,25 @@ def main():
                           lr=0.01, momentum=0.9)
     job.keep(optimizer=optimizer)
 
-    kill_ranks, kill_step, kill_where = [], -1, ""
-    first_life = (os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
-                  and (job.generation or 0) == 0)
-    if args.kill and first_life:
-        ranks, kill_step, kill_where = args.kill.split(":")
-        kill_ranks, kill_step = [int(r) for r in ranks.split(",")], int(kill_step)
-    dying = rank in kill_ranks
+    kills = {}  # step -> where, for this rank
+    if args.kill and os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0":
+        for spec in args.kill.split("/"):
+            ranks, step, where = spec.split(":")
+            if rank in [int(r) for r in ranks.split(",")]:
+                kills[int(step)] = where
+    first_step = None  # the first step this process runs
+    dying = {"in": ""}  # where this step's death comes, if it comes
 
     if args.checkpoint and os.path.exists(args.checkpoint):
         saved = torch.load(args.checkpoint)
         net.load_state_dict(saved["model"])
         optimizer.load_state_dict(saved["optimizer"])
         job.step = saved["step"]
-    if dying and kill_where == "allreduce":
-        def in_backward(grad):
-            if job.step == kill_step:
-                die()
-            return grad
-        net[0].weight.register_hook(in_backward)  # the last gradient: later buckets are reduced
+    def in_backward(grad):
+        if dying["in"] == "allreduce":
+            die()
+        return grad
+    net[0].weight.register_hook(in_backward)  # the last gradient: later buckets are reduced
 
     resumed = job.generation not in (None, 0) or os.environ.get("TORCHELASTIC_RESTART_COUNT",
                                                                  "0") != "0"
@@ -118,9 +119,11 @@ def main():
     while job.step < args.steps:
         with job.attempt():
             step = job.step
-            if dying and step == kill_step and kill_where == "between":
+            first_step = step if first_step is None else first_step
+            dying["in"] = kills.get(step, "") if first_step < step else ""
+            if dying["in"] == "between":
                 die()
-            if dying and step == kill_step and kill_where == "stop":
+            if dying["in"] == "stop":
                 say(f"stopping {rank} {time.time():.6f}")
                 os.kill(os.getpid(), signal.SIGSTOP)  # a hang: the diagnosis names this rank
             inputs, targets = batch(step, rank)
@@ -129,7 +132,7 @@ def main():
             if args.step_seconds:
                 time.sleep(args.step_seconds)
             loss.backward()
-            optimizer.die_in_step = dying and step == kill_step and kill_where == "optimizer"
+            optimizer.die_in_step = dying["in"] == "optimizer"
             optimizer.step()
             job.commit()
             if args.checkpoint and rank == 0 and job.step % args.checkpoint_every == 0:
