@@ -212,8 +212,6 @@ void AgentMachine::on_local_failure(int local_rank) {
   local_failure(std::move(root), ctx_.workers->other_failures(local_rank));
 }
 
-// --restart_policy=none: the failure is kept, and said at once while other local workers run
-// on (after the last one the report follows at once).
 // In-place recovery: the failed worker's slot is taken by a replacement once the next
 // generation began in the workers' store; the recovery ends when every rank has joined it.
 void AgentMachine::replace_in_place(int local_rank) {
@@ -309,6 +307,8 @@ void AgentMachine::fall_back(const std::string& why, std::optional<WorkerFailure
 
 int AgentMachine::restarts_used() const { return (info_ ? info_->restart_count : 0) + replaced_; }
 
+// --restart_policy=none: the failure is kept, and said at once while other local workers run
+// on (after the last one the report follows at once).
 void AgentMachine::note_failure_running_on(int local_rank) {
   WorkerFailure failure = ctx_.workers->failure_of(local_rank);
   mark("worker failed", "rank " + std::to_string(failure.rank) + ": " + failure.describe_exit());

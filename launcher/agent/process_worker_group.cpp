@@ -190,13 +190,20 @@ WorkerStartError ProcessWorkerGroup::start_error(int local_rank, pid_t pid,
   return WorkerStartError(std::move(failure), static_cast<int>(workers_.size()));
 }
 
-std::shared_ptr<ProcessWorkerGroup::Launch> ProcessWorkerGroup::prepare_worker(int local_rank) {
+std::shared_ptr<ProcessWorkerGroup::Launch> ProcessWorkerGroup::prepare_worker(int local_rank,
+                                                                               pid_t replaced) {
   const fs::path dir = attempt_dir() / std::to_string(local_rank);
   const bool fresh = fs::create_directories(dir);
   WorkerIdentity identity{local_rank, round_.restart_count, (dir / "error.json").string(),
                           elastic::worker_ranks(round_, local_rank)};
   // A stale file from an earlier run must not be reported; a directory just made has none.
-  if (!fresh) fs::remove(identity.error_file);
+  // The error file of the worker a replacement takes over from is kept, as error_<pid>.json.
+  std::error_code ignored;
+  if (replaced != 0) {
+    fs::rename(identity.error_file, dir / ("error_" + std::to_string(replaced) + ".json"), ignored);
+  } else if (!fresh) {
+    fs::remove(identity.error_file);
+  }
   const MasterEndpoint master{round_.master_addr, round_.master_port, options_.agent_store};
   SpawnOptions spawn;
   spawn.program = options_.command.program;
@@ -225,7 +232,7 @@ std::shared_ptr<ProcessWorkerGroup::Launch> ProcessWorkerGroup::prepare_worker(i
   // The worker's streams are its own (the console, or the files and tee pipes that
   // --redirects/--tee ask for): ddprun never puts itself between a worker and the console.
   launch->streams = open_worker_streams(options_.config, local_rank, dir, options_.console_out,
-                                        options_.console_err);
+                                        options_.console_err, replaced != 0);
   if (static_cast<std::size_t>(local_rank) < options_.cpus_of_local_rank.size()) {
     spawn.cpus = options_.cpus_of_local_rank[static_cast<std::size_t>(local_rank)];
   }
@@ -540,7 +547,7 @@ void ProcessWorkerGroup::replace(int local_rank, int generation, StartedHandler 
   const int signal_before = last_signal_;
   std::shared_ptr<Launch> launch;
   try {
-    launch = prepare_worker(local_rank);
+    launch = prepare_worker(local_rank, workers_[slot]->pid());
   } catch (const std::exception& e) {
     return on_started(StartResult{0, start_error(local_rank, 0, e)});
   }

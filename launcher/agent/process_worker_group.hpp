@@ -108,7 +108,9 @@ class ProcessWorkerGroup : public WorkerGroup {
   // Starts the round's workers from local_rank on: at once when exec'd, one after the other
   // as the template answers when forked; then finish_start.
   void start_from(int local_rank);
-  std::shared_ptr<Launch> prepare_worker(int local_rank);
+  // replaced: the pid of the worker a replacement takes over from (0: none): its logs are
+  // appended to, and its error file kept as error_<pid>.json.
+  std::shared_ptr<Launch> prepare_worker(int local_rank, pid_t replaced = 0);
   // Starts it (exec), or adopts the pid the template forked.
   void launch_worker(Launch& launch, std::optional<pid_t> forked);
   // Checks that each exec worked; then on_started_.

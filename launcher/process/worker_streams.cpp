@@ -23,8 +23,9 @@ UniqueFd make_pipe(UniqueFd& read_end) {
 
 // Sets up one stream; returns the fd the child should get (invalid: inherit).
 UniqueFd route(bool teed, bool to_file, bool on_console, bool is_stderr,
-               const std::filesystem::path& file, int console_fd, WorkerStreams& streams) {
-  const int file_flags = O_WRONLY | O_CREAT | O_TRUNC;
+               const std::filesystem::path& file, int console_fd, bool append,
+               WorkerStreams& streams) {
+  const int file_flags = O_WRONLY | O_CREAT | (append ? O_APPEND : O_TRUNC);
   WorkerStreams::Tee tee;
   tee.is_stderr = is_stderr;
   tee.console_fd = on_console ? console_fd : -1;
@@ -46,16 +47,16 @@ UniqueFd route(bool teed, bool to_file, bool on_console, bool is_stderr,
 
 WorkerStreams open_worker_streams(const LaunchConfig& config, int local_rank,
                                   const std::filesystem::path& dir, int console_out,
-                                  int console_err) {
+                                  int console_err, bool append) {
   const Std redirect = config.redirects.for_rank(local_rank);
   const Std tee = config.tee.for_rank(local_rank);
   const bool on_console =
       !config.local_ranks_filter || config.local_ranks_filter->contains(local_rank);
   WorkerStreams streams;
   streams.child_out = route(selects_stdout(tee), selects_stdout(redirect), on_console, false,
-                            dir / "stdout.log", console_out, streams);
+                            dir / "stdout.log", console_out, append, streams);
   streams.child_err = route(selects_stderr(tee), selects_stderr(redirect), on_console, true,
-                            dir / "stderr.log", console_err, streams);
+                            dir / "stderr.log", console_err, append, streams);
   return streams;
 }
 

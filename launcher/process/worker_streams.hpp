@@ -25,10 +25,11 @@ struct WorkerStreams {
   std::vector<Tee> tees;
 };
 
-// Opens the files and pipes for local_rank; files are <dir>/stdout.log and <dir>/stderr.log.
+// Opens the files and pipes for local_rank; files are <dir>/stdout.log and <dir>/stderr.log,
+// made afresh, or appended to (append: a replacement's, after the failed worker's lines).
 // Throws std::system_error naming the file that cannot be opened.
 WorkerStreams open_worker_streams(const LaunchConfig& config, int local_rank,
                                   const std::filesystem::path& dir, int console_out,
-                                  int console_err);
+                                  int console_err, bool append = false);
 
 }  // namespace ddp::launcher
