@@ -219,9 +219,8 @@ class _Attempt:
 class Job:
     """One rank of a DDP job that recovers in place (the module's docstring shows its use).
 
-    backend, timeout: as init_process_group takes them. ddp_options: what DistributedDataParallel
-    takes besides the module (device_ids, ...). recovery_timeout: how long a survivor waits for
-    ddprun to start the next generation before it gives up (PeerLost)."""
+    backend, timeout: as init_process_group takes them. recovery_timeout: how long a survivor
+    waits for ddprun to start the next generation before it gives up (PeerLost)."""
 
     def __init__(self, backend=None, timeout=timedelta(minutes=30),
                  recovery_timeout=timedelta(seconds=60)):
@@ -310,8 +309,8 @@ class Job:
         started = time.monotonic()
         self.last_lost_time = time.time()
         next_generation = self.generation + 1
-        if self._ddp is not None:
-            self._layout = _bucket_layout(self._ddp)
+        if self._ddp is not None:  # a DDP that has not rebuilt its buckets yet has ours
+            self._layout = _bucket_layout(self._ddp) or self._layout
         self._ddp = None
         with self._joined:
             self._sockets = {}
