@@ -96,19 +96,19 @@ struct AgentMachineContext {
   // A step of the job's life for the timeline (--trace_file): "rendezvous", "round ready",
   // "workers started", "worker failed", "restart", "hang", "done", with a detail. Unset: none.
   std::function<void(const std::string& what, const std::string& detail)> milestone;
+  // Where the round's collectives are, for a failure's report (one line; empty: no worker
+  // records them). Unset: none.
+  std::function<std::string()> collectives;
   // --restart_policy=inplace, off the loop (watch/inplace_generations.hpp): begins the
   // generation after the round's current one for a failed rank, answering the generation
   // begun (0: none, and why); waits until every rank joined a generation, answering why not
   // (empty: it formed). Unset: no in-place recovery (as --restart_policy=all).
   std::function<void(const elastic::RoundInfo& round, int rank,
                      std::function<void(int generation, std::string why)> done)>
-      begin_generation;
+      begin_generation = nullptr;
   std::function<void(const elastic::RoundInfo& round, int generation,
                      std::chrono::milliseconds limit, std::function<void(std::string why)> done)>
-      watch_generation;
-  // Where the round's collectives are, for a failure's report (one line; empty: no worker
-  // records them). Unset: none.
-  std::function<std::string()> collectives;
+      watch_generation = nullptr;
 };
 
 class AgentMachine {

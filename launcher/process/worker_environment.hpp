@@ -31,11 +31,11 @@ struct NodeEnvironment {
 
 // What is one worker's own beyond torchrun's contract: "K=V" entries, empty when it has none.
 struct WorkerOwnVariables {
-  std::string record;              // its collective record page
-  std::string stack;               // its stack file (a Python worker with the probe)
-  std::string modules;             // its modules list (--warm_start)
-  std::string flight_dumps;        // where PyTorch's Flight Recorder dumps go: <attempt>/<prefix>
-  std::string inplace_generation;  // --restart_policy=inplace: its DDPRUN_INPLACE_GENERATION
+  std::string record;                // its collective record page
+  std::string stack;                 // its stack file (a Python worker with the probe)
+  std::string modules;               // its modules list (--warm_start)
+  std::string flight_dumps;          // where PyTorch's Flight Recorder dumps go: <attempt>/<prefix>
+  std::string inplace_generation{};  // --restart_policy=inplace: its DDPRUN_INPLACE_GENERATION
 };
 
 // One worker's environment, in the order it is exec'd with: base_env with torchrun's contract
