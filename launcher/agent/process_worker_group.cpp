@@ -554,11 +554,15 @@ void ProcessWorkerGroup::replace(int local_rank, int generation, StartedHandler 
   auto launched = [this, launch, on_started, signal_before](std::optional<pid_t> forked) {
     try {
       launch_worker(*launch, forked);
-      workers_[static_cast<std::size_t>(launch->local_rank)]->confirm_started();
     } catch (const std::exception& e) {
       return on_started(StartResult{0, start_error(launch->local_rank, 0, e)});
     }
     Worker& worker = *workers_[static_cast<std::size_t>(launch->local_rank)];
+    try {
+      worker.confirm_started();
+    } catch (const std::exception& e) {  // it runs (its exec failed): its exit is reported too
+      return on_started(StartResult{1, start_error(launch->local_rank, worker.pid(), e)});
+    }
     if (last_signal_ != signal_before && worker.running()) worker.signal_group(last_signal_);
     on_started(StartResult{1, std::nullopt});
   };
