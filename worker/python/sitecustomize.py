@@ -17,7 +17,11 @@ import os
 import sys
 
 import _ddprun_contract  # beside this file, first on sys.path until _drop_folder
-import _ddprun_package
+
+# Only where ddprun recovers in place (the variable is there): no other worker imports it.
+_ddprun_package = None
+if _ddprun_contract.INPLACE_GENERATION in os.environ:
+    import _ddprun_package
 
 
 def _drop_folder(folder):
@@ -103,7 +107,8 @@ def _main():
         sys.modules.pop("_ddprun_package", None)
     probe, error = _import_probe() if probe_on else (None, None)
     _drop_folder(folder)
-    _ddprun_package.offer(folder)
+    if _ddprun_package is not None:
+        _ddprun_package.offer(folder)
     user_module = _run_user_sitecustomize()
     if probe_on:  # after the user's sitecustomize: the probe copes with torch imported already
         _start_probe(probe, error)
