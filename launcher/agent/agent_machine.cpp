@@ -187,9 +187,7 @@ void AgentMachine::on(const event::WorkerExited& e) {
     }
   }
   if (state_ == State::kStopping && e.exit.failed()) note_late_failure(e.local_rank);
-  // A slot whose replacement is to come still runs.
-  const bool slot_pending = recovery_ && recovery_->generation == 0;
-  if (exits_seen_ == group_size_ && !slot_pending && !group_exited_) on_group_exited();
+  if (exits_seen_ == group_size_ && !slot_pending() && !group_exited_) on_group_exited();
 }
 
 // A worker that exits with a failure while the group is being stopped is listed with the other
@@ -304,6 +302,8 @@ void AgentMachine::fall_back(const std::string& why, std::optional<WorkerFailure
   local_failure(std::move(recovery.failure), std::move(others));
   if (exits_seen_ == group_size_ && !group_exited_) on_group_exited();
 }
+
+bool AgentMachine::slot_pending() const { return recovery_ && recovery_->generation == 0; }
 
 int AgentMachine::restarts_used() const { return (info_ ? info_->restart_count : 0) + replaced_; }
 
@@ -454,7 +454,7 @@ void AgentMachine::on(const event::RoundStopped& e) {
   }
   if (state_ == State::kRunning) {
     reason_ = e.reason;
-    const bool slot_pending = recovery_ && recovery_->generation == 0;
+    const bool pending = slot_pending();
     if (recovery_) {
       ctx_.notice("ddprun: the in-place recovery of rank " +
                   std::to_string(recovery_->failure.rank) + " ends: the round stops");
@@ -463,7 +463,7 @@ void AgentMachine::on(const event::RoundStopped& e) {
     ctx_.notice("ddprun: stopping the workers: " + stop_reason_text(e.reason));
     state_ = State::kStopping;
     if (e.reason.failed()) ctx_.workers->dump_python_stacks();
-    if (slot_pending && exits_seen_ == group_size_) return on_group_exited();
+    if (pending && exits_seen_ == group_size_) return on_group_exited();
     if (e.reason.kind == StopReason::Kind::kHung) return stop_hung_workers();
     return stop_workers(SIGTERM);
   }
@@ -566,13 +566,13 @@ void AgentMachine::on(const event::Signal& e) {
     return finish(signalled(e.number));
   }
   ctx_.notice("ddprun: got " + signal_name(e.number) + ": forwarding it to the workers");
-  const bool slot_pending = recovery_ && recovery_->generation == 0;  // no replacement comes now
+  const bool pending = slot_pending();  // no replacement comes now
   recovery_.reset();
   state_ = State::kShuttingDown;
   forwarded_ = {e.number};
   stop_workers(e.number);
   ctx_.rendezvous->leave();
-  if (slot_pending && !starting_ && exits_seen_ == group_size_) on_group_exited();
+  if (pending && !starting_ && exits_seen_ == group_size_) on_group_exited();
 }
 
 // Another signal while the workers stop: it never shortens their grace, since `timeout`,

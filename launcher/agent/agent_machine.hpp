@@ -169,6 +169,9 @@ class AgentMachine {
   // --restart_policy=all, the replaced worker's failure the root cause (with `also`, a
   // failure of its replacement).
   void fall_back(const std::string& why, std::optional<WorkerFailure> also = std::nullopt);
+  // A recovery waits for its generation: the failed worker's slot counts as running (its exit
+  // is counted already; the replacement's will be, once it starts).
+  bool slot_pending() const;
   // Restarts and in-place replacements made so far: what --max_restarts bounds.
   int restarts_used() const;
   void on_start_failure(const WorkerStartError& error);
