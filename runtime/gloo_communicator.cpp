@@ -1,5 +1,6 @@
 #include "gloo_communicator.hpp"
 
+#include <fcntl.h>
 #include <gloo/allgather.h>
 #include <gloo/allreduce.h>
 #include <gloo/barrier.h>
@@ -7,9 +8,13 @@
 #include <gloo/common/error.h>
 #include <gloo/rendezvous/context.h>
 #include <gloo/transport/tcp/device.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
+#include <filesystem>
 #include <vector>
 
 #include "collective_recorder.hpp"
@@ -41,6 +46,66 @@ void dispatch(DType dtype, F&& f) {
 
 std::string where(int rank) { return " (rank " + std::to_string(rank) + ", gloo)"; }
 
+// A TCP endpoint (family, address, port) from the front of a Gloo address's bytes, which
+// begin with a sockaddr_storage; nullopt when they do not hold one.
+std::optional<sockaddr_storage> endpoint_in(const char* bytes, std::size_t size) {
+  sockaddr_storage ss{};
+  if (size < sizeof ss) return std::nullopt;
+  std::memcpy(&ss, bytes, sizeof ss);
+  if (ss.ss_family != AF_INET && ss.ss_family != AF_INET6) return std::nullopt;
+  return ss;
+}
+
+bool same_endpoint(const sockaddr_storage& a, const sockaddr_storage& b) {
+  if (a.ss_family != b.ss_family) return false;
+  if (a.ss_family == AF_INET) {
+    const auto& x = reinterpret_cast<const sockaddr_in&>(a);
+    const auto& y = reinterpret_cast<const sockaddr_in&>(b);
+    return x.sin_port == y.sin_port && x.sin_addr.s_addr == y.sin_addr.s_addr;
+  }
+  const auto& x = reinterpret_cast<const sockaddr_in6&>(a);
+  const auto& y = reinterpret_cast<const sockaddr_in6&>(b);
+  return x.sin6_port == y.sin6_port &&
+         std::memcmp(&x.sin6_addr, &y.sin6_addr, sizeof x.sin6_addr) == 0;
+}
+
+bool any_of(const std::vector<sockaddr_storage>& endpoints, const sockaddr_storage& e) {
+  return std::any_of(endpoints.begin(), endpoints.end(),
+                     [&](const sockaddr_storage& x) { return same_endpoint(x, e); });
+}
+
+// Shuts down (without closing) every socket of this process that is a connection of the mesh:
+// one whose own end is one of this rank's pair addresses (it accepted the connection) or whose
+// other end is a peer's pair address for this rank (it connected). Gloo's device thread then
+// reads end-of-file and fails every operation waiting on the pair, and so does the peer's
+// side. Each descriptor is checked through a duplicate, so a descriptor closed and reused
+// meanwhile is never touched; the descriptors stay Gloo's to close.
+void shut_down_mesh(const std::vector<sockaddr_storage>& own,
+                    const std::vector<sockaddr_storage>& peers) {
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
+    const auto target = std::filesystem::read_symlink(entry.path(), ec);
+    if (ec || !target.native().starts_with("socket:")) continue;
+    int fd = -1;
+    try {
+      fd = std::stoi(entry.path().filename().native());
+    } catch (const std::exception&) {
+      continue;
+    }
+    const int copy = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (copy < 0) continue;
+    sockaddr_storage mine{}, theirs{};
+    socklen_t mine_size = sizeof mine, theirs_size = sizeof theirs;
+    const bool is_mesh =
+        (::getsockname(copy, reinterpret_cast<sockaddr*>(&mine), &mine_size) == 0 &&
+         any_of(own, mine)) ||
+        (::getpeername(copy, reinterpret_cast<sockaddr*>(&theirs), &theirs_size) == 0 &&
+         any_of(peers, theirs));
+    if (is_mesh) ::shutdown(copy, SHUT_RDWR);
+    ::close(copy);
+  }
+}
+
 }  // namespace
 
 GlooCommunicator::GlooCommunicator(store::Store& store, int rank, int world_size,
@@ -57,6 +122,7 @@ GlooCommunicator::GlooCommunicator(store::Store& store, int rank, int world_size
     context->setTimeout(options.connect_timeout);
     GlooStoreAdapter adapter(store, options.connect_timeout);
     context->connectFullMesh(adapter, device);
+    note_mesh_endpoints(*context, adapter);
     context->setTimeout(options.timeout);
     context_ = std::move(context);
     if (options.shared_memory && world_size > 1) {
@@ -71,6 +137,25 @@ GlooCommunicator::GlooCommunicator(store::Store& store, int rank, int world_size
 }
 
 GlooCommunicator::~GlooCommunicator() = default;
+
+void GlooCommunicator::note_mesh_endpoints(gloo::Context& context,
+                                           const GlooStoreAdapter& adapter) {
+  for (int peer = 0; peer < world_size_; ++peer) {
+    if (peer == rank_) continue;
+    // This side's address for the pair with `peer`.
+    const auto own = context.getPair(peer)->address().bytes();
+    if (auto e = endpoint_in(own.data(), own.size())) own_endpoints_.push_back(*e);
+    // The peer's address for its pair with this rank: its key holds one address per other
+    // rank, in rank order.
+    const auto found = adapter.got().find(std::to_string(peer));
+    if (found == adapter.got().end() || world_size_ < 2) continue;
+    const auto& all = found->second;
+    const std::size_t each = all.size() / static_cast<std::size_t>(world_size_ - 1);
+    const auto index = static_cast<std::size_t>(rank_ < peer ? rank_ : rank_ - 1);
+    if (each == 0 || (index + 1) * each > all.size()) continue;
+    if (auto e = endpoint_in(all.data() + index * each, each)) peer_endpoints_.push_back(*e);
+  }
+}
 
 Work GlooCommunicator::enqueue(const CallDescriptor& call, std::function<void()> body,
                                std::optional<std::size_t> bucket) {
@@ -146,6 +231,9 @@ void GlooCommunicator::abort(const std::string& reason) {
     work->complete(std::make_exception_ptr(
         CommError(work->describe() + ": the gloo communicator was aborted: " + because)));
   }
+  // The collective running now, if any, ends at once too.
+  if (shm_) shm_->interrupt();
+  shut_down_mesh(own_endpoints_, peer_endpoints_);
 }
 
 void GlooCommunicator::check_call(const CallDescriptor& call) {

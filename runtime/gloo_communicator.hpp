@@ -3,6 +3,8 @@
 // one communication thread in issue order, so asynchronous calls overlap with the caller's
 // compute. Internal to libddp; programs reach it through Context.
 
+#include <netinet/in.h>
+
 #include <atomic>
 #include <deque>
 #include <memory>
@@ -23,6 +25,8 @@ class Context;
 }
 
 namespace ddp::detail {
+
+class GlooStoreAdapter;
 
 struct GlooOptions {
   std::string hostname;                       // address the TCP device binds to; "" = host name
@@ -55,9 +59,10 @@ class GlooCommunicator : public Communicator {
   std::shared_ptr<void> allocate(std::size_t bytes) override;
   void fill_zero(void* data, std::size_t bytes, void* stream) override;
   void set_mismatch_check(MismatchCheck check) override { policy_.set(check); }
-  // Queued collectives fail at once, and so do their records; the running one fails with
-  // `reason` when it ends (at the latest at the collective timeout: a blocked TCP operation
-  // cannot be interrupted); later calls throw. Thread-safe.
+  // Queued collectives fail at once, and so do their records; the running one is cut short
+  // (the sockets to the peers are shut down, a shared-memory wait is interrupted) and fails
+  // with `reason`; later calls throw. The peers' collectives with this rank fail too
+  // ("Connection closed by peer"). Thread-safe.
   void abort(const std::string& reason) override;
   bool aborted() const override { return aborted_.load(); }
 
@@ -71,12 +76,17 @@ class GlooCommunicator : public Communicator {
   // All-reduces F32 data through a 16-bit copy (F16 or BF16).
   void run_compressed_allreduce(float* data, std::size_t count, DType wire, ReduceOp op);
   std::uint32_t next_tag() { return next_tag_++; }
+  // Notes the two ends of each of the mesh's connections (abort shuts those sockets down).
+  void note_mesh_endpoints(gloo::Context& context, const GlooStoreAdapter& adapter);
 
   const int rank_;
   const int world_size_;
   const std::chrono::milliseconds timeout_;
   std::shared_ptr<gloo::Context> context_;
   std::unique_ptr<ShmAllreduce> shm_;  // null: all-reduce over Gloo's TCP pairs
+  // The mesh's connections: this side's pair addresses, and the peers' for this rank.
+  std::vector<sockaddr_storage> own_endpoints_;
+  std::vector<sockaddr_storage> peer_endpoints_;
   MismatchPolicy policy_;
   std::uint32_t next_tag_ = 0;               // used on the communication thread only
   std::exception_ptr first_failure_;         // used on the communication thread only

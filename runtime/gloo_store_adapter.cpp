@@ -9,7 +9,9 @@ void GlooStoreAdapter::set(const std::string& key, const std::vector<char>& data
 std::vector<char> GlooStoreAdapter::get(const std::string& key) {
   store_.wait({key}, timeout_);
   const std::string value = store_.get(key);
-  return {value.begin(), value.end()};
+  std::vector<char> bytes(value.begin(), value.end());
+  got_[key] = bytes;
+  return bytes;
 }
 
 void GlooStoreAdapter::wait(const std::vector<std::string>& keys) { store_.wait(keys, timeout_); }

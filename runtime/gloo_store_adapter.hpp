@@ -3,6 +3,7 @@
 
 #include <gloo/rendezvous/store.h>
 
+#include <map>
 #include <memory>
 
 #include "ddp/store/store.hpp"
@@ -21,9 +22,14 @@ class GlooStoreAdapter : public gloo::rendezvous::Store {
   void wait(const std::vector<std::string>& keys,
             const std::chrono::milliseconds& timeout) override;
 
+  // The values Gloo read, by key (its mesh's addresses: key "<rank>", every pair's address
+  // of that rank).
+  const std::map<std::string, std::vector<char>>& got() const { return got_; }
+
  private:
   store::Store& store_;
   std::chrono::milliseconds timeout_;
+  std::map<std::string, std::vector<char>> got_;
 };
 
 }  // namespace ddp::detail

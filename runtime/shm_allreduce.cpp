@@ -134,6 +134,13 @@ ShmAllreduce::ShmAllreduce(void* base, std::size_t bytes, int rank, int world_si
 
 ShmAllreduce::~ShmAllreduce() { munmap(base_, bytes_); }
 
+void ShmAllreduce::interrupt() {
+  interrupted_.store(true, std::memory_order_release);
+  // Wakes every waiter on the word, the other ranks' too: they see no new generation and wait
+  // again; this rank's sees the flag.
+  futex_wake_all(&header().generation);
+}
+
 ShmAllreduce::Header& ShmAllreduce::header() const { return *static_cast<Header*>(base_); }
 
 char* ShmAllreduce::slot(int rank) const {
@@ -142,6 +149,11 @@ char* ShmAllreduce::slot(int rank) const {
 
 void ShmAllreduce::barrier() {
   Header& h = header();
+  auto interrupted = [this] {
+    return CommError("rank " + std::to_string(rank_) +
+                     ": shared-memory all-reduce: interrupted (the communicator was aborted)");
+  };
+  if (interrupted_.load(std::memory_order_acquire)) throw interrupted();
   const std::uint32_t generation = h.generation.load(std::memory_order_acquire);
   if (h.arrived.fetch_add(1, std::memory_order_acq_rel) + 1 ==
       static_cast<std::uint32_t>(world_size_)) {
@@ -152,6 +164,7 @@ void ShmAllreduce::barrier() {
   }
   const auto deadline = std::chrono::steady_clock::now() + timeout_;
   while (h.generation.load(std::memory_order_acquire) == generation) {
+    if (interrupted_.load(std::memory_order_acquire)) throw interrupted();
     const auto left = deadline - std::chrono::steady_clock::now();
     if (left <= std::chrono::nanoseconds::zero()) {
       throw CommError("rank " + std::to_string(rank_) +

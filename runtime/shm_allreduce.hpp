@@ -42,6 +42,10 @@ class ShmAllreduce {
   // throws then).
   void allreduce(void* data, std::size_t count, DType dtype, ReduceOp op);
 
+  // From any thread: the all-reduce now waiting at a barrier, and every later one, throws
+  // CommError at once (Communicator::abort). The other ranks' waits are theirs to end.
+  void interrupt();
+
   struct Header;
 
  private:
@@ -57,6 +61,7 @@ class ShmAllreduce {
   int rank_;
   int world_size_;
   std::chrono::milliseconds timeout_;
+  std::atomic<bool> interrupted_{false};
 };
 
 }  // namespace ddp::detail

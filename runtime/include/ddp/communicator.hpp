@@ -80,11 +80,10 @@ class Communicator {
   // with CommError carrying `reason`; the first reason is kept, later aborts do nothing.
   // Thread-safe: meant to be called from another thread while one is blocked in a wait.
   // NCCL: pending waits fail at once, then ncclCommAbort ends the kernels (so freeing device
-  // memory, which synchronises the device, no longer waits for a lost peer). Gloo: a
-  // collective already running on the communication thread cannot be interrupted (Gloo has
-  // no way to cancel a blocked TCP operation); its Work fails with `reason` when it ends, at
-  // the latest at the collective timeout. Queued ones fail at once. The communicator can
-  // only be destroyed afterwards.
+  // memory, which synchronises the device, no longer waits for a lost peer). Gloo: queued
+  // collectives fail at once; the one running on the communication thread is cut short (the
+  // sockets to the peers are shut down, so the peers' collectives with this rank fail too).
+  // The communicator can only be destroyed afterwards.
   virtual void abort(const std::string& reason) = 0;
 
   // GPU: queues on `stream` a guard over `count` floats at `data` (device memory) that,
