@@ -27,4 +27,11 @@ std::unique_ptr<Communicator> make_gloo_communicator(store::Store& store, const 
 std::pair<std::shared_ptr<store::Store>, std::shared_ptr<void>> connect_store(
     const LaunchEnv& env, const InitOptions& options);
 
+// A second connection to the store connect_store() reached (never hosting one).
+std::shared_ptr<store::Store> connect_client(const LaunchEnv& env, const InitOptions& options);
+
+// init() with the Context's keys under `prefix` of `store` instead of ddp/attempt_<restart>.
+Context init_under(const LaunchEnv& env, std::shared_ptr<store::Store> store,
+                   const std::string& prefix, const InitOptions& options);
+
 }  // namespace ddp::detail

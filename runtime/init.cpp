@@ -57,9 +57,9 @@ std::unique_ptr<Communicator> make_gloo_communicator(store::Store& store, const 
 namespace {
 
 Context build_context(const LaunchEnv& env, std::shared_ptr<store::Store> base,
-                      const InitOptions& options, std::shared_ptr<void> keep_alive) {
-  auto job_store = std::make_shared<store::PrefixStore>(
-      "ddp/attempt_" + std::to_string(env.restart_count), std::move(base));
+                      const InitOptions& options, std::shared_ptr<void> keep_alive,
+                      const std::string& prefix) {
+  auto job_store = std::make_shared<store::PrefixStore>(prefix, std::move(base));
   job_store->set_timeout(options.init_timeout);
   const Backend backend = choose_backend(options);
   const MismatchCheck check = choose_check(options);
@@ -82,17 +82,26 @@ Context build_context(const LaunchEnv& env, std::shared_ptr<store::Store> base,
                  std::move(keep_alive));
 }
 
+std::string attempt_prefix(const LaunchEnv& env) {
+  return "ddp/attempt_" + std::to_string(env.restart_count);
+}
+
 }  // namespace
+
+Context detail::init_under(const LaunchEnv& env, std::shared_ptr<store::Store> store,
+                           const std::string& prefix, const InitOptions& options) {
+  return build_context(env, std::move(store), options, nullptr, prefix);
+}
 
 Context init(const LaunchEnv& env, std::shared_ptr<store::Store> store,
              const InitOptions& options) {
-  return build_context(env, std::move(store), options, nullptr);
+  return build_context(env, std::move(store), options, nullptr, attempt_prefix(env));
 }
 
 Context init(const InitOptions& options) {
   const LaunchEnv env = LaunchEnv::from_environment();
   auto [store, keep_alive] = detail::connect_store(env, options);
-  return build_context(env, std::move(store), options, std::move(keep_alive));
+  return build_context(env, std::move(store), options, std::move(keep_alive), attempt_prefix(env));
 }
 
 }  // namespace ddp

@@ -59,6 +59,20 @@ std::optional<store::Dialect> choose_dialect(const LaunchEnv& env) {
 
 }  // namespace
 
+std::shared_ptr<store::Store> connect_client(const LaunchEnv& env, const InitOptions& options) {
+  store::ClientOptions client;
+  client.host = is_loopback(env.master_addr) ? "127.0.0.1" : env.master_addr;
+  client.port = static_cast<std::uint16_t>(env.master_port);
+  client.connect_timeout = options.init_timeout;
+  try {
+    client.dialect = choose_dialect(env);
+    return std::make_shared<store::Client>(client);
+  } catch (const store::StoreError& e) {
+    throw InitError("rank " + std::to_string(env.rank) + ": cannot reach the store at " +
+                    env.master_addr + ":" + std::to_string(env.master_port) + ": " + e.what());
+  }
+}
+
 std::pair<std::shared_ptr<store::Store>, std::shared_ptr<void>> connect_store(
     const LaunchEnv& env, const InitOptions& options) {
   const std::string endpoint = env.master_addr + ":" + std::to_string(env.master_port);

@@ -34,9 +34,10 @@ std::uint32_t load_newest(const TrainConfig& config, Mlp& model, Sgd& sgd, Progr
 // Writes the checkpoint of `epochs_done` epochs (atomically) into config.checkpoint_dir.
 void save(const TrainConfig& config, std::uint32_t epochs_done, Mlp& model, Sgd& sgd);
 
-// The --crash_at_step test hook: on the first attempt the last rank kills itself at that
-// global step.
-void maybe_crash(const TrainConfig& config, const ddp::Context& ctx, long global_step);
+// The --crash_at_step test hook: on the first attempt the --crash_rank rank (the last one by
+// default) kills itself at that global step; never a replacement (in-place recovery).
+void maybe_crash(const TrainConfig& config, const ddp::Context& ctx, long global_step,
+                 bool replacement = false);
 
 // The global step an epoch count starts at (steps of `samples_per_rank` in batches).
 long first_step_after(std::uint32_t epochs_done, std::size_t samples_per_rank, int batch_size);

@@ -43,6 +43,9 @@ int main(int argc, char** argv) {
   app.add_option("--crash_at_step", config.crash_at_step,
                  "Test hook: the last rank kills itself at this step on the first attempt")
       ->group("");
+  app.add_option("--crash_rank", config.crash_rank,
+                 "Test hook: the rank --crash_at_step kills (default: the last one)")
+      ->group("");
   app.add_option("--abort_at_step", config.abort_at_step,
                  "Test hook: the CUDA trainer aborts its communicator at this step")
       ->group("");

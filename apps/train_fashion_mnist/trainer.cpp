@@ -6,6 +6,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <memory>
 #include <optional>
@@ -58,9 +59,11 @@ void save(const TrainConfig& config, std::uint32_t epochs_done, Mlp& model, Sgd&
   write_checkpoint(config.checkpoint_dir, epochs_done, tensors);
 }
 
-void maybe_crash(const TrainConfig& config, const ddp::Context& ctx, long global_step) {
-  if (global_step == config.crash_at_step && ctx.env().restart_count == 0 &&
-      ctx.rank() == ctx.world_size() - 1) {
+void maybe_crash(const TrainConfig& config, const ddp::Context& ctx, long global_step,
+                 bool replacement) {
+  const int rank = config.crash_rank >= 0 ? config.crash_rank : ctx.world_size() - 1;
+  if (global_step == config.crash_at_step && ctx.env().restart_count == 0 && !replacement &&
+      ctx.rank() == rank) {
     std::fprintf(stderr, "train_fashion_mnist: rank %d crashing at step %ld (--crash_at_step)\n",
                  ctx.rank(), global_step);
     std::raise(SIGKILL);
@@ -141,27 +144,38 @@ struct Batch {
   }
 };
 
-// Everything one rank holds while training.
+// Everything one rank holds while training. The job counts steps: each epoch is its
+// training steps (one batch each) and one step that evaluates and ends the epoch. Under
+// ddprun --restart_policy=inplace (ddp::InplaceJob) a lost rank is replaced in place: the
+// survivors keep their memory, the replacement receives the model and the optimizer's state
+// from a survivor, and every rank goes on from the highest committed step.
 class Job {
  public:
-  Job(const TrainConfig& config, ddp::Context& ctx, Dataset data)
+  Job(const TrainConfig& config, ddp::InplaceJob& job, Dataset data)
       : config_(config),
-        ctx_(ctx),
+        job_(job),
         data_(std::move(data)),
         model_(config.seed),
         sgd_(config.lr, config.momentum, sizes_of(model_)),
-        out_(ctx.rank() == 0, stdout),
-        sampler_(data_.train.size(), ctx, {.shuffle = true, .seed = config.seed}) {}
+        out_(job.context().rank() == 0, stdout),
+        sampler_(data_.train.size(), job.context().world_size(), job.context().rank(),
+                 {.shuffle = true, .seed = config.seed}) {}
 
   int run();
 
  private:
   std::uint32_t resume();
-  double train_epoch(int epoch, const std::vector<std::size_t>& order, long& global_step);
+  void form(ddp::Context& ctx);  // what uses a generation's Context: the Reducer
+  void step(ddp::Context& ctx);  // the job's step job_.step()
+  void start_epoch(int epoch);
+  void train_batch(ddp::Context& ctx, std::size_t batch_index, long global_step);
+  void end_epoch(ddp::Context& ctx, int epoch);
   void update_parameters();
+  std::vector<std::byte> save_state();
+  void load_state(std::span<const std::byte> bytes);
 
   const TrainConfig& config_;
-  ddp::Context& ctx_;
+  ddp::InplaceJob& job_;
   Dataset data_;
   Mlp model_;
   Sgd sgd_;
@@ -169,107 +183,199 @@ class Job {
   ddp::DistributedSampler sampler_;
   std::unique_ptr<ddp::Reducer> reducer_;
   std::vector<std::span<float>> params_, grads_;
+  long batches_per_epoch_ = 0;
+  // The epoch in progress on this rank: its data order, losses and clock.
+  int epoch_ = -1;
+  std::vector<std::size_t> order_;
+  Batch batch_;
+  double loss_sum_ = 0;
+  std::size_t losses_ = 0;
+  Clock::time_point epoch_start_;
+  double train_seconds_ = 0;
 };
 
-// Rank 0 reads the newest checkpoint; the Reducer then copies its parameters to every rank
-// and the momentum buffers and epoch count are broadcast. Returns the epochs already done.
+// Rank 0 reads the newest checkpoint; its parameters, momentum buffers and epoch count are
+// broadcast. Returns the epochs already done.
 std::uint32_t Job::resume() {
+  ddp::Context& ctx = job_.context();
   std::int64_t done = 0;
-  if (ctx_.rank() == 0 && !config_.checkpoint_dir.empty()) {
-    if (ctx_.env().restart_count > 0) {
-      out_.note("restart " + std::to_string(ctx_.env().restart_count) +
+  if (ctx.rank() == 0 && !config_.checkpoint_dir.empty()) {
+    if (ctx.env().restart_count > 0) {
+      out_.note("restart " + std::to_string(ctx.env().restart_count) +
                 ": looking for a checkpoint in " + config_.checkpoint_dir.string());
     }
     done = load_newest(config_, model_, sgd_, out_);
   }
-  ctx_.broadcast(std::span<std::int64_t>(&done, 1));
+  ctx.broadcast(std::span<std::int64_t>(&done, 1));
+  if (done > 0) {
+    for (const auto& p : model_.parameters()) ctx.broadcast(p.value);
+    for (auto& b : sgd_.buffers()) ctx.broadcast(std::span<float>(b));
+  }
+  return static_cast<std::uint32_t>(done);
+}
+
+// The Reducer of a generation's Context (its construction copies rank 0's parameters, which
+// every rank holds already), and the gradient views the model writes into.
+void Job::form(ddp::Context& ctx) {
   std::vector<ddp::Parameter> params;
   for (const auto& p : model_.parameters()) params.push_back({p.name, p.value});
   ddp::ReducerOptions options;
   options.timeout = config_.timeout;
-  reducer_ =
-      std::make_unique<ddp::Reducer>(ctx_, std::move(params), options);  // broadcasts weights
+  reducer_ = std::make_unique<ddp::Reducer>(ctx, std::move(params), options);
   reducer_->set_sync(!config_.skip_allreduce);
-  if (done > 0) {
-    for (auto& b : sgd_.buffers()) ctx_.broadcast(std::span<float>(b));
-  }
+  params_.clear();
+  grads_.clear();
   for (std::size_t i = 0; i < reducer_->size(); ++i) {
     params_.push_back(reducer_->parameter(i).value);
     grads_.push_back(reducer_->grad(i));
   }
   model_.set_gradients(grads_);
-  return static_cast<std::uint32_t>(done);
+}
+
+// The state a replacement receives: the parameters, then the momentum buffers (float32).
+std::vector<std::byte> Job::save_state() {
+  std::vector<std::byte> bytes;
+  auto append = [&](std::span<const float> values) {
+    const auto* data = reinterpret_cast<const std::byte*>(values.data());
+    bytes.insert(bytes.end(), data, data + values.size_bytes());
+  };
+  for (const auto& p : model_.parameters()) append(p.value);
+  for (const auto& b : sgd_.buffers()) append(b);
+  return bytes;
+}
+
+void Job::load_state(std::span<const std::byte> bytes) {
+  std::size_t at = 0;
+  auto take = [&](std::span<float> values) {
+    if (at + values.size_bytes() > bytes.size()) {
+      throw std::runtime_error("the state received from a survivor is " +
+                               std::to_string(bytes.size()) + " bytes, shorter than the model");
+    }
+    std::memcpy(values.data(), bytes.data() + at, values.size_bytes());
+    at += values.size_bytes();
+  };
+  for (const auto& p : model_.parameters()) take(p.value);
+  for (auto& b : sgd_.buffers()) take(std::span<float>(b));
 }
 
 // Ends the step after backward: SGD on the averaged gradients. The buckets' all-reduces end
 // one after the other (the last one starts only when backward ends), so each bucket's
 // parameters are updated as soon as its all-reduce is done, while the later ones still run:
-// the same updates as one sgd_.step() after finalize(), in another order.
+// the same updates as one sgd_.step() after finalize(), in another order. Under in-place
+// recovery every all-reduce ends first: a lost peer must fail the step before any parameter
+// changed, so that the state stays the committed one.
 void Job::update_parameters() {
   const auto& buckets = reducer_->buckets();
-  if (reducer_->sync()) {
+  const bool overlap = reducer_->sync() && !job_.recovers();
+  if (overlap) {
     for (std::size_t b = 0; b + 1 < buckets.size(); ++b) {
       reducer_->wait_bucket(b);  // its gradients are averaged
       for (std::size_t i : buckets[b].parameters) sgd_.step(i, params_[i], grads_[i]);
     }
   }
   reducer_->finalize();  // every gradient averaged across ranks, in the buckets
-  const std::size_t first = reducer_->sync() ? buckets.size() - 1 : 0;
+  const std::size_t first = overlap ? buckets.size() - 1 : 0;
   for (std::size_t b = first; b < buckets.size(); ++b) {
     for (std::size_t i : buckets[b].parameters) sgd_.step(i, params_[i], grads_[i]);
   }
 }
 
-// One epoch over this rank's share (`order`: its sample indices, from the sampler); returns
-// the mean training loss across ranks.
-double Job::train_epoch(int epoch, const std::vector<std::size_t>& order, long& global_step) {
-  const auto world = static_cast<std::size_t>(ctx_.world_size());
+// The data order is drawn before the clock starts, as in the PyTorch script (whose
+// pure-Python copy of the sampler takes ~0.06 s an epoch): samples/s times training alone.
+void Job::start_epoch(int epoch) {
+  sampler_.set_epoch(static_cast<std::uint64_t>(epoch));
+  order_ = sampler_.indices();
+  epoch_ = epoch;
+  loss_sum_ = 0;
+  losses_ = 0;
+  out_.start_epoch(epoch, config_.epochs,
+                   order_.size() * static_cast<std::size_t>(job_.context().world_size()));
+  epoch_start_ = Clock::now();
+}
+
+void Job::train_batch(ddp::Context& ctx, std::size_t batch_index, long global_step) {
+  maybe_crash(config_, ctx, global_step, job_.is_replacement());
   const auto batch_size = static_cast<std::size_t>(config_.batch_size);
-  out_.start_epoch(epoch, config_.epochs, order.size() * world);
-  Batch batch;
-  double loss_sum = 0;
-  std::size_t steps = 0;
-  for (std::size_t start = 0; start < order.size(); start += batch_size, ++global_step) {
-    maybe_crash(config_, ctx_, global_step);
-    const std::size_t n = std::min(batch_size, order.size() - start);
-    batch.fill(data_.train, std::span(order).subspan(start, n));
-    model_.forward(batch.images.data(), static_cast<int>(n));
-    const double loss =
-        model_.backward(batch.labels, [&](std::size_t i) { reducer_->mark_ready(i); });
-    update_parameters();
-    loss_sum += loss;
-    ++steps;
-    if (config_.print_losses && ctx_.rank() == 0) {
-      std::printf("step %ld loss %.9g\n", global_step, loss);
-    }
-    out_.update((start + n) * world, loss_sum / static_cast<double>(steps));
+  const std::size_t start = batch_index * batch_size;
+  const std::size_t n = std::min(batch_size, order_.size() - start);
+  batch_.fill(data_.train, std::span(order_).subspan(start, n));
+  model_.forward(batch_.images.data(), static_cast<int>(n));
+  const double loss =
+      model_.backward(batch_.labels, [&](std::size_t i) { reducer_->mark_ready(i); });
+  update_parameters();
+  loss_sum_ += loss;
+  ++losses_;
+  if (config_.print_losses && ctx.rank() == 0) {
+    std::printf("step %ld loss %.9g\n", global_step, loss);
   }
-  double mean = steps ? loss_sum / static_cast<double>(steps) : 0.0;
-  ctx_.allreduce(std::span<double>(&mean, 1), ddp::ReduceOp::Avg);
-  return mean;
+  out_.update((start + n) * static_cast<std::size_t>(ctx.world_size()),
+              loss_sum_ / static_cast<double>(losses_));
+}
+
+// The epoch's last step: the mean training loss across ranks (each rank's mean over the
+// steps it ran: a replacement's starts where it joined), the test set, the summary line, and
+// rank 0's checkpoint.
+void Job::end_epoch(ddp::Context& ctx, int epoch) {
+  const double train_seconds = std::chrono::duration<double>(Clock::now() - epoch_start_).count();
+  // {sum of the ranks' means, ranks with one}: a replacement that joined at the epoch's end
+  // has none. Without a recovery this is the Avg of the means, bit for bit.
+  double means[2] = {losses_ ? loss_sum_ / static_cast<double>(losses_) : 0.0, losses_ ? 1.0 : 0.0};
+  ctx.allreduce(std::span<double>(means, 2), ddp::ReduceOp::Sum);
+  const double mean = means[1] > 0 ? means[0] / means[1] : 0.0;
+  const Evaluation eval = evaluate(ctx, model_, data_.test);
+  const double seconds = std::chrono::duration<double>(Clock::now() - epoch_start_).count();
+  out_.end_epoch(epoch_summary(epoch, config_.epochs, mean, eval, seconds,
+                               static_cast<double>(sampler_.total_size()) / train_seconds));
+  if (ctx.rank() == 0 && !config_.checkpoint_dir.empty()) {
+    save(config_, static_cast<std::uint32_t>(epoch + 1), model_, sgd_);
+  }
+}
+
+void Job::step(ddp::Context& ctx) {
+  const long per_epoch = batches_per_epoch_ + 1;
+  const int epoch = static_cast<int>(job_.step() / per_epoch);
+  const long within = job_.step() % per_epoch;
+  if (epoch != epoch_) start_epoch(epoch);
+  if (within < batches_per_epoch_) {
+    train_batch(ctx, static_cast<std::size_t>(within), epoch * batches_per_epoch_ + within);
+  } else {
+    end_epoch(ctx, epoch);
+  }
+  job_.commit();
 }
 
 int Job::run() {
-  const std::uint32_t done = resume();
-  const std::size_t samples_per_epoch = sampler_.total_size();
-  long global_step = first_step_after(done, sampler_.size(), config_.batch_size);
-  for (int epoch = static_cast<int>(done); epoch < config_.epochs; ++epoch) {
-    // The data order is drawn before the clock starts, as in the PyTorch script (whose
-    // pure-Python copy of the sampler takes ~0.06 s an epoch): samples/s times training alone.
-    sampler_.set_epoch(static_cast<std::uint64_t>(epoch));
-    const std::vector<std::size_t> order = sampler_.indices();
-    const auto start = Clock::now();
-    const double train_loss = train_epoch(epoch, order, global_step);
-    const double train_seconds = std::chrono::duration<double>(Clock::now() - start).count();
-    const Evaluation eval = evaluate(ctx_, model_, data_.test);
-    const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
-    out_.end_epoch(epoch_summary(epoch, config_.epochs, train_loss, eval, seconds,
-                                 static_cast<double>(samples_per_epoch) / train_seconds));
-    if (ctx_.rank() == 0 && !config_.checkpoint_dir.empty()) {
-      save(config_, static_cast<std::uint32_t>(epoch + 1), model_, sgd_);
+  batches_per_epoch_ = first_step_after(1, sampler_.size(), config_.batch_size);
+  // A replacement takes the state from a survivor at its first step: no checkpoint, and none
+  // of the start-up's collectives, which the others ran long ago.
+  if (!job_.is_replacement()) {
+    const std::uint32_t done = resume();
+    job_.set_step(static_cast<std::int64_t>(done) * (batches_per_epoch_ + 1));
+  }
+  job_.keep([this] { return save_state(); },
+            [this](std::span<const std::byte> bytes) { load_state(bytes); });
+  job_.on_context([this](ddp::Context& ctx) { form(ctx); }, [this] { reducer_.reset(); });
+  const std::int64_t steps = static_cast<std::int64_t>(config_.epochs) * (batches_per_epoch_ + 1);
+  while (job_.step() < steps) {
+    if (!job_.attempt([this](ddp::Context& ctx) { step(ctx); })) {
+      const long per_epoch = batches_per_epoch_ + 1;
+      const long within = job_.step() % per_epoch;
+      out_.note("rank " + std::to_string(job_.context().rank()) + ": recovered in place " +
+                "(generation " + std::to_string(job_.generation()) + "); going on from epoch " +
+                std::to_string(job_.step() / per_epoch + 1) +
+                (within < batches_per_epoch_ ? ", batch " + std::to_string(within + 1)
+                                             : ", its evaluation"));
     }
   }
+  reducer_.reset();  // before the job's Context
   return 0;
+}
+
+void check_skip_allreduce(const TrainConfig& config, const ddp::Context& ctx) {
+  if (config.skip_allreduce && ctx.world_size() > 1) {
+    throw std::invalid_argument(
+        "--skip_allreduce is a benchmark hook for one rank: ranks would diverge");
+  }
 }
 
 // LOCAL_WORLD_SIZE as the launcher sets it; 1 when run without one.
@@ -310,13 +416,14 @@ int run_training(const TrainConfig& config) {
     ddp::InitOptions options;
     options.backend = cuda ? ddp::Backend::Nccl : ddp::Backend::Gloo;
     options.timeout = config.timeout;
-    ddp::Context ctx = ddp::init(options);
-    if (config.skip_allreduce && ctx.world_size() > 1) {
-      throw std::invalid_argument(
-          "--skip_allreduce is a benchmark hook for one rank: ranks would diverge");
+    if (cuda) {  // the CUDA loop does not recover in place: ddprun restarts every worker
+      ddp::Context ctx = ddp::init(options);
+      check_skip_allreduce(config, ctx);
+      return run_cuda_job(config, ctx, std::move(data));
     }
-    if (cuda) return run_cuda_job(config, ctx, std::move(data));
-    Job job(config, ctx, std::move(data));
+    ddp::InplaceJob inplace({.init = options});
+    check_skip_allreduce(config, inplace.context());
+    Job job(config, inplace, std::move(data));
     return job.run();
   } catch (const std::exception& e) {
     std::fprintf(stderr, "train_fashion_mnist: %s\n", e.what());

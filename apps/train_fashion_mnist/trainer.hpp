@@ -36,8 +36,9 @@ struct TrainConfig {
   std::filesystem::path dump_init;  // write the initial weights here (raw float32) and exit
   bool skip_allreduce = false;      // benchmark hook (one rank): the Reducer does not
                                     // communicate, to measure its overhead per step
-  long crash_at_step = -1;          // test hook: on the first attempt the last rank kills
+  long crash_at_step = -1;          // test hook: on the first attempt rank crash_rank kills
                                     // itself (SIGKILL) before this global step
+  int crash_rank = -1;              // which rank --crash_at_step kills (-1: the last one)
   long abort_at_step = -1;          // test hook (GPU): every rank aborts its communicator
                                     // (Context::abort) once this step's all-reduces are queued
 };

@@ -186,6 +186,14 @@ void AgentMachine::on(const event::WorkerExited& e) {
       on_local_failure(e.local_rank);
     }
   }
+  if (state_ == State::kRunning && !e.exit.failed() && recovery_) {
+    // It never joins the next generation: waiting for it would only wait for the time limit.
+    const int rank = ctx_.workers->failure_of(e.local_rank).rank;
+    fall_back("rank " + std::to_string(rank) + " exited (exit code 0) while rank " +
+              std::to_string(recovery_->failure.rank) +
+              " was being replaced, so it cannot join the next generation");
+    return;
+  }
   if (state_ == State::kStopping && e.exit.failed()) note_late_failure(e.local_rank);
   if (exits_seen_ == group_size_ && !slot_pending() && !group_exited_) on_group_exited();
 }

@@ -73,12 +73,14 @@ void InplaceGenerations::begin(const elastic::RoundInfo& round, int rank, Begun 
       const auto joined = store.add(key(round, current, "joined"), 0);
       if (current == 0 && joined == 0) {
         return done(0,
-                    "the program does not use ddprun.inplace (no rank formed its process "
-                    "group through it; docs/inplace.md)");
+                    "no rank had formed its process group through ddprun.inplace or "
+                    "ddp::InplaceJob (a program that does not use them, or a failure before "
+                    "they began; docs/inplace.md)");
       }
       if (current == 0) {
         return done(0, "only " + std::to_string(joined) + " of " + std::to_string(world) +
-                           " ranks had formed their process group through ddprun.inplace");
+                           " ranks had formed their process group through ddprun.inplace or "
+                           "ddp::InplaceJob");
       }
       return done(0, "generation " + std::to_string(current) +
                          " was still forming (a second failure during a recovery)");

@@ -84,6 +84,52 @@ TEST_CASE("a worker killed mid-epoch is restarted and resumes from the last chec
   CHECK(again.output.find("epoch 3/3: train loss") == std::string::npos);
 }
 
+// The "test loss ..., test accuracy ..." part of the summary line of `epoch` (1-based), or "".
+std::string evaluation_of(const std::string& output, int epoch) {
+  const std::regex re("epoch " + std::to_string(epoch) +
+                      R"(/\d+: train loss [0-9.]+, (test loss [0-9.]+, test accuracy [^,]+),)");
+  std::smatch m;
+  return std::regex_search(output, m, re) ? m[1].str() : "";
+}
+
+std::size_t count_of(const std::string& text, const std::string& what) {
+  std::size_t n = 0;
+  for (auto at = text.find(what); at != std::string::npos; at = text.find(what, at + 1)) ++n;
+  return n;
+}
+
+TEST_CASE(
+    "under --restart_policy=inplace, rank 1 killed in epoch 2 is replaced in place: no epoch "
+    "repeated, no checkpoint read, the uninterrupted run's accuracy") {
+  if (!have_data()) return;
+  ddp::test::TempDir dir;
+  const auto clean = train("", "--epochs 3");
+  INFO(clean.output);
+  REQUIRE(clean.status == 0);
+  // Step 140 is in the middle of epoch 2 (94 steps per epoch); a checkpoint is written after
+  // every epoch, which a restart of every worker would read.
+  const auto recovered = train("--max_restarts=1 --restart_policy=inplace",
+                               "--epochs 3 --crash_at_step 140 --crash_rank 1 --checkpoint_dir " +
+                                   (dir.path() / "ckpt").string());
+  INFO(recovered.output);
+  REQUIRE(recovered.status == 0);
+  CHECK(recovered.output.find("rank 1 crashing at step 140") != std::string::npos);
+  CHECK(recovered.output.find("ddprun: rank 1 was replaced in place: generation 1 formed") !=
+        std::string::npos);
+  // Rank 0 kept its process: it says it recovered, and nobody read a checkpoint.
+  CHECK(recovered.output.find("rank 0: recovered in place (generation 1); going on from epoch 2") !=
+        std::string::npos);
+  CHECK(recovered.output.find("resuming from") == std::string::npos);
+  CHECK(recovered.output.find("falls back") == std::string::npos);
+  for (int epoch = 1; epoch <= 3; ++epoch) {
+    const std::string line = "epoch " + std::to_string(epoch) + "/3: train loss";
+    CHECK(count_of(recovered.output, line) == 1);
+    // The same model after every epoch: the state went on from the highest committed step.
+    REQUIRE_FALSE(evaluation_of(clean.output, epoch).empty());
+    CHECK(evaluation_of(recovered.output, epoch) == evaluation_of(clean.output, epoch));
+  }
+}
+
 TEST_CASE("a missing data directory fails every rank with the file and the fix") {
   ddp::test::TempDir dir;
   const auto result = train("", "--data " + dir.path().string());

@@ -10,6 +10,7 @@
 #include "ddp/context.hpp"
 #include "ddp/distributed_sampler.hpp"
 #include "ddp/half.hpp"
+#include "ddp/inplace.hpp"
 #include "ddp/launch_env.hpp"
 #include "ddp/logger.hpp"
 #include "ddp/rank_zero_first.hpp"

@@ -789,11 +789,11 @@ TEST_CASE(
   SECTION("the generation cannot begin") {
     h.exit(0, 1);
     REQUIRE(h.begins.size() == 1);
-    h.begins[0].second(0, "the program does not use ddprun.inplace");
+    h.begins[0].second(0, "no rank had formed its process group through ddprun.inplace");
     h.run();
     CHECK(
-        h.noticed("the in-place recovery of rank 2 falls back to restarting every worker: the "
-                  "program does not use ddprun.inplace"));
+        h.noticed("the in-place recovery of rank 2 falls back to restarting every worker: no "
+                  "rank had formed its process group through ddprun.inplace"));
   }
   SECTION("a second failure while the replacement joins") {
     h.exit(0, 1);
@@ -802,6 +802,15 @@ TEST_CASE(
     h.exit(1, 6);
     CHECK(
         h.noticed("falls back to restarting every worker: rank 3 failed too (exit code 6) while "
+                  "rank 2 was being replaced"));
+  }
+  SECTION("a survivor that exits 0 during the recovery (it never joins)") {
+    h.exit(0, 1);
+    h.begins[0].second(1, "");
+    h.run();
+    h.exit(1, 0);
+    CHECK(
+        h.noticed("falls back to restarting every worker: rank 3 exited (exit code 0) while "
                   "rank 2 was being replaced"));
   }
   SECTION("the generation does not form in time") {
