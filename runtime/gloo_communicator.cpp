@@ -9,6 +9,8 @@
 #include <gloo/rendezvous/context.h>
 #include <gloo/transport/tcp/device.h>
 #include <netinet/in.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -45,6 +47,43 @@ void dispatch(DType dtype, F&& f) {
 }
 
 std::string where(int rank) { return " (rank " + std::to_string(rank) + ", gloo)"; }
+
+void block_sigpipe_in_this_thread() {
+  sigset_t pipe;
+  sigemptyset(&pipe);
+  sigaddset(&pipe, SIGPIPE);
+  pthread_sigmask(SIG_BLOCK, &pipe, nullptr);
+}
+
+// Blocks SIGPIPE in the calling thread while it lives; threads started meanwhile keep it
+// blocked. A SIGPIPE that a write of this thread raised meanwhile is taken back (unless the
+// thread had SIGPIPE blocked already: then a pending one may be its own).
+class SigpipeBlocked {
+ public:
+  SigpipeBlocked() {
+    sigset_t pipe;
+    sigemptyset(&pipe);
+    sigaddset(&pipe, SIGPIPE);
+    pthread_sigmask(SIG_BLOCK, &pipe, &before_);
+  }
+  ~SigpipeBlocked() {
+    if (!sigismember(&before_, SIGPIPE)) {
+      sigset_t pipe, pending;
+      sigemptyset(&pipe);
+      sigaddset(&pipe, SIGPIPE);
+      const timespec now{};
+      if (sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE)) {
+        sigtimedwait(&pipe, nullptr, &now);
+      }
+    }
+    pthread_sigmask(SIG_SETMASK, &before_, nullptr);
+  }
+  SigpipeBlocked(const SigpipeBlocked&) = delete;
+  SigpipeBlocked& operator=(const SigpipeBlocked&) = delete;
+
+ private:
+  sigset_t before_{};
+};
 
 // A TCP endpoint (family, address, port) from the front of a Gloo address's bytes, which
 // begin with a sockaddr_storage; nullopt when they do not hold one.
@@ -114,14 +153,23 @@ GlooCommunicator::GlooCommunicator(store::Store& store, int rank, int world_size
       world_size_(world_size),
       timeout_(options.timeout),
       policy_(options.mismatch_check) {
+  // Gloo writes to its sockets with writev(2), which raises SIGPIPE when the peer is gone (or
+  // this rank's abort shut the socket down). The threads that write (the communication
+  // thread, and Gloo's device thread, started below with the creating thread's mask) keep it
+  // blocked: the write fails with EPIPE, the collective with a CommError, and the program
+  // never sees a signal it did not ask for.
+  queue_.submit([] { block_sigpipe_in_this_thread(); });
   try {
     gloo::transport::tcp::attr attr;
     attr.hostname = options.hostname;
-    auto device = gloo::transport::tcp::CreateDevice(attr);
     auto context = std::make_shared<gloo::rendezvous::Context>(rank, world_size);
     context->setTimeout(options.connect_timeout);
     GlooStoreAdapter adapter(store, options.connect_timeout);
-    context->connectFullMesh(adapter, device);
+    {
+      SigpipeBlocked blocked;
+      auto device = gloo::transport::tcp::CreateDevice(attr);
+      context->connectFullMesh(adapter, device);
+    }
     note_mesh_endpoints(*context, adapter);
     context->setTimeout(options.timeout);
     context_ = std::move(context);

@@ -124,8 +124,12 @@ def main():
             if dying["in"] == "between":
                 die()
             if dying["in"] == "stop":
+                # A hang between steps: the diagnosis names this rank. PyTorch 2.x notes a
+                # collective's end from another thread, just after the wait returns: the pause
+                # lets it note the last one before the whole process stops.
+                time.sleep(0.5)
                 say(f"stopping {rank} {time.time():.6f}")
-                os.kill(os.getpid(), signal.SIGSTOP)  # a hang: the diagnosis names this rank
+                os.kill(os.getpid(), signal.SIGSTOP)
             inputs, targets = batch(step, rank)
             optimizer.zero_grad(set_to_none=True)
             loss = torch.nn.functional.mse_loss(job.model(inputs), targets)

@@ -348,8 +348,13 @@ void AgentMachine::end_round_run_on() {
 void AgentMachine::on(const event::Hung& e) {
   if (!current(e.round) || state_ != State::kRunning) return;
   if (e.root_cause.error) ctx_.notice("ddprun: " + e.root_cause.error->traceback);
-  if (config_.replace_in_place && !recovery_ && restarts_used() < config_.max_restarts &&
-      ctx_.begin_generation) {
+  const bool replaceable = config_.replace_in_place && !recovery_ &&
+                           restarts_used() < config_.max_restarts && ctx_.begin_generation;
+  if (replaceable && !e.root_cause.blamed) {
+    ctx_.notice(
+        "ddprun: --restart_policy=inplace: the hang diagnosis blames no rank, so no rank can be "
+        "replaced: every worker is stopped, as under --restart_policy=all");
+  } else if (replaceable) {
     const WorkerFailure& root = e.root_cause;
     const std::string rank = "rank " + std::to_string(root.rank);
     const bool ours = root.local_rank >= 0 && root.local_rank < group_size_ &&

@@ -296,6 +296,8 @@ void HangMonitor::report(int round, CollectiveDiagnosis diagnosis, std::vector<R
   failure.pid = root.pid;
   failure.exit_code = 1;
   failure.hung = true;
+  failure.blamed = std::find(diagnosis.blamed.begin(), diagnosis.blamed.end(), root.rank) !=
+                   diagnosis.blamed.end();
   failure.error_file = (dir / "hang.txt").string();
   failure.error = ErrorFileContent{diagnosis.headline, text};
   options_.on_hung(round, std::move(failure));

@@ -842,6 +842,7 @@ TEST_CASE(
   h.round_ready(two_nodes(0));
   WorkerFailure blamed = h.workers.failure_of(1);
   blamed.hung = true;
+  blamed.blamed = true;
   SECTION("the blamed rank is here") {
     h.queue.push_back(event::Hung{h.machine.round(), blamed});
     h.run();
@@ -860,4 +861,21 @@ TEST_CASE(
   CHECK(h.workers.signals.empty());
   CHECK(h.rdzv.stopped.empty());
   CHECK(h.machine.state() == AgentMachine::State::kRunning);
+}
+
+TEST_CASE(
+    "restart policy inplace: a hang that blames no rank (only the first that waits) stops "
+    "every worker, saying why, and kills no rank alone") {
+  Harness h(2, false, true);
+  h.round_ready(two_nodes(0));
+  WorkerFailure waiting = h.workers.failure_of(1);
+  waiting.hung = true;  // the first rank that waits: the report's root cause, not a culprit
+  h.queue.push_back(event::Hung{h.machine.round(), waiting});
+  h.run();
+  CHECK(h.workers.killed.empty());
+  CHECK(
+      h.noticed("the hang diagnosis blames no rank, so no rank can be replaced: every worker "
+                "is stopped, as under --restart_policy=all"));
+  REQUIRE(h.rdzv.stopped.size() == 1);
+  CHECK(h.rdzv.stopped[0].kind == StopReason::Kind::kHung);
 }

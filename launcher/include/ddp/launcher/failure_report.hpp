@@ -32,6 +32,7 @@ struct WorkerFailure : elastic::WorkerRecord {
   std::chrono::system_clock::time_point time;  // when the agent saw the exit
   std::optional<ErrorFileContent> error;       // what it wrote in its error file
   bool hung = false;        // not an exit: ddprun found the job hung (--hang_timeout)
+  bool blamed = false;      // hung: the diagnosis blames this rank (not only the first to wait)
   std::string collectives;  // where the job's collectives were (a line or more), if recorded
 
   // The exit status ddprun reports for it: exit_code, or 128+signal.
