@@ -156,6 +156,14 @@ InplaceJob::~InplaceJob() {
   context_.reset();
 }
 
+Context& InplaceJob::context() {
+  if (!context_) {
+    throw PeerLost("rank " + std::to_string(env_.rank) + " has no Context: it left generation " +
+                   std::to_string(generation_) + " and joined no other");
+  }
+  return *context_;
+}
+
 void InplaceJob::keep(SaveState save, LoadState load) {
   save_ = std::move(save);
   load_ = std::move(load);
@@ -206,7 +214,7 @@ void InplaceJob::ready() {
     mark_joined();
   }
   if (!formed_called_ && formed_) {
-    formed_(*context_);
+    formed_(context());
     formed_called_ = true;
   }
 }
@@ -214,7 +222,7 @@ void InplaceJob::ready() {
 bool InplaceJob::attempt(const std::function<void(Context&)>& step) {
   try {
     ready();
-    step(*context_);
+    step(context());
     return true;
   } catch (const std::exception& error) {
     if (!recovers_ || !lost_peer(error)) throw;
@@ -224,14 +232,14 @@ bool InplaceJob::attempt(const std::function<void(Context&)>& step) {
 }
 
 void InplaceJob::recover(const std::string& why) {
-  const int rank = recovers_ ? env_.rank : context_->rank();
+  const int rank = recovers_ ? env_.rank : context().rank();
   if (!recovers_) {
     throw PeerLost("rank " + std::to_string(rank) + " lost a peer: " + why);
   }
   const auto started = std::chrono::steady_clock::now();
   const int next = generation_ + 1;
   // Everything of the broken generation ends now: what runs fails at once.
-  context_->abort("rank " + std::to_string(rank) + " leaves generation " +
+  context().abort("rank " + std::to_string(rank) + " leaves generation " +
                   std::to_string(generation_) + ": " + why);
   if (formed_called_ && leaving_) leaving_();
   formed_called_ = false;

@@ -78,8 +78,9 @@ class InplaceJob {
   // first attempt(), so it reads no checkpoint and runs none of the start-up's collectives.
   bool is_replacement() const { return replacement_; }
   // The current generation's Context. A replacement receives the state at its first
-  // attempt(), so use the Context inside attempt() (or after ready()).
-  Context& context() { return *context_; }
+  // attempt(), so use the Context inside attempt() (or after ready()). Throws PeerLost after
+  // a recovery failed (the rank left its generation and joined no other).
+  Context& context();
 
   // Steps committed (the state a recovery restores is as of the last one).
   std::int64_t step() const { return step_; }
