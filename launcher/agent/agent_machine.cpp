@@ -188,11 +188,18 @@ void AgentMachine::on(const event::WorkerExited& e) {
   }
   if (state_ == State::kRunning && !e.exit.failed() && recovery_) {
     // It never joins the next generation: waiting for it would only wait for the time limit.
+    // Before the generation began, the answer to beginning it says why first (it may be that
+    // the program never used the API).
     const int rank = ctx_.workers->failure_of(e.local_rank).rank;
-    fall_back("rank " + std::to_string(rank) + " exited (exit code 0) while rank " +
-              std::to_string(recovery_->failure.rank) +
-              " was being replaced, so it cannot join the next generation");
-    return;
+    const std::string why = "rank " + std::to_string(rank) + " exited (exit code 0) while rank " +
+                            std::to_string(recovery_->failure.rank) +
+                            " was being replaced, so it cannot join the next generation";
+    if (slot_pending()) {
+      if (recovery_->doomed.empty()) recovery_->doomed = why;
+    } else {
+      fall_back(why);
+      return;
+    }
   }
   if (state_ == State::kStopping && e.exit.failed()) note_late_failure(e.local_rank);
   if (exits_seen_ == group_size_ && !slot_pending() && !group_exited_) on_group_exited();
@@ -235,7 +242,7 @@ void AgentMachine::replace_in_place(int local_rank) {
   ctx_.notice("ddprun: rank " + std::to_string(failure.rank) + " failed (" +
               failure.describe_exit() +
               "); --restart_policy=inplace: replacing it while the other workers go on");
-  recovery_ = Recovery{std::move(failure), 0, ctx_.timers->now()};
+  recovery_ = Recovery{std::move(failure), 0, ctx_.timers->now(), ""};
   auto post = ctx_.post;
   const int round = round_;
   ctx_.begin_generation(
@@ -250,6 +257,8 @@ void AgentMachine::on(const event::GenerationBegun& e) {
     return;
   }
   if (e.generation == 0) return fall_back(e.why);
+  if (!recovery_->doomed.empty())
+    return fall_back(std::string(recovery_->doomed));  // a copy: fall_back moves the recovery away
   recovery_->generation = e.generation;
   --exits_seen_;  // the slot runs again; the replacement's exit is counted as any worker's
   replacing_ = e.generation;

@@ -207,6 +207,8 @@ class AgentMachine {
     WorkerFailure failure;  // the worker replaced
     int generation = 0;     // the generation begun for it; 0 until then
     AgentTimers::Clock::time_point began;
+    // Why it cannot succeed, seen before its generation began: a survivor here exited 0.
+    std::string doomed;
   };
   std::optional<Recovery> recovery_;
   int replacing_ = 0;  // the generation whose replacement is being started (0: none)

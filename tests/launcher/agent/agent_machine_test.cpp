@@ -813,6 +813,22 @@ TEST_CASE(
         h.noticed("falls back to restarting every worker: rank 3 exited (exit code 0) while "
                   "rank 2 was being replaced"));
   }
+  SECTION("a survivor that exits 0 before the generation began: the answer says why first") {
+    h.exit(0, 1);
+    h.exit(1, 0);
+    CHECK_FALSE(h.noticed("falls back"));
+    SECTION("it could not begin") {
+      h.begins[0].second(0, "no rank had formed its process group through ddprun.inplace");
+      h.run();
+      CHECK(h.noticed("falls back to restarting every worker: no rank had formed"));
+    }
+    SECTION("it began") {
+      h.begins[0].second(1, "");
+      h.run();
+      CHECK(h.workers.replaced.empty());
+      CHECK(h.noticed("falls back to restarting every worker: rank 3 exited (exit code 0)"));
+    }
+  }
   SECTION("the generation does not form in time") {
     h.exit(0, 1);
     h.begins[0].second(1, "");
