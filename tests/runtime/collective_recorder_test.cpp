@@ -667,7 +667,8 @@ TEST_CASE("A second writer of a slot waits for the first, and the reader sees it
 TEST_CASE("A Gloo abort finishes the records of its queued collectives, as failed") {
   AgentPage page0;
   auto store = std::make_shared<ddp::store::MemoryStore>();
-  std::promise<void> queued_failed, rank1_may_leave, running_failed;
+  std::promise<void> queued_failed, rank1_may_leave, running_failed, rank1_joined;
+  std::shared_future<void> joined = rank1_joined.get_future().share();
   auto queued_failed_future = queued_failed.get_future();
   auto running_failed_future = running_failed.get_future();
   std::shared_future<void> leave = rank1_may_leave.get_future().share();
@@ -683,10 +684,12 @@ TEST_CASE("A Gloo abort finishes the records of its queued collectives, as faile
         options.timeout = std::chrono::seconds(30);
         options.record_fd = rank == 0 ? page0.fd() : -1;
         ddp::Context ctx = ddp::init(ddp::test::thread_env(rank, 2), store, options);
-        if (rank == 1) {  // never joins rank 0's barrier; leaves when the test says
+        if (rank == 1) {             // never joins rank 0's barrier; leaves when the test says
+          rank1_joined.set_value();  // its side of the mesh is complete (an abort ends it)
           RANK_REQUIRE(leave.wait_for(std::chrono::seconds(60)) == std::future_status::ready);
           return;
         }
+        RANK_REQUIRE(joined.wait_for(std::chrono::seconds(30)) == std::future_status::ready);
         ddp::Work running = ctx.barrier_async();  // collective 1: waits for rank 1
         std::vector<float> data(16, 1.0f);
         ddp::Work second = ctx.allreduce_async(std::span<float>(data));  // 2 and 3: queued
@@ -709,7 +712,7 @@ TEST_CASE("A Gloo abort finishes the records of its queued collectives, as faile
   if (queued_ok) {
     for (std::uint64_t seq : {2, 3}) queued_records.push_back(read_collective(page0.page(), seq));
   }
-  rank1_may_leave.set_value();  // rank 0's barrier then ends (failing: rank 1 is gone)
+  rank1_may_leave.set_value();  // the abort ended rank 0's barrier (failing) already
   const bool running_ok =
       running_failed_future.wait_for(std::chrono::seconds(60)) == std::future_status::ready;
   const std::uint64_t finished = page0.page().finished.load();
