@@ -48,10 +48,15 @@ void dispatch(DType dtype, F&& f) {
 
 std::string where(int rank) { return " (rank " + std::to_string(rank) + ", gloo)"; }
 
-void block_sigpipe_in_this_thread() {
+sigset_t sigpipe_set() {
   sigset_t pipe;
   sigemptyset(&pipe);
   sigaddset(&pipe, SIGPIPE);
+  return pipe;
+}
+
+void block_sigpipe_in_this_thread() {
+  const sigset_t pipe = sigpipe_set();
   pthread_sigmask(SIG_BLOCK, &pipe, nullptr);
 }
 
@@ -61,16 +66,13 @@ void block_sigpipe_in_this_thread() {
 class SigpipeBlocked {
  public:
   SigpipeBlocked() {
-    sigset_t pipe;
-    sigemptyset(&pipe);
-    sigaddset(&pipe, SIGPIPE);
+    const sigset_t pipe = sigpipe_set();
     pthread_sigmask(SIG_BLOCK, &pipe, &before_);
   }
   ~SigpipeBlocked() {
     if (!sigismember(&before_, SIGPIPE)) {
-      sigset_t pipe, pending;
-      sigemptyset(&pipe);
-      sigaddset(&pipe, SIGPIPE);
+      const sigset_t pipe = sigpipe_set();
+      sigset_t pending;
       const timespec now{};
       if (sigpending(&pending) == 0 && sigismember(&pending, SIGPIPE)) {
         sigtimedwait(&pipe, nullptr, &now);
@@ -196,7 +198,7 @@ void GlooCommunicator::note_mesh_endpoints(gloo::Context& context,
     // The peer's address for its pair with this rank: its key holds one address per other
     // rank, in rank order.
     const auto found = adapter.got().find(std::to_string(peer));
-    if (found == adapter.got().end() || world_size_ < 2) continue;
+    if (found == adapter.got().end()) continue;
     const auto& all = found->second;
     const std::size_t each = all.size() / static_cast<std::size_t>(world_size_ - 1);
     const auto index = static_cast<std::size_t>(rank_ < peer ? rank_ : rank_ - 1);
