@@ -224,7 +224,7 @@ TEST_CASE("PyTorch: two ranks init_process_group(gloo) and all_reduce under ddpr
   CHECK_THAT(r.out, Catch::Contains("allreduce rank=1 world=2 sum=3"));
 }
 
-TEST_CASE("PyTorch: @record's error file becomes the report's root cause", "[torch]") {
+TEST_CASE("PyTorch: @record's error file becomes the report's root cause", "[torch][sanitize]") {
   if (!torch_available()) {
     return ddp::test::skip(torch_python() + " cannot import torch");
   }

@@ -225,7 +225,7 @@ TEST_CASE("straggler: a rank 20 ms slower every step is named, and a balanced ru
 TEST_CASE(
     "a PyTorch rank blocked before all_reduce: the stop shows its Python stack, taken "
     "through the probe",
-    "[torch]") {
+    "[torch][sanitize]") {
   if (!torch_available()) {
     return skip(torch_python() + " cannot import torch.distributed with Gloo");
   }

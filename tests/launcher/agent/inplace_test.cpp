@@ -166,7 +166,7 @@ TEST_CASE(
 TEST_CASE(
     "in place: a SIGSTOPped rank is named by the hang diagnosis, killed alone and replaced, and "
     "the job goes on",
-    "[torch]") {
+    "[torch][sanitize]") {
   if (!torch_available()) {
     return skip(torch_python() + " cannot import torch.distributed with Gloo");
   }

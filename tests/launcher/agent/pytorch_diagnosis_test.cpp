@@ -171,7 +171,7 @@ TEST_CASE("PyTorch: a rank blocked in irecv().wait() is named with its peer at -
 }
 
 TEST_CASE("PyTorch: a rank that calls all_reduce with another shape is a desync, both named",
-          "[torch]") {
+          "[torch][sanitize]") {
   if (!torch_available())
     return skip(torch_python() + " cannot import torch.distributed with Gloo");
   TempDir logs;

@@ -138,7 +138,7 @@ TEST_CASE(
     "exception prints the "
     "traceback an exec'd worker prints and exits 1, and the template never imports the program's "
     "own modules",
-    "[torch]") {
+    "[torch][sanitize]") {
   if (!torch_available()) {
     return skip(torch_python() + " cannot import torch.distributed with Gloo");
   }

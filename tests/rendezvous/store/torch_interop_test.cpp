@@ -82,7 +82,8 @@ class TorchServer {
 
 }  // namespace
 
-TEST_CASE("PyTorch's TCPStore client against our server: every operation it has", "[torch]") {
+TEST_CASE("PyTorch's TCPStore client against our server: every operation it has",
+          "[torch][sanitize]") {
   if (skip_without_torch()) return;
   TestServer server;
   ChildProcess python(
