@@ -1061,10 +1061,13 @@ def install():
     _register_stack_signal(words)
     probe = _Probe(Recorder(words))
     modules_file = os.environ.get(_contract.MODULES_FILE)
-    if modules_file and _ddprun_modules is not None:  # ddprun warms restarts: it learns
-        watch = _ddprun_modules.EnvironmentWatch()  # from this what to import, and in
-        sys.meta_path.insert(0, watch)  # which environment
-        report = _ddprun_modules.ModuleReport(modules_file, watch)
+    # A worker forked from the warm template: the variable came after this module's import,
+    # but the template imported the module for itself.
+    modules = _ddprun_modules or sys.modules.get("_ddprun_modules")
+    if modules_file and modules is not None:  # ddprun warms restarts: it learns from this
+        watch = modules.EnvironmentWatch()  # what to import, and in which environment
+        sys.meta_path.insert(0, watch)
+        report = modules.ModuleReport(modules_file, watch)
         probe.recorder.on_queued = report.collective
         atexit.register(report.write)
     os.register_at_fork(after_in_child=probe.recorder.forked)

@@ -221,6 +221,16 @@ TEST_CASE(
                                            "starting another"));
     CHECK_THAT(result.err, Catch::Contains("attempt 1's 2 workers were forked"));
     CHECK(lines == 2);
+    // A forked worker writes its modules list too (for the template of a later restart), as
+    // an exec'd one does.
+    int forked_lists = 0;
+    for (const auto& entry : fs::recursive_directory_iterator(logs.path())) {
+      if (entry.path().filename() == "modules.txt" &&
+          entry.path().string().find("/attempt_1/") != std::string::npos) {
+        ++forked_lists;
+      }
+    }
+    CHECK(forked_lists == 2);
   } else {
     CHECK(lines == 1);
   }
