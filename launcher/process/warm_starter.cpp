@@ -293,9 +293,9 @@ void WarmStarter::end_round(const fs::path& attempt_dir, int local_world) {
     char seconds[32];
     std::snprintf(seconds, sizeof seconds, "%.1f", template_->import_seconds());
     options_.notice("ddprun: warm start: " + attempt + "'s " + std::to_string(forked_) +
-                    " workers were forked from the template (" +
-                    std::to_string(template_->imported()) + " modules preloaded in " + seconds +
-                    " s)");
+                    (forked_ == 1 ? " worker was" : " workers were") +
+                    " forked from the template (" + std::to_string(template_->imported()) +
+                    " modules preloaded in " + seconds + " s)");
   }
   if (!options_.later_rounds) {  // always's first round was the only one: free its memory
     template_.reset();

@@ -185,6 +185,29 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "a worker forked from the warm template soon owns its pages alone, as an exec'd one does "
+    "(the template takes the copies after the fork)",
+    "[torch]") {
+  if (!torch_available()) {
+    return skip(torch_python() + " cannot import torch.distributed with Gloo");
+  }
+  const std::string mode = GENERATE(std::string("off"), "always");
+  TempDir out;
+  const ProcessResult result =
+      // A restart to come: the template lives on beside the worker (else it ends once forked).
+      run_process({bin_path("ddprun").string(), "--nproc_per_node=1", "--max_restarts=1",
+                   "--warm_start=" + mode, script("warm_pages.py"), out.path().string()},
+                  {{"PYTHON_EXEC", torch_python()}}, {}, milliseconds(120000));
+  INFO("mode " << mode << "\nstderr:\n" << result.err << "\nstdout:\n" << result.out);
+  REQUIRE(result.status == 0);
+  if (mode == "always") {
+    CHECK_THAT(result.err, Catch::Contains("warm start: attempt 0's 1 worker was forked"));
+  }
+  // The share of its anonymous resident pages it alone maps, once at least 0.9 (or after 30 s).
+  CHECK(std::stod(read_file(out.path() / "share")) >= 0.9);
+}
+
+TEST_CASE(
     "a warm start that should not happen starts the workers cold with one line saying why, "
     "and the job succeeds (a preloaded module started a thread, changed on disk, or the "
     "template was killed)",
