@@ -873,7 +873,7 @@ def _reply(control, message):
 def _serve():
     """Answers the agent until it closes the socket: None in the template, the worker's _Job
     in a forked worker."""
-    global _C_SOURCE_KEPT, _FRAMELESS
+    global _C_SOURCE_KEPT, _FRAMELESS, _give_pages_off
     _C_SOURCE_KEPT = _c_source_in_tracebacks()
     _FRAMELESS = _frameless.works()
     sys.stderr.write("ddprun warm template: workers run %s\n" % (
@@ -917,7 +917,10 @@ def _serve():
         for fd in fds:  # the worker's, which it has now
             os.close(fd)
         if give:
-            _give_pages(control)
+            try:
+                _give_pages(control)
+            except Exception:  # an optimisation only: never the template's end
+                _give_pages_off = True
 
 
 _job = _serve()
