@@ -859,7 +859,7 @@ def _give_pages(control):
                     if ctypes.get_errno() == _EINVAL:
                         _give_pages_off = True  # not this kernel
                         return
-                    break  # not this mapping (a device's, say)
+                    break  # not these pages (a device's, say): the next chunk is tried
                 first = flags.find(1, last)
 
 
