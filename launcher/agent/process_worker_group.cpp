@@ -71,6 +71,7 @@ ProcessWorkerGroup::ProcessWorkerGroup(boost::asio::io_context& io,
   }
   WarmStarterOptions warm;
   warm.mode = options_.config.warm_start;
+  warm.preload = options_.config.warm_preload;
   warm.command = options_.command;
   warm.probe_dir = options_.python_probe_dir;
   warm.env = template_environment(node_environment());

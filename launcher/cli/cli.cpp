@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdlib>
 #include <map>
 #include <random>
@@ -323,7 +324,10 @@ void parse_entrypoint(const RawOptions& raw, LaunchConfig& config) {
   config.legacy_local_rank = raw.flags.at("legacy_local_rank");
   config.python_probe = !raw.flags.at("skip_python_probe");
   const std::string& warm = raw.values.at("warm_start");
-  if (warm == "off") {
+  if (warm == "auto") {  // parse_lifecycle ran: the policy is known
+    config.warm_start = config.restart_policy == RestartPolicy::kInplace ? WarmStart::kRestart
+                                                                         : WarmStart::kOff;
+  } else if (warm == "off") {
     config.warm_start = WarmStart::kOff;
   } else if (warm == "restart") {
     config.warm_start = WarmStart::kRestart;
@@ -331,7 +335,20 @@ void parse_entrypoint(const RawOptions& raw, LaunchConfig& config) {
     config.warm_start = WarmStart::kAlways;
   } else {
     throw UsageError(where(raw, "warm_start") + ": '" + warm +
-                     "' is not one of off, restart, always");
+                     "' is not one of auto, off, restart, always");
+  }
+  for (const std::string& name : split(raw.values.at("warm_preload"), ',')) {
+    if (name.empty()) continue;
+    const bool dotted_name =
+        std::all_of(name.begin(), name.end(),
+                    [](unsigned char c) { return std::isalnum(c) || c == '_' || c == '.'; }) &&
+        !std::isdigit(static_cast<unsigned char>(name.front())) && name.front() != '.' &&
+        name.back() != '.' && name.find("..") == std::string::npos;
+    if (!dotted_name) {
+      throw UsageError(where(raw, "warm_preload") + ": '" + name +
+                       "' is not a module name (expected names like transformers,numpy.linalg)");
+    }
+    config.warm_preload.push_back(name);
   }
   if (module && no_python) {
     throw UsageError("--module and --no_python cannot be used together");

@@ -145,13 +145,18 @@ constexpr std::array kOptions = {
     OptionSpec{"skip_python_probe", "", true, true, "", "", kEntry,
                "Do not load ddprun's Python probe into Python workers (as DDPRUN_PYTHON_PROBE=0 "
                "does): no collective records, hang verdicts or live stacks for PyTorch jobs."},
-    OptionSpec{"warm_start", "", true, false, "off|restart|always", "restart", kEntry,
-               "Python workers forked from a per-node template that imported their modules "
-               "already: restart (restarts only, where one can come: --max_restarts above 0 "
-               "or more than one node; the template imports what attempt 0's workers imported), "
-               "always (the first attempt too, from a template that "
-               "imported torch), off (every worker exec'd). Falls back to exec'd workers, in "
-               "one line, when a fork would not match an exec'd worker."},
+    OptionSpec{"warm_start", "", true, false, "auto|off|restart|always", "auto", kEntry,
+               "Python workers forked from a per-node template that imported torch (and "
+               "--warm_preload's modules), never the program: restart (restarts only, where "
+               "one can come: --max_restarts above 0 or more than one node), always (the first "
+               "attempt too), off (every worker exec'd, as torchrun does), auto (restart under "
+               "--restart_policy=inplace, else off). Falls back to exec'd workers, in one line, "
+               "when a fork would not match an exec'd worker."},
+    OptionSpec{"warm_preload", "", true, false, "MODULE,...", "", kEntry,
+               "More modules for the warm template to import beside torch (e.g. "
+               "transformers): your promise that their import does nothing per process (reads "
+               "no rank's variable, starts no thread, seeds nothing), as multiprocessing's "
+               "set_forkserver_preload asks."},
     OptionSpec{"legacy_local_rank", "", true, true, "", "", kEntry,
                "Pass --local_rank=<n> to each worker, before the script's own arguments, as "
                "torch.distributed.launch did."},

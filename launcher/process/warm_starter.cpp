@@ -7,7 +7,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <fstream>
 
 #include "ddp/common/worker_contract.hpp"
 
@@ -38,9 +37,9 @@ constexpr std::size_t kEnvironmentRoom = 8192;
 constexpr std::size_t kPadArgument = 64 * 1024;
 // Templates dropped (it died, a fork was refused) before warm starts stay off for the job.
 constexpr int kMaxFailures = 2;
-// Modules found reading a rank's variable at import, each stopped before by the next
-// template, before such a find counts as a failure.
-constexpr std::size_t kMaxStops = 8;
+// What every template preloads: the framework, whose import does nothing per process; the
+// user's --warm_preload adds to it.
+constexpr const char* kFramework = "torch";
 
 // The bytes of a command line in /proc/PID/cmdline.
 std::size_t command_line_bytes(const std::vector<std::string>& argv) {
@@ -63,15 +62,18 @@ WarmStarter::WarmStarter(boost::asio::io_context& io, WarmStarterOptions options
   enabled_ = options_.mode != WarmStart::kOff && options_.command.python &&
              !options_.probe_dir.empty() && fs::exists(options_.probe_dir / kTemplateScript) &&
              (options_.later_rounds || options_.mode == WarmStart::kAlways);
-  if (!enabled_ || options_.mode != WarmStart::kAlways) return;
-  // The first attempt is forked too: the template imports torch while the rendezvous runs.
-  std::error_code ec;
-  fs::create_directories(options_.log_root, ec);
-  const fs::path list = options_.log_root / "warm_template_always.txt";
-  std::ofstream(list) << "torch\t\n";
-  if (start_template()) {
-    template_->prepare({list.string()}, own_folders(), {}, stops_);
+  if (!enabled_) return;
+  // The template imports the framework while the first attempt starts (with always, while the
+  // rendezvous runs), so that a crash soon after the launch restarts warm.
+  if (start_template()) template_->prepare(preload(), {}, own_folders(), {});
+}
+
+std::vector<std::string> WarmStarter::preload() const {
+  std::vector<std::string> names = {kFramework};
+  for (const std::string& name : options_.preload) {
+    if (std::find(names.begin(), names.end(), name) == names.end()) names.push_back(name);
   }
+  return names;
 }
 
 WarmStarter::~WarmStarter() { alive_.reset(); }
@@ -112,6 +114,10 @@ bool WarmStarter::start_template() {
        i < argv.size() && argv[i].starts_with("-") && argv[i] != "-c" && argv[i] != "-m"; ++i) {
     spawn.argv.push_back(argv[i]);
   }
+  // Without the site start-up (.pth files, sitecustomize, usercustomize): each worker runs its
+  // own after its fork. Last of the flags, where the template finds it to leave it out of the
+  // workers' command lines.
+  spawn.argv.push_back("-S");
   spawn.argv.push_back((options_.probe_dir / kTemplateScript).string());
   // Room for a forked worker's command line (the template writes it over its own).
   for (std::size_t room = command_line_bytes(argv) + kCommandLineRoom; room > 0;) {
@@ -143,15 +149,9 @@ bool WarmStarter::start_template() {
 }
 
 void WarmStarter::drop_template(const std::string& why) {
-  const std::string stop = template_ ? template_->stop_before() : "";
-  const bool for_good = template_ && template_->refused() && stop.empty();
+  const bool for_good = template_ && template_->refused();
   template_.reset();
   fed_.clear();
-  if (!stop.empty() && stops_.size() < kMaxStops &&
-      std::find(stops_.begin(), stops_.end(), stop) == stops_.end()) {
-    stops_.push_back(stop);
-    return;
-  }
   if ((++failures_ >= kMaxFailures || for_good) && off_.empty()) off_ = why;
 }
 
@@ -202,13 +202,15 @@ void WarmStarter::feed(const fs::path& dir, int local_world) {
     if (seen == fed_.end() || seen->second != stamp) changed = true;
   }
   if (!changed) return;
-  if (!template_ && !start_template()) return;
+  const bool fresh = !template_;
+  if (fresh && !start_template()) return;
   std::vector<std::string> paths;
   for (const auto& [path, stamp] : lists) {
     paths.push_back(path);
     fed_[path] = stamp;
   }
-  template_->prepare(paths, own_folders(), {varying_.begin(), varying_.end()}, stops_);
+  template_->prepare(fresh ? preload() : std::vector<std::string>{}, paths, own_folders(),
+                     {varying_.begin(), varying_.end()});
 }
 
 void WarmStarter::begin_round(int restart_count, const fs::path& previous, int local_world,
@@ -222,10 +224,13 @@ void WarmStarter::begin_round(int restart_count, const fs::path& previous, int l
   lists_.close(ignored);  // this round's are watched from its end_round on
   if (!previous.empty()) feed(previous, local_world);  // what the last writes added
   if (previous.empty() && options_.mode != WarmStart::kAlways) return ready();  // a plain exec
+  if (off_.empty() && !template_ && start_template()) {  // the last one was dropped
+    template_->prepare(preload(), {}, own_folders(), {varying_.begin(), varying_.end()});
+  }
   if (!off_.empty()) {
     round_cold_reason_ = off_;
   } else if (!template_) {
-    round_cold_reason_ = "no worker of the last attempt on this node said what it imported";
+    round_cold_reason_ = "no template could be started";
   } else {
     return template_->when_prepared(wait_limit(), [this, ready = std::move(ready)] {
       if (template_->reason().empty()) {
@@ -266,8 +271,8 @@ void WarmStarter::spawn_replacement(const SpawnOptions& options,
                                     std::function<void(std::optional<pid_t>, std::string)> done) {
   if (!enabled_) return done(std::nullopt, "warm starts are off");
   if (!off_.empty()) return done(std::nullopt, off_);
-  if (!template_ || fed_.empty()) {
-    return done(std::nullopt, "the template does not hold the workers' imports yet");
+  if (!template_ || template_->preparing()) {
+    return done(std::nullopt, "the template has not imported the framework yet");
   }
   std::error_code ec;
   template_->spawn(options, fs::current_path(ec).string(), wait_limit(), false,

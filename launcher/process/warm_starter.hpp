@@ -1,7 +1,9 @@
 #pragma once
 // --warm_start for a node's Python workers: keeps the node's warm template (WorkerTemplate),
-// feeds it what the workers imported (the probe's modules.txt of each rank, read when a
-// worker writes it: inotify, an event on the loop), and forks a round's workers from it when it
+// which imports the framework (torch, and --warm_preload's modules) from the launch on, feeds
+// it what the workers say of their own imports (the probe's modules.txt of each rank, read when
+// a worker writes it: inotify, an event on the loop; a worker that set its environment before
+// `import torch` makes the template unusable), and forks a round's workers from it when it
 // may, saying in one line why a round starts cold when it may not. Internal to the launcher; runs
 // on the agent's loop.
 
@@ -29,6 +31,7 @@ struct WarmStarterOptions {
   std::filesystem::path probe_dir;  // the probe's folder (the template lives there);
                                     // empty: warm starts are off
   std::vector<std::string> env;     // the template's: the node's worker environment
+  std::vector<std::string> preload;  // --warm_preload: modules preloaded beside torch
   std::filesystem::path log_root;   // <log_root>/warm_template.log is its output
   int group_guard_fd = -1;          // GroupReaper::channel()
   bool alone = false;               // the job has one node: no rendezvous keep-alive to miss
@@ -100,9 +103,10 @@ class WarmStarter {
   // How long the loop may wait for the template (kWaitLimit, or kWaitLimitAlone).
   std::chrono::milliseconds wait_limit() const;
   bool start_template();
-  // Drops the template; one that named a module to stop before does not count as a failure
-  // (the next one stops there), up to kMaxStops such modules. One whose imports made it
-  // unusable turns warm starts off (another would import the same).
+  // What a template imports: torch, then --warm_preload's modules.
+  std::vector<std::string> preload() const;
+  // Drops the template. One whose imports made it unusable turns warm starts off (another
+  // would import the same), as do kMaxFailures of any kind.
   void drop_template(const std::string& why);
   std::vector<std::string> own_folders() const;
 
@@ -122,7 +126,6 @@ class WarmStarter {
   int watched_world_ = 0;
   std::map<std::string, std::pair<long long, long long>> fed_;  // lists sent, as they were
   std::set<std::string> varying_;   // variables that differ between a worker and the template
-  std::vector<std::string> stops_;  // modules the templates stop before
   boost::asio::posix::stream_descriptor lists_;  // inotify on the running round's folders
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };

@@ -108,11 +108,12 @@ void WorkerTemplate::gone(const std::string& why) {
 }
 
 void WorkerTemplate::poll() {
-  if (socket_.is_open() || pid_ <= 0) return;
+  if (pid_ <= 0) return;
   int status = 0;
-  if (::waitpid(pid_, &status, WNOHANG) == pid_) {
-    reason_ = "the warm template " + describe_status(status);
+  if (::waitpid(pid_, &status, WNOHANG) == pid_) {  // its socket's end may not have been read
     pid_ = 0;
+    reason_ = "the warm template " + describe_status(status);
+    gone(reason_);
   }
 }
 
@@ -200,9 +201,6 @@ void WorkerTemplate::on_reply(const std::string& reply) {
     try {
       const auto message = nlohmann::json::parse(reply);
       if (op == kSpawned) return finish_spawn(static_cast<pid_t>(message.at("pid").get<int>()));
-      if (message.contains("stop") && message["stop"].is_string()) {
-        stop_ = message["stop"].get<std::string>();
-      }
       return finish_spawn(message.value("reason", std::string("the template refused")));
     } catch (const nlohmann::json::exception& e) {
       return gone(std::string("the warm template answered garbage: ") + e.what());
@@ -220,9 +218,6 @@ void WorkerTemplate::on_prepared(const std::string& reply) {
     if (message.contains("problem") && message["problem"].is_string() && reason_.empty()) {
       reason_ = message["problem"].get<std::string>();
       refused_ = true;
-    }
-    if (message.contains("stop") && message["stop"].is_string()) {
-      stop_ = message["stop"].get<std::string>();
     }
   } catch (const nlohmann::json::exception& e) {
     return gone(std::string("the warm template answered garbage: ") + e.what());
@@ -258,16 +253,18 @@ void WorkerTemplate::arm_timer(std::chrono::milliseconds timeout, std::string wh
   });
 }
 
-void WorkerTemplate::prepare(const std::vector<std::string>& lists,
+void WorkerTemplate::prepare(const std::vector<std::string>& preload,
+                             const std::vector<std::string>& lists,
                              const std::vector<std::string>& own,
-                             const std::vector<std::string>& varying,
-                             const std::vector<std::string>& stop) {
+                             const std::vector<std::string>& varying) {
   if (!reason_.empty()) return;
-  send(
-      nlohmann::json{
-          {kOp, kPrepare}, {"lists", lists}, {"own", own}, {"varying", varying}, {"stop", stop}}
-          .dump(),
-      {});
+  send(nlohmann::json{{kOp, kPrepare},
+                      {"preload", preload},
+                      {"lists", lists},
+                      {"own", own},
+                      {"varying", varying}}
+           .dump(),
+       {});
   if (socket_.is_open()) ++pending_;
 }
 
@@ -296,7 +293,10 @@ void WorkerTemplate::spawn(const SpawnOptions& options, const std::string& cwd,
       guard = static_cast<int>(fds.size());
       fds.push_back(options.group_guard_fd);
     }
-    const nlohmann::json request = {{kOp, kSpawn},    {"argv", options.argv}, {"env", options.env},
+    const nlohmann::json request = {{kOp, kSpawn},
+                                    {"program", options.program},
+                                    {"argv", options.argv},
+                                    {"env", options.env},
                                     {"cwd", cwd},     {"cpus", options.cpus}, {"fds", targets},
                                     {"guard", guard}, {"agent", ::getpid()},  {"given", env_},
                                     {"blind", blind}};

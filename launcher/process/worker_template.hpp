@@ -1,7 +1,7 @@
 #pragma once
 // The warm template of a node's Python workers (worker/python/_ddprun_template.py): a process
-// of the job's interpreter that imports what the workers import, then forks each worker the
-// agent asks for. The second way to start a worker, beside spawn_process: both give a pid of
+// of the job's interpreter that imports the framework (torch, and --warm_preload's modules),
+// never the program, then forks each worker the agent asks for. The second way to start a worker, beside spawn_process: both give a pid of
 // the agent's own child (the template forks twice, and the agent is a child subreaper while it
 // asks), so the worker group watches, signals and reaps it the same way. Internal to the
 // launcher; every call runs on the agent's loop and none waits: replies, the template's death
@@ -57,13 +57,13 @@ class WorkerTemplate {
   WorkerTemplate(const WorkerTemplate&) = delete;
   WorkerTemplate& operator=(const WorkerTemplate&) = delete;
 
-  // Asks it to import the installed modules the lists (the probe's modules.txt files) name,
-  // never from the `own` folders (the script's, the working directory), each in the
-  // environment the workers imported it in. An import that reads one of the `varying`
-  // variables (they differ between workers) makes it unusable; it imports nothing from the
-  // first module in `stop` on. Does not wait.
-  void prepare(const std::vector<std::string>& lists, const std::vector<std::string>& own,
-               const std::vector<std::string>& varying, const std::vector<std::string>& stop);
+  // Asks it to import the `preload` modules that are installed code (never from the `own`
+  // folders: the script's, the working directory), in the environment it was given, and to
+  // read the workers' `lists` (the probe's modules.txt files): a worker that imported one of
+  // the modules it holds after changing its environment makes it unusable, as does an import
+  // that reads one of the `varying` variables (they differ between workers). Does not wait.
+  void prepare(const std::vector<std::string>& preload, const std::vector<std::string>& lists,
+               const std::vector<std::string>& own, const std::vector<std::string>& varying);
   // Calls `ready` on the loop once every prepare was answered, the template is gone, or
   // `timeout` passed (then reason() says so). One wait at a time.
   void when_prepared(std::chrono::milliseconds timeout, std::function<void()> ready);
@@ -83,14 +83,12 @@ class WorkerTemplate {
   // group guard, which ends it with the job.
   void abandon(const std::string& why);
 
-  // A template found gone: how it ended (reaped now, when it has exited), without waiting.
+  // Whether the template has exited (reaped now, its reason set, the socket closed), even
+  // when the end of its socket has not been read yet; never waits.
   void poll();
 
   // Why this template cannot fork (it died, an import made it unsafe); empty while it can.
   const std::string& reason() const { return reason_; }
-  // The module a next template must stop before to be usable (an import of it read a
-  // variable that differs between workers); empty when none would help.
-  const std::string& stop_before() const { return stop_; }
   // Whether the reason is the template's own verdict on its imports (a thread, a print...),
   // which another template importing the same would reach again; not a death or a timeout.
   bool refused() const { return refused_; }
@@ -128,7 +126,6 @@ class WorkerTemplate {
   std::size_t imported_ = 0;
   double import_seconds_ = 0;
   std::string reason_;
-  std::string stop_;
   bool refused_ = false;
   std::vector<std::string> env_;  // the template's, as given: its start-up's changes follow
 };

@@ -6,7 +6,10 @@ init_process_group and torchrun fail with "use_libuv was requested but PyTorch w
 libuv support". This makes libuv off the default, as a build without it should have it:
 USE_LIBUV defaults to "0", and TCPStore's use_libuv keyword defaults to False. A caller that
 passes use_libuv, or sets USE_LIBUV, gets what it asked for. Nothing else of PyTorch changes, and
-torch is not imported here: the class is patched when torch.distributed is first imported."""
+torch is not imported here: the class is patched when torch.distributed is first imported (at
+once where it was imported before this runs, as in a worker forked from ddprun's warm template,
+which runs its site start-up after its fork). USE_LIBUV=0 comes from scripts/python-pytorch214,
+so that this start-up sets no variable (which would make warm workers start cold)."""
 import importlib.abc
 import os
 import sys
@@ -48,4 +51,9 @@ class _PatchAfterImport(importlib.abc.MetaPathFinder):
         return spec
 
 
-sys.meta_path.insert(0, _PatchAfterImport())
+if "torch.distributed" in sys.modules:  # imported already (a warm template's preload)
+    _store = getattr(sys.modules["torch.distributed"], "TCPStore", None)
+    if _store is not None:
+        _default_libuv_off(_store)
+else:
+    sys.meta_path.insert(0, _PatchAfterImport())

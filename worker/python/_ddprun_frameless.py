@@ -221,6 +221,27 @@ def _steps(state, become, lock):
     yield from _program_steps(job, state["results"])
 
 
+# The stack of the thread a worker is forked from, which becomes its main thread's: an exec'd
+# worker's main thread grows its stack up to RLIMIT_STACK, as that limit is when it grows (a
+# program may raise it, or run under `ulimit -s unlimited`); a thread's stack is mapped once.
+# So the thread gets the most the main thread could reach: the hard limit (at most this much
+# where it is unlimited; the soft limit where that is higher), address space only until used.
+_UNLIMITED_STACK_BYTES = 1 << 30
+
+
+def main_stack_bytes():
+    """The stack size for a worker's forking thread (above)."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_STACK)
+    cap = _UNLIMITED_STACK_BYTES
+    size = cap if hard == resource.RLIM_INFINITY else min(hard, cap)
+    if soft != resource.RLIM_INFINITY:
+        size = max(size, soft)
+    page = os.sysconf("SC_PAGE_SIZE")
+    return max(size // page * page, 1 << 20)
+
+
 # Native ids of the threads run() started: each ends right after its fork, and is no thread
 # of the program's (the template's check for threads that a fork would lose skips them).
 own_threads = set()
@@ -233,7 +254,11 @@ def run(become):
     lock = _thread.allocate_lock()
     lock.acquire()
     steps = map(state["results"].append, map(_call, _steps(state, become, lock)))
-    _thread.start_new_thread(collections.deque, (steps, 0))
+    was = _thread.stack_size(main_stack_bytes())
+    try:
+        _thread.start_new_thread(collections.deque, (steps, 0))
+    finally:
+        _thread.stack_size(was)
     lock.acquire()
     own_threads.add(state["tid"])
     if state.get("error") is not None:

@@ -1,48 +1,49 @@
-"""ddprun's warm template: one per node, it imports what the workers will import, then forks
-each worker when the agent asks, so that a restarted worker starts with its modules loaded.
+"""ddprun's warm template: one per node, it imports the framework (torch, and the modules the user
+named in --warm_preload), never the program, then forks each worker when the agent asks, so that
+a restarted worker starts with PyTorch loaded and imports the program's own modules itself, as
+Python's multiprocessing forkserver does with its preload list.
 
 The agent (launcher/process/worker_template.cpp) runs this file with the job's interpreter,
-its interpreter flags, and the node's worker environment (no rank's variables), with
-DDPRUN_TEMPLATE_FD naming a SOCK_SEQPACKET socket. Requests are JSON messages; each gets one
-JSON reply (the names are _ddprun_contract's; common/include/ddp/common/worker_contract.hpp
-lists every request and answer):
-- {"op": "prepare", "lists": [paths], "own": [folders], "varying": [variables], "stop":
-  [modules]}: imports the installed modules the lists name (_ddprun_modules), each in the
-  environment the workers imported it in, skipping any that fails, and none from the first one
-  in "stop" or the first the ranks imported in different environments on; replies {"op":
+its interpreter flags and -S (no site start-up here: each worker runs its own), and the node's
+worker environment (no rank's variables), with DDPRUN_TEMPLATE_FD naming a SOCK_SEQPACKET
+socket. Requests are JSON messages; each gets one JSON reply (the names are _ddprun_contract's;
+common/include/ddp/common/worker_contract.hpp lists every request and answer):
+- {"op": "prepare", "preload": [modules], "lists": [paths], "own": [folders], "varying":
+  [variables]}: imports the preload modules that are installed code (never from the program's
+  own folders), skipping any that fails; then reads the workers' lists (_ddprun_modules) for
+  the environment their own imports of what the template holds ran in; replies {"op":
   "prepared", "imported": N, "failed": N, "modules": all it holds, "seconds": S, "problem":
-  text or null, "stop": module or null, "stopped": text or null}, and writes a line of it to
-  its own output (ddprun's warm_template.log). A problem (an import started a thread, opened a
-  descriptor, printed, loaded the CUDA driver, read one of the "varying" variables) means this
-  template must not fork: the agent starts the workers cold, saying why; with "stop", a next
-  template that stops before that module would be usable.
-- {"op": "spawn", "argv": [...], "env": ["K=V"...], "given": [the template's environment as
+  text or null}, and writes a line of it to its own output (ddprun's warm_template.log). A
+  problem (an import started a thread, opened a descriptor, printed, loaded the CUDA driver,
+  read one of the "varying" variables; a worker imported torch after changing its environment)
+  means this template must not fork: the agent starts the workers cold, saying why.
+- {"op": "spawn", "program": path, "argv": [...], "env": ["K=V"...], "given": [the template's environment as
   ddprun gave it], "cwd": path, "cpus": [...], "fds": [target numbers], "guard": index or -1,
   "agent": pid, "blind": no worker has said what it imported yet}, with the descriptors
   (SCM_RIGHTS) in the order "fds" names their targets, then the group guard's channel:
-  forks the worker; replies {"op": "spawned", "pid": P}, or {"op": "cold", "reason": text,
-  "stop": module or null} when it must not fork (_ddprun_warm_checks says what is checked).
+  forks the worker; replies {"op": "spawned", "pid": P}, or {"op": "cold", "reason": text}
+  when it must not fork (_ddprun_warm_checks says what is checked).
 - EOF: the template exits.
 
 The worker is forked twice: the template forks a child that forks the worker and exits, so that
 the worker is re-parented to the agent (a child subreaper while it asks): the agent reaps it
 and reads its exit status as an exec'd worker's. The worker then becomes what `python <flags>
 <script or -c source> <args>` would have been: its own session, the agent's group guard told,
-the parent-death signal, its descriptors (exactly the standard streams, the inherited ones, and
-those the interpreter's start-up opened, at their numbers), CPUs, signal dispositions and mask
-as a fresh interpreter has them, the environment (with the changes this interpreter's start-up
-made to the template's), /proc/self/cmdline and environ (written over the template's, which
+the parent-death signal, its descriptors (exactly the standard streams and the inherited ones,
+at their numbers), CPUs, signal dispositions and mask as a fresh interpreter has them, the
+environment, /proc/self/cmdline and environ (written over the template's, which
 ddprun padded: DDPRUN_TEMPLATE_PAD and arguments of spaces), sys.argv, sys.orig_argv,
 sys.path[0], new standard streams as Python's start-up makes them, numpy's global RandomState
 and torch's CPU generator reseeded (Python's random reseeds itself at a fork), logging's start
-time and multiprocessing's authkey anew, ddprun's probe installed for this worker, and a fresh
-__main__ module, with an absolute __file__, that the entrypoint runs in, at this file's top
+time and multiprocessing's authkey anew, the site start-up run in the worker (its .pth files,
+sitecustomize with ddprun's probe, usercustomize; sys.flags as without -S), a main thread whose
+stack reaches as deep as an exec'd one's (_ddprun_frameless), and a fresh __main__ module, with an absolute __file__, that the entrypoint runs in, at this file's top
 level: an exception it raises is printed with the traceback a fresh interpreter prints (this
 file's frames trimmed), and its exit status is the same.
 
 Shared with the template, unlike an exec'd worker: the hash seed (str hashes) and what the
-preloaded modules computed at import from anything _ddprun_warm_checks does not check (docs/cli.md
-lists it).
+preloaded modules (the framework) computed at import from anything _ddprun_warm_checks does not
+check (docs/cli.md lists it).
 """
 
 import io
@@ -93,12 +94,95 @@ for _name in (_contract.TEMPLATE_FD, _contract.TEMPLATE_PAD):  # for the templat
 # The interpreter's own command line up to this script: the real executable a wrapper exec'd.
 _ORIG_PREFIX = list(getattr(sys, "orig_argv", []))
 _ORIG_PREFIX = _ORIG_PREFIX[:_ORIG_PREFIX.index(sys.argv[0])] if sys.argv[0] in _ORIG_PREFIX else []
+if _ORIG_PREFIX[-1:] == ["-S"]:
+    del _ORIG_PREFIX[-1]  # the template's own flag (ddprun puts it last), not the workers'
 
 import _ddprun_modules  # noqa: E402  (from this file's folder, sys.path[0] until here)
-import _ddprun_package  # noqa: E402
 
 if sys.path and os.path.realpath(sys.path[0] or ".") == _FOLDER:
     del sys.path[0]  # a worker's sys.path[0] is its script's folder, set when it is forked
+# ddprun starts the template without the site start-up (-S): each worker runs its own (.pth
+# files, sitecustomize, usercustomize) after its fork, in its environment (_run_site). This is
+# sys.path as the interpreter made it before that start-up: where a worker's site.py begins.
+_SITE_IN_WORKER = bool(sys.flags.no_site)
+_BASE_PATH = list(sys.path)
+
+
+class _SiteFlag:
+    """sys.flags.no_site, which the template's -S set and a worker's own start-up clears: the
+    slot of the flags' tuple that holds it, found (and checked) at the template's start.
+    sys.flags is a struct sequence, a tuple underneath, which Python offers no way to write."""
+
+    def __init__(self):
+        self.problem = None
+        self.slot = None
+        if not _SITE_IN_WORKER:
+            return
+        try:
+            import ctypes
+
+            names = getattr(type(sys.flags), "__match_args__", None)  # 3.10+
+            index = names.index("no_site") if names else 6  # its place since Python 2
+            # A tuple's items follow its header (ob_item: tuple's basic size, 3.14's hash
+            # included); a struct sequence's own basic size counts its hidden fields too.
+            address = id(sys.flags) + tuple.__basicsize__ + index * ctypes.sizeof(ctypes.c_void_p)
+            slot = ctypes.c_void_p.from_address(address)
+            if slot.value != id(sys.flags.no_site) or sys.flags.no_site != 1:
+                raise ValueError("sys.flags is not laid out as a tuple")
+            self.slot, self._ctypes = slot, ctypes
+        except Exception as error:
+            self.problem = "this interpreter's sys.flags cannot be given the site flag (%s)" % error
+
+    def clear(self):
+        """In a worker: sys.flags.no_site is 0, as the worker's interpreter was started."""
+        zero = 0
+        self._ctypes.pythonapi.Py_IncRef(self._ctypes.py_object(zero))  # the slot's reference
+        self.slot.value = id(zero)
+
+
+def _add_site_paths():
+    """sys.path as site.py makes it, without running what the start-up runs: the user's and
+    the system's site folders and the folders their .pth files name, but no .pth `import`
+    line, no sitecustomize, no usercustomize (each worker's own, after its fork)."""
+    import site
+
+    known = site.removeduppaths()
+    site.venv(known)  # a virtual environment's prefix (and whether it sees the system's)
+    folders = []
+    if site.check_enableusersite():
+        folders.append(site.getusersitepackages())
+    folders.extend(site.getsitepackages())
+    for folder in folders:
+        if not os.path.isdir(folder) or folder in sys.path:
+            continue
+        sys.path.append(folder)
+        try:
+            names = sorted(n for n in os.listdir(folder) if n.endswith(".pth") and n[0] != ".")
+        except OSError:
+            continue
+        for name in names:
+            try:
+                with open(os.path.join(folder, name), encoding="utf-8") as pth:
+                    lines = pth.read().splitlines()
+            except (OSError, UnicodeDecodeError):
+                continue
+            for line in lines:
+                if not line.strip() or line.startswith(("#", "import ", "import\t")):
+                    continue
+                path = os.path.abspath(os.path.join(folder, line.rstrip()))
+                if os.path.exists(path) and path not in sys.path:
+                    sys.path.append(path)
+
+
+_SITE_FLAG = _SiteFlag()
+if _SITE_IN_WORKER:
+    _add_site_paths()
+try:  # ddprun's own probe, which a worker's sitecustomize imports: its import does nothing
+    __import__("_ddprun_probe")
+except Exception:  # the worker imports it (and says why it cannot) itself
+    pass
+_PRELOADED_NAMES = set()  # the modules preloaded by name (torch, --warm_preload's)
+_PRELOADED_MODULES = set()  # and every module their imports imported
 
 _SOCKET_FD = int(_STARTUP_FD)
 _C_SOURCE_KEPT = None  # _c_source_in_tracebacks(), asked before the first fork
@@ -110,15 +194,10 @@ _MAX_FDS = 64
 
 
 class _Refuse(Exception):
-    """This template must not fork now: the reason goes back to the agent, with the listed
-    module a next template must stop before, if that is what makes it safe."""
-
-    def __init__(self, reason, stop=None):
-        super().__init__(reason)
-        self.stop = stop
+    """This template must not fork again: the reason goes back to the agent."""
 
 
-# --- Preparing: importing what the workers imported ---------------------------------------
+# --- Preparing: importing the framework ----------------------------------------------------
 
 
 def _threads():
@@ -150,6 +229,8 @@ def _openblas_threads():
 def _fork_problem(driver=True):
     """Why forking now would not give a worker an exec'd one's state, or None. `driver`: look
     for the CUDA driver too (only an import can load it: after each prepare)."""
+    if _SITE_FLAG.problem:
+        return _SITE_FLAG.problem
     threads = _threads()
     if threads > 1 and threads - 1 > max(_openblas_threads() - 1, 0):
         return "the template has %d threads after its imports (a fork keeps only one)" % threads
@@ -173,17 +254,19 @@ class _Preloaded:
     def __init__(self):
         self.files = {}  # listed name -> its file (checked against the workers')
         self.fds = _checks.open_fds()  # the descriptors the template itself holds
-        self.held = []  # descriptors a preloaded module holds (libffi's library file)
+        self.held_fds = []  # descriptors a preloaded module holds (libffi's library file)
         self.startup = _checks.StartupFiles(_STARTUP_FDS)
         self.snapshot = _checks.Snapshot()
         self.reads = _checks.EnvironmentReads(())
         self.problem = None  # set once: the template never forks again
-        self.stop = None  # the module a next template must stop before (it read a rank's)
-        self.stopped = None  # why this template preloads nothing more
         self.effects = {}  # what the imports themselves set in os.environ (None: removed)
         self.files_checked = (float("-inf"), None)  # (when, what changed) for a burst of forks
 
-    def prepare(self, lists, own_folders, varying=(), stop=()):
+    def prepare(self, preload, lists, own_folders, varying=()):
+        """Imports the `preload` modules (the framework: torch, and --warm_preload's) that are
+        installed code, never from the program's `own_folders`, once each, in the environment
+        the template was given; then reads the workers' `lists` (the probe's modules.txt) for
+        the environments their own imports of what the template holds ran in."""
         started = time.monotonic()
         roots = _ddprun_modules.installed_roots()
         own = [os.path.realpath(f) for f in own_folders if f]
@@ -193,51 +276,62 @@ class _Preloaded:
         import importlib
         import importlib.util
 
-        for name, file, delta in _ddprun_modules.read_lists(lists):
-            if self.problem or self.stopped:
+        for name in preload:
+            if self.problem:
                 break
-            if name in sys.modules or name in self.files:
+            if name in self.files:
                 continue
-            if not file and "." not in name and name not in sys.builtin_module_names:
-                try:  # a name alone (--warm_start=always's torch): where it would load from
-                    spec = importlib.util.find_spec(name)
-                    file = spec.origin if spec is not None and spec.origin else ""
-                except (ImportError, ValueError):
-                    continue
-            if not _ddprun_modules.installed(name, file, roots, own):
+            try:
+                spec = importlib.util.find_spec(name)
+                file = spec.origin if spec is not None and spec.origin else ""
+            except (ImportError, ValueError):
+                spec, file = None, ""
+            if spec is None or not _ddprun_modules.installed(name, file, roots, own):
+                failed += 1  # not there, or the program's own: the workers import it
                 continue
-            self.stopped = self._stop_before(name, delta, stop)
-            if self.stopped:
-                break
-            if self._import(importlib, name, delta):
+            before = set(sys.modules)
+            if self._import(importlib, name):
                 imported += 1
                 self._remember(name, sys.modules.get(name), file)
+                _PRELOADED_NAMES.add(name)
+                _PRELOADED_MODULES.update(set(sys.modules) - before)
             else:
                 failed += 1
         self.snapshot.add_modules()
         if self.problem is None:
             self.problem = self._import_problem(out_before)
+        if self.problem is None:
+            self.problem = self._environment_problem(lists)
         return {_contract.OP: _contract.PREPARED, "imported": imported, "failed": failed,
                 "modules": len(sys.modules), "seconds": round(time.monotonic() - started, 3),
-                "problem": self.problem, "stop": self.stop, "stopped": self.stopped}
+                "problem": self.problem}
 
-    @staticmethod
-    def _stop_before(name, delta, stop):
-        """Why preloading stops at `name` (the module and all after it are the workers' own
-        to import), or None."""
-        if name in stop:
-            return "at %s, which an earlier template found reading a rank's variable" % name
-        if delta == _ddprun_modules.DIVERGENT:
-            return ("at %s, which the ranks imported with different environments (the program "
-                    "set variables per rank before it)" % name)
+    def _environment_problem(self, lists):
+        """Why a worker forked from this template would not import what it preloaded as the
+        workers did, or None: a program that changed its environment before `import torch`
+        (OMP_NUM_THREADS set at its top, per rank, from the restart count) had that import read
+        the changed value; the template's read the node's. What counts is the environment when
+        the workers first imported each module preloaded by name (a change the program made
+        before importing another of the framework's modules, numpy say, is still there then);
+        the framework's own imports change it only after that."""
+        for name, _, delta in _ddprun_modules.read_lists(lists):
+            if name not in self.files:
+                continue
+            if delta == _ddprun_modules.DIVERGENT:
+                return ("the ranks imported %s after setting their environments differently (a "
+                        "variable per rank before the import), which the template imported once "
+                        "in the node's" % name)
+            for key, value in sorted(delta.items()):
+                if _STARTUP_ENV.get(key) != value:
+                    return ("the program sets %s (to %s) before it imports %s, which the "
+                            "template imported with %s %s" % (
+                                key, _shown(value), name, key, _shown(_STARTUP_ENV.get(key))))
         return None
 
-    def _import(self, importlib, name, delta):
-        """Imports `name` in the environment `delta` describes, noting what it reads; False
-        when it failed (not preloaded)."""
-        _checks.apply_delta(_STARTUP_ENV, delta)
+    def _import(self, importlib, name):
+        """Imports `name`, noting what it reads; False when it failed (not preloaded)."""
         before = dict(os.environ)
-        self.reads.start(name, delta)
+        self.reads.start(name, {})
         try:
             importlib.import_module(name)
             return True
@@ -249,9 +343,8 @@ class _Preloaded:
             self.effects.update(_checks.changes(before, dict(os.environ)))
             if self.reads.tainted and self.problem is None:
                 variable, reader = self.reads.tainted
-                self.problem = ("%s reads %s at import, which differs between workers: the "
-                                "next template stops before %s" % (reader, variable, name))
-                self.stop = name
+                self.problem = "%s reads %s at import, which differs between workers" % (
+                    reader, variable)
 
     def _remember(self, name, module, file):
         path = getattr(module, "__file__", None)
@@ -265,8 +358,8 @@ class _Preloaded:
     def _import_problem(self, out_before):
         if _output_sizes() != out_before:
             return "an import printed to the template's output (a worker's own import prints it)"
-        self.held = [fd for fd in _checks.open_fds() if fd not in self.fds]
-        for fd in self.held:
+        self.held_fds = [fd for fd in _checks.open_fds() if fd not in self.fds]
+        for fd in self.held_fds:
             if not _checks.read_only_file(fd):
                 return "an import left descriptor %d open (%s), not a file read only" % (
                     fd, _checks.link(fd))
@@ -274,13 +367,13 @@ class _Preloaded:
 
     def fork_problem(self, request):
         """Why a worker forked for `request` now would not be an exec'd one, or None; raises
-        _Refuse when a next template that stops before a module would do."""
+        _Refuse when no worker of this template's would be."""
         if self.problem:
-            raise _Refuse(self.problem, self.stop)
+            raise _Refuse(self.problem)
         problem = self._files_changed() or _fork_problem(driver=False)
         if problem:
             return problem
-        clash = [fd for fd in self.held if fd in request["fds"]]
+        clash = [fd for fd in self.held_fds if fd in request["fds"]]
         if clash:
             return "a preloaded module holds descriptor %d (%s), the worker's %s" % (
                 clash[0], _checks.link(clash[0]), "stdout or stderr" if clash[0] < 3 else "record")
@@ -291,9 +384,8 @@ class _Preloaded:
         differs = self.reads.differs(worker_env)
         if differs:
             variable, module, entry, here, there = differs
-            raise _Refuse("%s read %s at import: %s in the template, %s in this worker; the "
-                          "next template stops before %s" % (
-                              module, variable, _shown(here), _shown(there), entry), entry)
+            raise _Refuse("%s read %s at import: %s in the template, %s in this worker" % (
+                module, variable, _shown(here), _shown(there)))
         if request.get("blind"):
             return _program_problem(request)
         return None
@@ -394,7 +486,7 @@ def _spawn(request, fds, preloaded, control):
         if worker == 0:
             os.close(pid_write)
             return _become_worker(request, fds, control,
-                                  preloaded.held + preloaded.startup.open(), preloaded.effects)
+                                  preloaded.held_fds + preloaded.startup.open(), preloaded.effects)
         try:
             os.write(pid_write, struct.pack("i", worker))
         finally:
@@ -440,7 +532,6 @@ def _become_worker(request, fds, control, held, effects):
             os.sched_setaffinity(0, request["cpus"])
         _reset_signals()
         exec_env = _set_environment(request["env"], request["given"])
-        _ddprun_package.offer(_FOLDER)
         _checks.apply_effects(effects)
         os.chdir(request["cwd"])
         job = _Job(request["argv"])
@@ -448,7 +539,11 @@ def _become_worker(request, fds, control, held, effects):
         _make_standard_streams()
         _reseed()
         _restart_clocks_and_keys()
-        _start_probe()
+        cold = _run_site()
+        if cold:
+            _exec_cold(request, cold)
+        _start_probe()  # what ddprun's sitecustomize does last in an exec'd worker
+        sys.path.insert(0, job.path0)
         return job
     except BaseException as error:
         try:
@@ -626,11 +721,89 @@ def _restart_clocks_and_keys():
             pass
 
 
+def _run_site():
+    """The worker's site start-up, as an exec'd interpreter runs it before the program: site.py
+    imported anew with sys.path as the interpreter made it, so that it adds the site folders,
+    runs the .pth files, sitecustomize (ddprun's, which installs the probe and runs the
+    user's) and usercustomize, in this worker's environment, with its sys.argv. sys.flags
+    says the start-up ran, as it does in an exec'd worker (its children get no -S).
+
+    In an exec'd worker that start-up runs before torch is imported, here after: returns why
+    that would differ (the worker must start cold), or None. It differs when the start-up set a
+    variable (torch's import may read it, from C) or installed an import hook (a finder that
+    patches torch as it imports: the preloaded torch never went through it)."""
+    if not _SITE_IN_WORKER:
+        return None
+    _SITE_FLAG.clear()
+    sys.path[:] = _BASE_PATH
+    sys.modules.pop("site", None)
+    finders = list(sys.meta_path)
+    environment = dict(os.environ)
+    probe = sys.modules.get("_ddprun_probe")
+    if probe is not None:  # installed below, once the worker is known to stay forked
+        probe.install_after_site = True
+    import importlib
+
+    importlib.import_module("site")
+    if probe is not None:
+        probe.install_after_site = False
+    changed = sorted(key for key in _checks.changes(environment, dict(os.environ))
+                     if key != "PYTHONPATH" and not key.startswith("DDPRUN_"))
+    if changed:
+        return "its site start-up (a .pth file or sitecustomize) sets %s, which %s's import " \
+               "may read" % (changed[0], _preloaded_names())
+    for finder in sys.meta_path:
+        if not any(finder is before for before in finders) and not _harmless(finder):
+            kind = type(finder) if not isinstance(finder, type) else finder
+            return "its site start-up installed an import hook (%s.%s) that the preloaded %s " \
+                   "never went through" % (kind.__module__, kind.__qualname__,
+                                           _preloaded_names())
+    return None
+
+
+# Import hooks the site start-up installs that are known to find only the modules named here
+# (setuptools' distutils shim; pip install -e's finders, by their MAPPING): harmless unless the
+# template preloaded one of those.
+_KNOWN_FINDERS = {"_distutils_hack": ("distutils", "pip")}
+
+
+def _harmless(finder):
+    module = getattr(type(finder) if not isinstance(finder, type) else finder, "__module__", "")
+    module = module or ""
+    if module.startswith("_ddprun_"):
+        return True  # the probe's (its module watch finds nothing)
+    names = _KNOWN_FINDERS.get(module)
+    if names is None and module.startswith("__editable__"):
+        names = tuple(getattr(sys.modules.get(module), "MAPPING", {}) or ()) or None
+    if names is None:
+        return False
+    return not any(name in _PRELOADED_MODULES for name in names)
+
+
+def _preloaded_names():
+    return ", ".join(sorted(_PRELOADED_NAMES)) or "nothing"
+
+
+def _exec_cold(request, why):
+    """This worker becomes the exec'd one ddprun would have started: same pid, descriptors,
+    session and parent; saying why in one line."""
+    try:
+        for stream in (sys.stdout, sys.stderr):
+            if stream is not None:
+                stream.flush()
+        os.write(2, ("ddprun: warm start: this worker starts cold: %s\n" % why).encode())
+        os.execve(request["program"], request["argv"], _entries(request["env"]))
+    except BaseException as error:
+        os.write(2, ("ddprun: the warm template could not start this worker cold: %s: %s\n"
+                     % (type(error).__name__, error)).encode())
+    os._exit(1)
+
+
 def _start_probe():
     """ddprun's probe for this worker, as its sitecustomize would install it."""
     probe = sys.modules.get("_ddprun_probe")
     if probe is None or os.environ.get(_contract.PYTHON_PROBE) == "0":
-        return
+        return  # (a probe that cannot be imported: the sitecustomize said so)
     try:
         probe.install()
     except Exception as error:
@@ -671,11 +844,11 @@ class _Job:
             # the working directory, in full.
             self.module, self.source, self.file = argv[at + 1], None, None
             sys.argv[:] = ["-m"] + argv[at + 2:]
-            sys.path.insert(0, os.getcwd())
+            self.path0 = os.getcwd()
         elif at < len(argv) and argv[at] == "-c":
             self.source, self.file = argv[at + 1], None
             sys.argv[:] = ["-c"] + argv[at + 2:]
-            sys.path.insert(0, "")
+            self.path0 = ""
         else:
             # As CPython 3.9+: __main__.__file__ and the code's file name are absolute (a
             # program that changes directory still finds its source).
@@ -689,7 +862,7 @@ class _Job:
                 sys.stderr.flush()
                 os._exit(2)
             sys.argv[:] = argv[at:]  # as given
-            sys.path.insert(0, os.path.dirname(os.path.realpath(self.file)))
+            self.path0 = os.path.dirname(os.path.realpath(self.file))
 
     def run(self):
         import builtins
@@ -895,13 +1068,13 @@ def _serve():
         try:
             request = json.loads(data)
             if request[_contract.OP] == _contract.PREPARE:
-                reply = preloaded.prepare(request["lists"], request.get("own", []),
-                                          request.get("varying", []), request.get("stop", []))
+                reply = preloaded.prepare(request.get("preload", []), request.get("lists", []),
+                                          request.get("own", []), request.get("varying", []))
                 _reply(control, reply)
                 sys.stderr.write("ddprun warm template: prepared: %d modules imported (%d failed) "
-                                 "in %.3f s, %d in all; problem: %s; stopped: %s\n" % (
+                                 "in %.3f s, %d in all; problem: %s\n" % (
                                      reply["imported"], reply["failed"], reply["seconds"],
-                                     reply["modules"], reply["problem"], reply["stopped"]))
+                                     reply["modules"], reply["problem"]))
             elif request[_contract.OP] == _contract.SPAWN:
                 job = _spawn(request, fds, preloaded, control)
                 if isinstance(job, _Job):
@@ -909,8 +1082,7 @@ def _serve():
                 _reply(control, {_contract.OP: _contract.SPAWNED, "pid": job})
                 give = True
         except _Refuse as refused:
-            _reply(control, {_contract.OP: _contract.COLD, "reason": str(refused),
-                            "stop": refused.stop})
+            _reply(control, {_contract.OP: _contract.COLD, "reason": str(refused)})
         except Exception as error:
             _reply(control, {_contract.OP: _contract.COLD,
                             "reason": "%s: %s" % (type(error).__name__, error)})

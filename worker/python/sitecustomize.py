@@ -83,7 +83,11 @@ def _import_probe():
 
 
 def _start_probe(probe, error):
-    """Installs the probe; a failure (or `error`, its import's) turns it off, in one line."""
+    """Installs the probe; a failure (or `error`, its import's) turns it off, in one line. A
+    worker forked from ddprun's warm template installs it itself once its site start-up has
+    run (the template set probe.install_after_site)."""
+    if error is None and getattr(probe, "install_after_site", False):
+        return
     if error is None:
         try:
             probe.install()

@@ -1,8 +1,9 @@
-// Warm workers the same as cold ones (issue 34): ordinary programs that ran differently in a
-// worker forked from the warm template. Each case runs warm_cases.py under ddprun (2 workers, one
-// restart): attempt 0 is exec'd, attempt 1 warm (or cold, with one line that names the reason),
-// and what each rank saw in attempt 1 must be what it saw in attempt 0 (or what a cold attempt 1
-// sees). Against the PyTorch of DDP_TEST_PYTHON (both peers: [torch]).
+// Warm workers the same as cold ones (issues 34 and 47): ordinary programs that ran differently in
+// a worker forked from the warm template. Each case runs warm_cases.py under ddprun
+// --warm_start=restart (2 workers, one restart): attempt 0 is exec'd, attempt 1 warm (or cold,
+// with one line that names the reason), and what each rank saw in attempt 1 must be what it saw
+// in attempt 0 (or what a cold attempt 1 sees). Against the PyTorch of DDP_TEST_PYTHON (both
+// peers: [torch]).
 
 #include <catch2/catch.hpp>
 #include <filesystem>
@@ -49,7 +50,8 @@ CaseRun run_case(const TempDir& dir, const std::string& name, std::vector<std::s
   argv.insert(argv.end(),
               {"/bin/sh", "-c", "cd \"$0\" && exec \"$@\"",
                source_path("tests/launcher/agent/python").string(), bin_path("ddprun").string(),
-               "--nproc_per_node=2", "--log_dir=" + (dir.path() / "logs").string()});
+               "--nproc_per_node=2", "--warm_start=restart",
+               "--log_dir=" + (dir.path() / "logs").string()});
   argv.insert(argv.end(), options.begin(), options.end());
   argv.insert(argv.end(), {"warm_cases.py", name, out.string()});
   argv.insert(argv.end(), args.begin(), args.end());
@@ -75,14 +77,14 @@ void check_same(const CaseRun& run) {
 }  // namespace
 
 TEST_CASE(
-    "a warm worker runs as a cold one: the environment set before import torch, the start-up's "
-    "log, an absolute __file__, an exact long command line, fresh clocks and keys",
+    "a warm worker runs as a cold one: the start-up's log, an absolute __file__, an exact long "
+    "command line, fresh clocks and keys",
     "[torch]") {
   if (!torch_available()) return skip(torch_python() + kTorchMissing);
   TempDir dir;
   const fs::path log = dir.path() / "startup.log";
   const std::string long_argument(6000, 'x');  // more than the room a template had before
-  const CaseRun run = run_case(dir, "same", {"--max_restarts=1"},
+  const CaseRun run = run_case(dir, "plain", {"--max_restarts=1"},
                                {{"WARM_STARTUP_LOG", log.string()}}, {long_argument});
   INFO("stderr:\n" << run.result.err << "\nstdout:\n" << run.result.out);
   REQUIRE(run.result.status == 0);
@@ -90,9 +92,6 @@ TEST_CASE(
   check_same(run);
   for (int rank = 0; rank < 2; ++rank) {
     const json warm = run.seen(1, rank)["fields"];
-    CHECK(warm["threads"] == 2);
-    CHECK_THAT(warm["debug_level"].get<std::string>(), Catch::Contains("DETAIL"));
-    CHECK(warm["jit_enabled"] == false);
     CHECK(fs::path(warm["file"].get<std::string>()).is_absolute());
     CHECK(warm["source_found"] == true);
     CHECK(warm["relative_created_ok"] == true);
@@ -111,7 +110,7 @@ TEST_CASE(
   if (!fs::exists("/usr/bin/setpriv")) return skip("no setpriv (util-linux) to drop a capability");
   TempDir dir;
   const CaseRun run =
-      run_case(dir, "same", {"--max_restarts=1"}, {}, {"an argument", "another"},
+      run_case(dir, "plain", {"--max_restarts=1"}, {}, {"an argument", "another"},
                {"/usr/bin/setpriv", "--inh-caps=-sys_resource", "--bounding-set=-sys_resource"});
   INFO("stderr:\n" << run.result.err << "\nstdout:\n" << run.result.out);
   REQUIRE(run.result.status == 0);
@@ -123,16 +122,82 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "a program that sets a variable before import torch (on every rank, per rank, from the "
+    "restart count) restarts cold, saying which, and its import sees it",
+    "[torch]") {
+  if (!torch_available()) return skip(torch_python() + kTorchMissing);
+  const auto [name, why] = GENERATE(table<std::string, std::string>({
+      {"same", "the program sets OMP_NUM_THREADS (to '2') before it imports torch"},
+      // (Or "the program sets OMP_NUM_THREADS (to '2')" where rank 1's list came first.)
+      {"per_rank_env", "the ranks imported torch after setting their environments differently"},
+      {"restart_env", "the program sets TORCH_DISTRIBUTED_DEBUG (to 'OFF') before it imports "
+                      "torch"},
+  }));
+  TempDir dir;
+  const CaseRun run = run_case(dir, name, {"--max_restarts=1"}, {});
+  INFO("case " << name << "\nstderr:\n" << run.result.err << "\nstdout:\n" << run.result.out);
+  REQUIRE(run.result.status == 0);
+  const std::string cold = "attempt 1's workers start cold: ";
+  if (name == "per_rank_env") {
+    CHECK_THAT(run.result.err,
+               Catch::Contains(cold + why) ||
+                   Catch::Contains(cold + "the program sets OMP_NUM_THREADS (to '2') before it "
+                                          "imports torch"));
+  } else {
+    CHECK_THAT(run.result.err, Catch::Contains(cold + why));
+  }
+  for (int rank = 0; rank < 2; ++rank) {
+    INFO("rank " << rank);
+    const json warm = run.seen(1, rank)["fields"];
+    if (name == "same") {
+      check_same(run);
+      CHECK(warm["threads"] == 2);
+      CHECK_THAT(warm["debug_level"].get<std::string>(), Catch::Contains("DETAIL"));
+      CHECK(warm["jit_enabled"] == false);
+    } else if (name == "per_rank_env") {
+      CHECK(warm["threads"] == 1 + rank);
+    } else {
+      CHECK_THAT(warm["debug_level"].get<std::string>(), Catch::Contains("DETAIL"));
+    }
+  }
+}
+
+TEST_CASE(
+    "what an installed module makes at import from its process is the forked worker's own "
+    "(issue 47), the sitecustomize runs per worker, and the stack reaches as deep",
+    "[torch]") {
+  if (!torch_available()) return skip(torch_python() + kTorchMissing);
+  TempDir dir;
+  const CaseRun run = run_case(dir, "by_design", {"--max_restarts=1"}, {});
+  INFO("stderr:\n" << run.result.err << "\nstdout:\n" << run.result.out);
+  REQUIRE(run.result.status == 0);
+  CHECK_THAT(run.result.err, Catch::Contains("warm start: attempt 1's 2 workers were forked"));
+  check_same(run);
+  for (int rank = 0; rank < 2; ++rank) {
+    INFO("rank " << rank);
+    const json warm = run.seen(1, rank)["fields"];
+    CHECK(warm["startup_rank_is_own"] == true);
+    CHECK(warm["pid_is_own"] == true);
+    CHECK(warm["usr1_handled"] == true);
+    CHECK(warm["shadow"] == "script folder");
+    CHECK(warm["after_fork"].empty());
+  }
+  for (const std::string key : {"tmp", "session", "draw"}) {
+    INFO(key);
+    CHECK(run.seen(1, 0)["per_process"][key] != run.seen(1, 1)["per_process"][key]);
+  }
+}
+
+TEST_CASE(
     "an installed module that reads RANK and the restart count at import sees the worker's own "
-    "values, the line that says so names it, and the next template stops before it (the restart "
-    "after is warm)",
+    "values in every forked attempt (the template never imports it)",
     "[torch]") {
   if (!torch_available()) return skip(torch_python() + kTorchMissing);
   TempDir dir;
   const CaseRun run = run_case(dir, "rank_again", {"--max_restarts=2"}, {});
   INFO("stderr:\n" << run.result.err << "\nstdout:\n" << run.result.out);
   REQUIRE(run.result.status == 0);
-  CHECK_THAT(run.result.err, Catch::Contains("warm_rank_reader reads RANK at import"));
+  CHECK_THAT(run.result.err, Catch::Contains("warm start: attempt 1's 2 workers were forked"));
   CHECK_THAT(run.result.err, Catch::Contains("warm start: attempt 2's 2 workers were forked"));
   for (int attempt = 1; attempt <= 2; ++attempt) {
     for (int rank = 0; rank < 2; ++rank) {
@@ -144,48 +209,46 @@ TEST_CASE(
 }
 
 TEST_CASE(
-    "an installed package's __init__.py edited between attempts runs its new code (the attempt "
-    "starts cold, saying which file changed)",
+    "an installed package's __init__.py edited between attempts runs its new code in a forked "
+    "worker (the template never imported it)",
     "[torch]") {
   if (!torch_available()) return skip(torch_python() + kTorchMissing);
   TempDir dir;
   const CaseRun run = run_case(dir, "edit", {"--max_restarts=1"}, {});
   INFO("stderr:\n" << run.result.err << "\nstdout:\n" << run.result.out);
   REQUIRE(run.result.status == 0);
-  CHECK_THAT(run.result.err, Catch::Contains("warm_pkg (") &&
-                                 Catch::Contains("changed since the template imported it"));
+  CHECK_THAT(run.result.err, Catch::Contains("warm start: attempt 1's 2 workers were forked"));
   CHECK(run.seen(0, 0)["fields"]["value"] == 1);
   for (int rank = 0; rank < 2; ++rank) CHECK(run.seen(1, rank)["fields"]["value"] == 2);
 }
 
 TEST_CASE(
     "a package installed between attempts through a new .pth file is importable in the next "
-    "attempt (it starts cold, saying why)",
+    "attempt, forked (each worker runs its own site start-up)",
     "[torch]") {
   if (!torch_available()) return skip(torch_python() + kTorchMissing);
   TempDir dir;
   const CaseRun run = run_case(dir, "pth", {"--max_restarts=1"}, {});
   INFO("stderr:\n" << run.result.err << "\nstdout:\n" << run.result.out);
   REQUIRE(run.result.status == 0);
-  CHECK_THAT(run.result.err, Catch::Contains("warm_new.pth was added"));
+  CHECK_THAT(run.result.err, Catch::Contains("warm start: attempt 1's 2 workers were forked"));
   for (int rank = 0; rank < 2; ++rank) {
     CHECK(run.seen(1, rank)["fields"]["new_pkg"] == "installed between attempts");
   }
 }
 
 TEST_CASE(
-    "a log the interpreter's start-up opened for writing (not appending) makes the attempt "
-    "cold, saying so, and the job runs as cold",
+    "a log the interpreter's start-up opens for writing (not appending) is each forked worker's "
+    "own, as exec'd (the start-up runs in the worker)",
     "[torch]") {
   if (!torch_available()) return skip(torch_python() + kTorchMissing);
   TempDir dir;
-  const CaseRun run = run_case(dir, "same", {"--max_restarts=1"},
+  const CaseRun run = run_case(dir, "plain", {"--max_restarts=1"},
                                {{"WARM_STARTUP_LOG", (dir.path() / "startup.log").string()},
                                 {"WARM_STARTUP_LOG_MODE", "w"}});
   INFO("stderr:\n" << run.result.err << "\nstdout:\n" << run.result.out);
   REQUIRE(run.result.status == 0);
-  CHECK_THAT(run.result.err, Catch::Contains("attempt 1's workers start cold") &&
-                                 Catch::Contains("the interpreter's start-up opened descriptor"));
+  CHECK_THAT(run.result.err, Catch::Contains("warm start: attempt 1's 2 workers were forked"));
   check_same(run);
 }
 

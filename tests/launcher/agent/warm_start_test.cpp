@@ -95,6 +95,7 @@ TEST_CASE(
                                    bin_path("ddprun").string(),
                                    "--nproc_per_node=2",
                                    "--max_restarts=1",
+                                   "--warm_start=restart",
                                    "--log_dir=" + logs.path().string()};
   std::istringstream options(streams);
   for (std::string option; options >> option;) argv.push_back(option);
@@ -215,16 +216,18 @@ TEST_CASE(
   if (!torch_available()) {
     return skip(torch_python() + " cannot import torch.distributed with Gloo");
   }
-  const auto [mode, why] = GENERATE(table<std::string, std::string>({
-      {"thread", "threads after its imports"},
-      {"changed", "changed since the template imported it"},
-      {"killed", "warm template was killed"},
+  // The installed module each mode imports, which the test has the template preload.
+  const auto [mode, why, preload] = GENERATE(table<std::string, std::string, std::string>({
+      {"thread", "threads after its imports", "warm_thready"},
+      {"changed", "changed since the template imported it", "warm_plain"},
+      {"killed", "warm template was killed", "warm_plain"},
   }));
   TempDir out;
   TempDir logs;
   const fs::path site = copy_site(out.path());
   const ProcessResult result = run_process(
       {bin_path("ddprun").string(), "--nproc_per_node=2", "--max_restarts=1",
+       "--warm_start=restart", "--warm_preload=" + preload,
        "--log_dir=" + logs.path().string(), script("warm_job.py"), mode, out.path().string()},
       {{"PYTHON_EXEC", torch_python()},
        {"PYTHONPATH", site.string()},
@@ -277,6 +280,7 @@ TEST_CASE(
     logs.push_back(std::make_unique<TempDir>());
     std::vector<std::string> argv = {bin_path("ddprun").string(), "--nnodes=2",
                                      "--nproc_per_node=2", "--max_restarts=1",
+                                     "--warm_start=restart",
                                      "--log_dir=" + logs.back()->path().string()};
     if (backend == "c10d") {
       argv.insert(argv.end(),

@@ -116,22 +116,26 @@ inline constexpr Name kDdprunVariables[] = {
 // answer; the template answers nothing else, and exits at the end of the socket.
 //
 //   request                                      answer
-//   prepare  lists own varying stop              prepared  imported failed modules seconds
-//                                                          problem stop stopped
-//   spawn    argv env given cwd cpus fds guard   spawned   pid
-//            agent blind, + the descriptors      cold      reason stop
+//   prepare  preload lists own varying           prepared  imported failed modules seconds
+//                                                          problem
+//   spawn    program argv env given cwd cpus     spawned   pid
+//            fds guard agent blind, + the        cold      reason
+//            descriptors
 //            (SCM_RIGHTS) in the order of fds,
 //            then the group guard's channel
 //
-// prepare: import the installed modules the lists name, never from the own folders, each in
-//   the environment the workers imported it in, none from the first module in stop on; an
-//   import that reads one of the varying variables makes the template unusable. prepared:
-//   how many modules it holds and how long the imports took; problem: why it must not fork
-//   (a thread, a descriptor, a print, the CUDA driver, a varying variable read); stop: the
-//   module a next template must stop before to be usable.
-// spawn: fork the worker that `argv` in `cwd` with `env` would exec (given: the template's
-//   environment as ddprun gave it; blind: no worker said what it imported yet). spawned: its
-//   pid (the agent's child: the agent is a subreaper while it waits); cold: why not.
+// prepare: import the preload modules (torch, --warm_preload's) that are installed code, never
+//   from the own folders, in the template's own environment, then read the lists (the probe's
+//   modules.txt): a worker that imported a module the template holds after changing its
+//   environment makes the template unusable, as does an import that reads one of the varying
+//   variables. prepared: how many modules it holds and how long the imports took; problem: why
+//   it must not fork (a thread, a descriptor, a print, the CUDA driver, a varying variable
+//   read, an import the workers ran in another environment).
+// spawn: fork the worker that `program` with `argv` in `cwd` with `env` would exec (given: the
+//   template's environment as ddprun gave it; blind: no worker said what it imported yet).
+//   spawned: its pid (the agent's child: the agent is a subreaper while it waits); cold: why
+//   not. A forked worker whose own site start-up would have changed torch's import (a
+//   variable set, an import hook) execs `program` itself, cold, saying so on its stderr.
 namespace warm_template {
 inline constexpr const char* kOp = "op";
 inline constexpr const char* kPrepare = "prepare";

@@ -27,11 +27,12 @@ struct StdSpec {
   bool operator==(const StdSpec&) const = default;
 };
 
-// Which Python workers a per-node warm template forks (--warm_start).
+// Which Python workers a per-node warm template forks (--warm_start; auto is resolved to one of
+// these by the policy: kRestart under inplace, else kOff).
 enum class WarmStart {
   kOff,      // every worker is exec'd
-  kRestart,  // restarts are forked from a template that imported what attempt 0 imported
-  kAlways,   // the first attempt too, from a template that imported torch
+  kRestart,  // restarts are forked from a template that imported torch (and --warm_preload's)
+  kAlways,   // the first attempt too
 };
 
 // How a worker's entrypoint is run.
@@ -106,7 +107,8 @@ struct LaunchConfig {
   bool run_path = false;                       // --run_path (runs like a .py entrypoint)
   bool legacy_local_rank = false;              // --legacy-local-rank: append --local_rank=<n>
   bool python_probe = true;                    // false: --skip_python_probe
-  WarmStart warm_start = WarmStart::kRestart;  // --warm_start
+  WarmStart warm_start = WarmStart::kOff;       // --warm_start (auto: kRestart under inplace)
+  std::vector<std::string> warm_preload;        // --warm_preload: modules beside torch
   std::string entrypoint;                      // script, module or executable
   std::vector<std::string> entrypoint_args;    // everything after the entrypoint, untouched
 

@@ -11,14 +11,20 @@ OUT/a1_r<rank>.json and exits 0. The test compares the two. CASE:
   (the test gives a long argument), logging's relativeCreated and its multiprocessing authkey,
   and what an import set in os.environ (PyTorch 2.x's torch._dynamo);
 - rank: imports warm_rank_reader (installed), which reads RANK and the restart count at import;
-- rank_again: as rank, and rank 1 fails in attempt 1 too, once the next template stopped before
-  warm_rank_reader (attempt 2 is then forked from it);
+- rank_again: as rank, and rank 1 fails in attempt 1 too (attempt 2 is forked as well);
 - edit: imports warm_pkg (installed), whose __init__ imports warm_pkg.helper; rank 1 edits
   the package's __init__.py in attempt 0;
 - pth: attempt 0's rank 1 installs warm_new_pkg through a new .pth file in the user site folder
   (PYTHONUSERBASE); attempt 1 imports it;
 - env_always: as same's environment, under --warm_start=always (attempt 0 is the one compared
-  with a cold run by the test).
+  with a cold run by the test);
+- plain: as same, without setting the environment;
+- per_rank_env: sets OMP_NUM_THREADS to 1 + LOCAL_RANK before `import torch`;
+- restart_env: sets TORCH_DISTRIBUTED_DEBUG from the restart count (OFF, then DETAIL) before it;
+- by_design: imports warm_import_state (installed), whose import depends on the process (pid,
+  argv, clock, a temporary folder, random draws, an at-fork hook, a SIGUSR1 handler, and the
+  program's own copy of a module that is also installed); reads what its sitecustomize noted at
+  start-up (LOCAL_RANK); raises RLIMIT_STACK and pickles a deeply nested list.
 """
 
 import os
@@ -28,6 +34,11 @@ if sys.argv[1] in ("same", "env_always"):
     os.environ["OMP_NUM_THREADS"] = "2"
     os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL"
     os.environ["PYTORCH_JIT"] = "0"
+elif sys.argv[1] == "per_rank_env":
+    os.environ["OMP_NUM_THREADS"] = str(1 + int(os.environ["LOCAL_RANK"]))
+elif sys.argv[1] == "restart_env":
+    restarted = os.environ["TORCHELASTIC_RESTART_COUNT"] != "0"
+    os.environ["TORCH_DISTRIBUTED_DEBUG"] = "DETAIL" if restarted else "OFF"
 
 import hashlib  # noqa: E402
 import inspect  # noqa: E402
@@ -91,14 +102,61 @@ def same_fields():
     return fields
 
 
+def by_design_fields():
+    """What an import that depends on the process made (warm_import_state), what the
+    sitecustomize noted, and how deep the main thread's stack reaches: as in an exec'd
+    worker. Returns (fields compared with attempt 0, values that must differ between ranks)."""
+    import pickle
+    import resource
+    import signal
+    import sitecustomize
+    import time
+
+    import warm_import_state as state
+
+    fields = {
+        "startup_rank_is_own": getattr(sitecustomize, "STARTUP_RANK", None) ==
+        os.environ["LOCAL_RANK"],
+        "pid_is_own": state.PID == os.getpid(),
+        "prog": state.PROG,
+        "started_in_this_process": state.STARTED >= time.time() - process_age_ms() / 1000 - 1,
+        "tmp_exists": os.path.isdir(state.TMP),
+        "after_fork": state.AFTER_FORK,
+        "shadow": state.SHADOW,
+    }
+    os.kill(os.getpid(), signal.SIGUSR1)
+    fields["usr1_handled"] = state.USR1 == [signal.SIGUSR1]
+    # A program that needs a deep stack raises its limit (or runs under ulimit -s unlimited).
+    soft, hard = resource.getrlimit(resource.RLIMIT_STACK)
+    want = 256 << 20
+    if hard == resource.RLIM_INFINITY or hard >= want:
+        resource.setrlimit(resource.RLIMIT_STACK, (want, hard))
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(1000000)
+    nested = []
+    for _ in range(200000):
+        nested = [nested]
+    try:
+        fields["deep_pickle"] = len(pickle.dumps(nested))
+    except RecursionError:
+        fields["deep_pickle"] = "RecursionError"
+    sys.setrecursionlimit(limit)
+    return fields, {"tmp": state.TMP, "session": state.SESSION, "draw": state.DRAW}
+
+
 def main():
     case, out = sys.argv[1], sys.argv[2]
     attempt = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
     fields = {}
-    if case in ("same", "env_always"):
-        fields = same_fields() if case == "same" else environment_effects()
+    per_process = None
+    if case in ("same", "plain", "env_always"):
+        fields = environment_effects() if case == "env_always" else same_fields()
         authkey = bytes(multiprocessing.current_process().authkey)
         fields_authkey = hashlib.sha256(authkey).hexdigest()
+    elif case in ("per_rank_env", "restart_env"):
+        fields = environment_effects()
+    elif case == "by_design":
+        fields, per_process = by_design_fields()
     elif case in ("rank", "rank_again"):
         import warm_rank_reader
 
@@ -115,14 +173,13 @@ def main():
     rank = dist.get_rank()
     _KEEP.append(torch.ones(2))  # see warm_job.py's _KEEP
     dist.all_reduce(_KEEP[-1])
-    result = {"fields": fields}
-    if case in ("same", "env_always"):
+    result = {"fields": fields, "per_process": per_process}
+    if case in ("same", "plain", "env_always"):
         result["authkey"] = fields_authkey
     with open(os.path.join(out, "a%d_r%d.json" % (attempt, rank)), "w") as f:
         json.dump(result, f)
     dist.barrier()
     if case == "rank_again" and attempt == 1 and rank == 1:
-        wait_for_template("stopped: at warm_rank_reader")
         sys.exit(3)
     if attempt == 0 and rank == 1 and case != "env_always":
         wait_for_template()

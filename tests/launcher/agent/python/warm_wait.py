@@ -1,8 +1,8 @@
 """A 2-rank job of plain Python (no PyTorch) for warm_loop_test.cpp: warm_wait.py OUT.
 
-Attempt 0: each rank imports warm_slow (installed: the test puts its site folder on PYTHONPATH).
-Rank 1 then makes OUT/slow, so that the warm template's import of warm_slow for the restart
-never ends; starts a child in a session of its own (ddprun's stop leaves it) that holds its
+Attempt 0: each rank imports warm_slow (installed: the test puts its site folder on PYTHONPATH,
+and names it in --warm_preload, so that the warm template's import of it never ends). Rank 1
+starts a child in a session of its own (ddprun's stop leaves it) that holds its
 stdout and prints "tick while the template imports" once the template is importing; and exits
 with code 3. Rank 0 waits to be stopped. Attempt 1 prints "attempt 1 rank R" and exits 0.
 """
@@ -35,7 +35,6 @@ def main():
     if rank == 0:
         while True:
             time.sleep(1)
-    open(os.path.join(out, "slow"), "w").close()
     subprocess.Popen([sys.executable, "-c", _TICK, out], start_new_session=True)
     return 3
 
