@@ -226,6 +226,9 @@ def _steps(state, become, lock):
 # program may raise it, or run under `ulimit -s unlimited`); a thread's stack is mapped once.
 # So the thread gets the most the main thread could reach: the hard limit (at most this much
 # where it is unlimited; the soft limit where that is higher), address space only until used.
+# Python 3.14 and later bound C recursion by the stack a thread had when it started (for the
+# main thread: the soft limit at the interpreter's start, however the program raises it):
+# there the thread gets the soft limit, and recursion fails where an exec'd worker's would.
 _UNLIMITED_STACK_BYTES = 1 << 30
 
 
@@ -237,7 +240,7 @@ def main_stack_bytes():
     cap = _UNLIMITED_STACK_BYTES
     size = cap if hard == resource.RLIM_INFINITY else min(hard, cap)
     if soft != resource.RLIM_INFINITY:
-        size = max(size, soft)
+        size = soft if sys.version_info >= (3, 14) else max(size, soft)
     page = os.sysconf("SC_PAGE_SIZE")
     return max(size // page * page, 1 << 20)
 

@@ -189,6 +189,32 @@ TEST_CASE(
 }
 
 TEST_CASE(
+    "a site start-up that installs an import hook or sets a variable makes each forked worker "
+    "exec itself cold, saying why, and the worker runs as exec'd",
+    "[torch]") {
+  if (!torch_available()) return skip(torch_python() + kTorchMissing);
+  const auto [variable, why] = GENERATE(table<std::string, std::string>({
+      {"WARM_SITE_HOOK", "installed an import hook (sitecustomize._Hook)"},
+      {"WARM_SITE_THREADS", "sets OMP_NUM_THREADS, which torch's import may read"},
+  }));
+  TempDir dir;
+  const CaseRun run = run_case(dir, "site_effects", {"--max_restarts=1"}, {{variable, "1"}});
+  INFO(variable << "\nstderr:\n" << run.result.err << "\nstdout:\n" << run.result.out);
+  REQUIRE(run.result.status == 0);
+  CHECK_THAT(run.result.err, Catch::Contains("warm start: this worker starts cold: its site "
+                                             "start-up (a .pth file or sitecustomize) " +
+                                             why) ||
+                                 Catch::Contains("warm start: this worker starts cold: its site "
+                                                 "start-up " +
+                                                 why));
+  check_same(run);
+  for (int rank = 0; rank < 2; ++rank) {
+    if (variable == "WARM_SITE_THREADS") CHECK(run.seen(1, rank)["fields"]["threads"] == 1 + rank);
+    if (variable == "WARM_SITE_HOOK") CHECK(run.seen(1, rank)["fields"]["hooked"] == true);
+  }
+}
+
+TEST_CASE(
     "an installed module that reads RANK and the restart count at import sees the worker's own "
     "values in every forked attempt (the template never imports it)",
     "[torch]") {

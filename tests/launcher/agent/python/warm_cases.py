@@ -21,6 +21,8 @@ OUT/a1_r<rank>.json and exits 0. The test compares the two. CASE:
 - plain: as same, without setting the environment;
 - per_rank_env: sets OMP_NUM_THREADS to 1 + LOCAL_RANK before `import torch`;
 - restart_env: sets TORCH_DISTRIBUTED_DEBUG from the restart count (OFF, then DETAIL) before it;
+- site_effects: what torch's import saw of the site start-up's (its sitecustomize installs an
+  import hook, or sets OMP_NUM_THREADS per rank, as the test asks);
 - by_design: imports warm_import_state (installed), whose import depends on the process (pid,
   argv, clock, a temporary folder, random draws, an at-fork hook, a SIGUSR1 handler, and the
   program's own copy of a module that is also installed); reads what its sitecustomize noted at
@@ -155,6 +157,9 @@ def main():
         fields_authkey = hashlib.sha256(authkey).hexdigest()
     elif case in ("per_rank_env", "restart_env"):
         fields = environment_effects()
+    elif case == "site_effects":
+        fields = environment_effects()
+        fields["hooked"] = any(type(f).__name__ == "_Hook" for f in sys.meta_path)
     elif case == "by_design":
         fields, per_process = by_design_fields()
     elif case in ("rank", "rank_again"):
