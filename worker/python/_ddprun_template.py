@@ -266,45 +266,64 @@ class _Preloaded:
         """Imports the `preload` modules (the framework: torch, and --warm_preload's) that are
         installed code, never from the program's `own_folders`, once each, in the environment
         the template was given; then reads the workers' `lists` (the probe's modules.txt) for
-        the environments their own imports of what the template holds ran in."""
+        the environments their own imports of what the template holds ran in, and imports the
+        framework's own submodules they name (PyTorch 2.x imports most of itself, and sympy
+        through it, lazily at the first DDP step), up to the first one a worker imported in
+        another environment."""
         started = time.monotonic()
         roots = _ddprun_modules.installed_roots()
         own = [os.path.realpath(f) for f in own_folders if f]
         self.reads.varying.update(varying)
-        imported = failed = 0
         out_before = _output_sizes()
+        counts = [0, 0]  # imported, failed
+        for name in preload:
+            self._preload(name, "", roots, own, counts)
+            if name in self.files:
+                _PRELOADED_NAMES.add(name)
+        if self.problem is None:
+            self.problem = self._environment_problem(lists)
+        if self.problem is None:
+            for name, file, delta in _ddprun_modules.read_lists(lists):
+                if self.problem or not self._framework_submodule(name):
+                    continue
+                if delta == _ddprun_modules.DIVERGENT or _changed_from_template(delta):
+                    break  # this one and those after it are the workers' own to import
+                self._preload(name, file, roots, own, counts)
+        self.snapshot.add_modules()
+        if self.problem is None:
+            self.problem = self._import_problem(out_before)
+        return {_contract.OP: _contract.PREPARED, "imported": counts[0], "failed": counts[1],
+                "modules": len(sys.modules), "seconds": round(time.monotonic() - started, 3),
+                "problem": self.problem}
+
+    @staticmethod
+    def _framework_submodule(name):
+        return name not in sys.modules and any(
+            name.startswith(root + ".") for root in _PRELOADED_NAMES)
+
+    def _preload(self, name, file, roots, own, counts):
+        """Imports `name` (loaded from `file`, "" when not known yet) if it is installed code."""
+        if self.problem or name in sys.modules:
+            return
         import importlib
         import importlib.util
 
-        for name in preload:
-            if self.problem:
-                break
-            if name in self.files:
-                continue
+        if not file:
             try:
                 spec = importlib.util.find_spec(name)
                 file = spec.origin if spec is not None and spec.origin else ""
             except (ImportError, ValueError):
-                spec, file = None, ""
-            if spec is None or not _ddprun_modules.installed(name, file, roots, own):
-                failed += 1  # not there, or the program's own: the workers import it
-                continue
-            before = set(sys.modules)
-            if self._import(importlib, name):
-                imported += 1
-                self._remember(name, sys.modules.get(name), file)
-                _PRELOADED_NAMES.add(name)
-                _PRELOADED_MODULES.update(set(sys.modules) - before)
-            else:
-                failed += 1
-        self.snapshot.add_modules()
-        if self.problem is None:
-            self.problem = self._import_problem(out_before)
-        if self.problem is None:
-            self.problem = self._environment_problem(lists)
-        return {_contract.OP: _contract.PREPARED, "imported": imported, "failed": failed,
-                "modules": len(sys.modules), "seconds": round(time.monotonic() - started, 3),
-                "problem": self.problem}
+                file = ""
+        if not file or not _ddprun_modules.installed(name, file, roots, own):
+            counts[1] += 1  # not there, or the program's own: the workers import it
+            return
+        before = set(sys.modules)
+        if self._import(importlib, name):
+            counts[0] += 1
+            self._remember(name, sys.modules.get(name), file)
+            _PRELOADED_MODULES.update(set(sys.modules) - before)
+        else:
+            counts[1] += 1
 
     def _environment_problem(self, lists):
         """Why a worker forked from this template would not import what it preloaded as the
@@ -321,11 +340,11 @@ class _Preloaded:
                 return ("the ranks imported %s after setting their environments differently (a "
                         "variable per rank before the import), which the template imported once "
                         "in the node's" % name)
-            for key, value in sorted(delta.items()):
-                if _STARTUP_ENV.get(key) != value:
-                    return ("the program sets %s (to %s) before it imports %s, which the "
-                            "template imported with %s %s" % (
-                                key, _shown(value), name, key, _shown(_STARTUP_ENV.get(key))))
+            key = _changed_from_template(delta)
+            if key:
+                return ("the program sets %s (to %s) before it imports %s, which the template "
+                        "imported with %s %s" % (key, _shown(delta[key]), name, key,
+                                                 _shown(_STARTUP_ENV.get(key))))
         return None
 
     def _import(self, importlib, name):
@@ -405,6 +424,15 @@ class _Preloaded:
 
 # How long one look at the files stands for the forks that follow it.
 FILES_FRESH = 1.0
+
+
+def _changed_from_template(delta):
+    """The first variable of a worker's environment change (a list's delta) whose value the
+    template's imports did not see, or None."""
+    for key, value in sorted(delta.items()):
+        if _STARTUP_ENV.get(key) != value:
+            return key
+    return None
 
 
 def _shown(value):
