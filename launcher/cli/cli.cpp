@@ -325,8 +325,8 @@ void parse_entrypoint(const RawOptions& raw, LaunchConfig& config) {
   config.python_probe = !raw.flags.at("skip_python_probe");
   const std::string& warm = raw.values.at("warm_start");
   if (warm == "auto") {  // parse_lifecycle ran: the policy is known
-    config.warm_start = config.restart_policy == RestartPolicy::kInplace ? WarmStart::kRestart
-                                                                         : WarmStart::kOff;
+    config.warm_start =
+        config.restart_policy == RestartPolicy::kInplace ? WarmStart::kRestart : WarmStart::kOff;
   } else if (warm == "off") {
     config.warm_start = WarmStart::kOff;
   } else if (warm == "restart") {

@@ -27,16 +27,16 @@ namespace ddp::launcher {
 
 struct WarmStarterOptions {
   WarmStart mode = WarmStart::kOff;
-  WorkerCommand command;            // a Python entrypoint, else warm starts are off
-  std::filesystem::path probe_dir;  // the probe's folder (the template lives there);
-                                    // empty: warm starts are off
-  std::vector<std::string> env;     // the template's: the node's worker environment
+  WorkerCommand command;             // a Python entrypoint, else warm starts are off
+  std::filesystem::path probe_dir;   // the probe's folder (the template lives there);
+                                     // empty: warm starts are off
+  std::vector<std::string> env;      // the template's: the node's worker environment
   std::vector<std::string> preload;  // --warm_preload: modules preloaded beside torch
-  std::filesystem::path log_root;   // <log_root>/warm_template.log is its output
-  int group_guard_fd = -1;          // GroupReaper::channel()
-  bool alone = false;               // the job has one node: no rendezvous keep-alive to miss
-  bool later_rounds = true;         // workers_may_start_again: else only --warm_start=always
-                                    // starts a template, for the first round alone
+  std::filesystem::path log_root;    // <log_root>/warm_template.log is its output
+  int group_guard_fd = -1;           // GroupReaper::channel()
+  bool alone = false;                // the job has one node: no rendezvous keep-alive to miss
+  bool later_rounds = true;          // workers_may_start_again: else only --warm_start=always
+                                     // starts a template, for the first round alone
   std::function<void(const std::string&)> notice;  // one line on the console
 };
 
@@ -125,7 +125,7 @@ class WarmStarter {
   std::filesystem::path watched_dir_;
   int watched_world_ = 0;
   std::map<std::string, std::pair<long long, long long>> fed_;  // lists sent, as they were
-  std::set<std::string> varying_;   // variables that differ between a worker and the template
+  std::set<std::string> varying_;  // variables that differ between a worker and the template
   boost::asio::posix::stream_descriptor lists_;  // inotify on the running round's folders
   std::shared_ptr<bool> alive_ = std::make_shared<bool>(true);
 };

@@ -293,12 +293,11 @@ void WorkerTemplate::spawn(const SpawnOptions& options, const std::string& cwd,
       guard = static_cast<int>(fds.size());
       fds.push_back(options.group_guard_fd);
     }
-    const nlohmann::json request = {{kOp, kSpawn},
-                                    {"program", options.program},
-                                    {"argv", options.argv},
-                                    {"env", options.env},
-                                    {"cwd", cwd},     {"cpus", options.cpus}, {"fds", targets},
-                                    {"guard", guard}, {"agent", ::getpid()},  {"given", env_},
+    const nlohmann::json request = {{kOp, kSpawn},          {"program", options.program},
+                                    {"argv", options.argv}, {"env", options.env},
+                                    {"cwd", cwd},           {"cpus", options.cpus},
+                                    {"fds", targets},       {"guard", guard},
+                                    {"agent", ::getpid()},  {"given", env_},
                                     {"blind", blind}};
     // The worker is the template's grandchild until its parent exits: the orphan comes here.
     subreaper_ = std::make_unique<SubreaperScope>();

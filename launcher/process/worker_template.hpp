@@ -1,11 +1,11 @@
 #pragma once
 // The warm template of a node's Python workers (worker/python/_ddprun_template.py): a process
 // of the job's interpreter that imports the framework (torch, and --warm_preload's modules),
-// never the program, then forks each worker the agent asks for. The second way to start a worker, beside spawn_process: both give a pid of
-// the agent's own child (the template forks twice, and the agent is a child subreaper while it
-// asks), so the worker group watches, signals and reaps it the same way. Internal to the
-// launcher; every call runs on the agent's loop and none waits: replies, the template's death
-// and the timeouts arrive as handlers on the loop.
+// never the program, then forks each worker the agent asks for. The second way to start a worker,
+// beside spawn_process: both give a pid of the agent's own child (the template forks twice, and the
+// agent is a child subreaper while it asks), so the worker group watches, signals and reaps it the
+// same way. Internal to the launcher; every call runs on the agent's loop and none waits: replies,
+// the template's death and the timeouts arrive as handlers on the loop.
 
 #include <sys/types.h>
 

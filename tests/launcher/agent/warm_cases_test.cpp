@@ -47,11 +47,10 @@ CaseRun run_case(const TempDir& dir, const std::string& name, std::vector<std::s
   fs::copy(source_path("tests/launcher/agent/python/warm_site/site-packages"), site,
            fs::copy_options::recursive);
   std::vector<std::string> argv = prefix;
-  argv.insert(argv.end(),
-              {"/bin/sh", "-c", "cd \"$0\" && exec \"$@\"",
-               source_path("tests/launcher/agent/python").string(), bin_path("ddprun").string(),
-               "--nproc_per_node=2", "--warm_start=restart",
-               "--log_dir=" + (dir.path() / "logs").string()});
+  argv.insert(argv.end(), {"/bin/sh", "-c", "cd \"$0\" && exec \"$@\"",
+                           source_path("tests/launcher/agent/python").string(),
+                           bin_path("ddprun").string(), "--nproc_per_node=2",
+                           "--warm_start=restart", "--log_dir=" + (dir.path() / "logs").string()});
   argv.insert(argv.end(), options.begin(), options.end());
   argv.insert(argv.end(), {"warm_cases.py", name, out.string()});
   argv.insert(argv.end(), args.begin(), args.end());
@@ -130,8 +129,9 @@ TEST_CASE(
       {"same", "the program sets OMP_NUM_THREADS (to '2') before it imports torch"},
       // (Or "the program sets OMP_NUM_THREADS (to '2')" where rank 1's list came first.)
       {"per_rank_env", "the ranks imported torch after setting their environments differently"},
-      {"restart_env", "the program sets TORCH_DISTRIBUTED_DEBUG (to 'OFF') before it imports "
-                      "torch"},
+      {"restart_env",
+       "the program sets TORCH_DISTRIBUTED_DEBUG (to 'OFF') before it imports "
+       "torch"},
   }));
   TempDir dir;
   const CaseRun run = run_case(dir, name, {"--max_restarts=1"}, {});

@@ -27,11 +27,11 @@ struct SlowTemplateJob {
     fs::copy(source_path("tests/launcher/agent/python/warm_slow_site/site-packages"),
              out.path() / "site-packages", fs::copy_options::recursive);
     ddprun = std::make_unique<ChildProcess>(
-        std::vector<std::string>{bin_path("ddprun").string(), "--nproc_per_node=2",
-                                 "--max_restarts=1", "--warm_start=restart", "--warm_preload=warm_slow",
-                                 "--tee=3", "--log_dir=" + logs.path().string(),
-                                 source_path("tests/launcher/agent/python/warm_wait.py").string(),
-                                 out.path().string()},
+        std::vector<std::string>{
+            bin_path("ddprun").string(), "--nproc_per_node=2", "--max_restarts=1",
+            "--warm_start=restart", "--warm_preload=warm_slow", "--tee=3",
+            "--log_dir=" + logs.path().string(),
+            source_path("tests/launcher/agent/python/warm_wait.py").string(), out.path().string()},
         std::map<std::string, std::string>{
             {"PYTHON_EXEC", torch_python()},
             {"PYTHONPATH", (out.path() / "site-packages").string()}});

@@ -227,8 +227,8 @@ TEST_CASE(
   const fs::path site = copy_site(out.path());
   const ProcessResult result = run_process(
       {bin_path("ddprun").string(), "--nproc_per_node=2", "--max_restarts=1",
-       "--warm_start=restart", "--warm_preload=" + preload,
-       "--log_dir=" + logs.path().string(), script("warm_job.py"), mode, out.path().string()},
+       "--warm_start=restart", "--warm_preload=" + preload, "--log_dir=" + logs.path().string(),
+       script("warm_job.py"), mode, out.path().string()},
       {{"PYTHON_EXEC", torch_python()},
        {"PYTHONPATH", site.string()},
        {"WARM_MARKER", (out.path() / "marker").string()}},
@@ -278,10 +278,10 @@ TEST_CASE(
   std::vector<std::unique_ptr<TempDir>> logs;
   for (int node = 0; node < 2; ++node) {
     logs.push_back(std::make_unique<TempDir>());
-    std::vector<std::string> argv = {bin_path("ddprun").string(), "--nnodes=2",
-                                     "--nproc_per_node=2", "--max_restarts=1",
-                                     "--warm_start=restart",
-                                     "--log_dir=" + logs.back()->path().string()};
+    std::vector<std::string> argv = {
+        bin_path("ddprun").string(), "--nnodes=2",
+        "--nproc_per_node=2",        "--max_restarts=1",
+        "--warm_start=restart",      "--log_dir=" + logs.back()->path().string()};
     if (backend == "c10d") {
       argv.insert(argv.end(),
                   {"--rdzv_backend=c10d", "--rdzv_endpoint=127.0.0.1:" + std::to_string(port),

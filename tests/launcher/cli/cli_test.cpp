@@ -547,8 +547,7 @@ TEST_CASE("torchrun 2.x's logging options: defaults, the template variable, bad 
   CHECK(c.warm_start == WarmStart::kOff);  // auto: off unless the policy is inplace
   CHECK(c.warm_preload.empty());
   CHECK(parse({"--restart_policy=inplace", "x"}).warm_start == WarmStart::kRestart);
-  CHECK(parse({"--restart_policy=inplace", "--warm_start=off", "x"}).warm_start ==
-        WarmStart::kOff);
+  CHECK(parse({"--restart_policy=inplace", "--warm_start=off", "x"}).warm_start == WarmStart::kOff);
   CHECK(parse({"--warm_preload=transformers,numpy.linalg", "x"}).warm_preload ==
         std::vector<std::string>{"transformers", "numpy.linalg"});
   CHECK_FALSE(c.virtual_local_rank);
@@ -567,8 +566,7 @@ TEST_CASE("torchrun 2.x's logging options: defaults, the template variable, bad 
 
   CHECK_THAT(usage_error({"--event_log_handler=kafka", "x"}), Catch::Contains("null, console"));
   CHECK_THAT(usage_error({"--numa_binding=all", "x"}), Catch::Contains("node, socket"));
-  CHECK_THAT(usage_error({"--warm_start=yes", "x"}),
-             Catch::Contains("auto, off, restart, always"));
+  CHECK_THAT(usage_error({"--warm_start=yes", "x"}), Catch::Contains("auto, off, restart, always"));
   CHECK_THAT(usage_error({"--warm_preload=transformers,../evil", "x"}),
              Catch::Contains("'../evil' is not a module name"));
   CHECK_THAT(not_implemented({"--logs_specs=custom", "x"}), Catch::Contains("'default'"));

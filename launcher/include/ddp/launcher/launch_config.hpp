@@ -104,13 +104,13 @@ struct LaunchConfig {
 
   // What each worker runs.
   EntrypointKind entrypoint_kind = EntrypointKind::kAuto;  // -m / --no_python
-  bool run_path = false;                       // --run_path (runs like a .py entrypoint)
-  bool legacy_local_rank = false;              // --legacy-local-rank: append --local_rank=<n>
-  bool python_probe = true;                    // false: --skip_python_probe
-  WarmStart warm_start = WarmStart::kOff;       // --warm_start (auto: kRestart under inplace)
-  std::vector<std::string> warm_preload;        // --warm_preload: modules beside torch
-  std::string entrypoint;                      // script, module or executable
-  std::vector<std::string> entrypoint_args;    // everything after the entrypoint, untouched
+  bool run_path = false;                     // --run_path (runs like a .py entrypoint)
+  bool legacy_local_rank = false;            // --legacy-local-rank: append --local_rank=<n>
+  bool python_probe = true;                  // false: --skip_python_probe
+  WarmStart warm_start = WarmStart::kOff;    // --warm_start (auto: kRestart under inplace)
+  std::vector<std::string> warm_preload;     // --warm_preload: modules beside torch
+  std::string entrypoint;                    // script, module or executable
+  std::vector<std::string> entrypoint_args;  // everything after the entrypoint, untouched
 
   bool operator==(const LaunchConfig&) const = default;
 };
