@@ -230,7 +230,7 @@ void WarmStarter::begin_round(int restart_count, const fs::path& previous, int l
   if (!off_.empty()) {
     round_cold_reason_ = off_;
   } else if (!template_) {
-    round_cold_reason_ = "no template could be started";
+    round_cold_reason_ = "the warm template could not be started";
   } else {
     return template_->when_prepared(wait_limit(), [this, ready = std::move(ready)] {
       if (template_->reason().empty()) {
@@ -271,9 +271,9 @@ void WarmStarter::spawn_replacement(const SpawnOptions& options,
                                     std::function<void(std::optional<pid_t>, std::string)> done) {
   if (!enabled_) return done(std::nullopt, "warm starts are off");
   if (!off_.empty()) return done(std::nullopt, off_);
-  if (!template_ || template_->preparing()) {
-    return done(std::nullopt, "the template has not imported the framework yet");
-  }
+  if (!template_) return done(std::nullopt, "no warm template runs");
+  // A template still importing (a failure soon after the launch) is waited for, within the
+  // limit: its import is done sooner than a cold worker's own would be.
   std::error_code ec;
   template_->spawn(options, fs::current_path(ec).string(), wait_limit(), false,
                    [this, done = std::move(done)](WorkerTemplate::Forked result) {

@@ -73,8 +73,8 @@ class WarmStarter {
   // at once when the round is cold.
   void spawn(const SpawnOptions& options, std::function<void(std::optional<pid_t>)> done);
   // A worker that replaces one of the running round's (--restart_policy=inplace): `done` gets
-  // its pid when the template forked it, on the loop, else nullopt and why (start it cold):
-  // at once when no template holds what the round's workers imported.
+  // its pid when the template forked it (once its imports are done, within the wait limit), on
+  // the loop, else nullopt and why (start it cold): at once when no template runs.
   void spawn_replacement(const SpawnOptions& options,
                          std::function<void(std::optional<pid_t>, std::string why)> done);
   // The agent stops: a wait for the template ends now (the template is dropped), and its
