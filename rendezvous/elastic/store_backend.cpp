@@ -144,9 +144,15 @@ class StoreBackend final : public RunBackend {
         });
   }
 
-  // The round was formed through the store: a refusal now means its agent is gone.
+  // The round was formed through the store: a refusal now means its agent is gone, and ends
+  // the wait at once. A store that is slow to answer is busy, not gone: every node of the
+  // round connects its watcher as the round starts (a thousand at once, on a host starting its
+  // own workers too), so the first connection waits as long as a store call may (read_timeout),
+  // not only the heartbeat budget, which made a busy host look lost and re-formed the job again
+  // and again at 1,000 agents (issue 49).
   std::unique_ptr<store::Store> connect_watcher(Clock::time_point deadline,
                                                 const std::atomic<bool>& cancel) const override {
+    deadline = std::max(deadline, Clock::now() + settings_.timeouts.read);
     return connect(deadline, cancel, [this](const std::string& error) {
       if (auto gone = lost_for_good(error)) throw RendezvousError(*gone);
     });

@@ -62,6 +62,20 @@ class TestServer {
     });
     done.get_future().wait();
   }
+  // Blocks the server's loop, as a host busy with a thousand agents would: the kernel still
+  // accepts connections, nothing is answered. Returns once the loop is held; the loop goes on
+  // when the returned handle is dropped.
+  std::shared_ptr<void> hold() {
+    auto release = std::make_shared<std::promise<void>>();
+    std::shared_future<void> released = release->get_future().share();
+    std::promise<void> held;
+    boost::asio::post(io_, [&held, released] {
+      held.set_value();
+      released.wait();
+    });
+    held.get_future().wait();
+    return std::shared_ptr<void>(nullptr, [release](void*) { release->set_value(); });
+  }
   std::vector<std::string> log() const {
     std::lock_guard lock(mutex_);
     return log_;

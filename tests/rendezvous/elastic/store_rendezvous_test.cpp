@@ -326,6 +326,31 @@ TEST_CASE("store rendezvous: losing the store while a round runs stops it") {
   CHECK_THAT(stop->stop.message, Catch::Contains("127.0.0.1:" + std::to_string(port)));
 }
 
+TEST_CASE(
+    "store rendezvous: a store host too busy to answer the watcher's first connection within "
+    "the heartbeat budget does not stop the round (issue 49)") {
+  ddp::test::TestServer server;
+  Inbox inbox;
+  Job job{"c10d", "job", 1, 1};
+  Node a(inbox, settings_for(server.port(), job, "a"));  // a 2 s heartbeat budget
+  form_round(inbox, {&a}, {"a"});
+  {
+    auto busy = server.hold();  // every node connects its watcher as the round starts
+    a.watch();
+    // Before issue 49 the watcher gave up after the budget: "could not reach the store".
+    if (auto stop = inbox.take("a", Event::Kind::kStop, 3500ms)) {
+      FAIL_CHECK("the round stopped: " << describe(stop->stop));
+    }
+  }
+  // Once the host answers, the watcher is connected and sees the round's end.
+  StopReason left;
+  left.kind = StopReason::Kind::kNodeLeft;
+  a.rdzv().stop_round(left);
+  auto stop = inbox.take("a", Event::Kind::kStop);
+  REQUIRE(stop);
+  CHECK(stop->stop.kind == StopReason::Kind::kNodeLeft);
+}
+
 TEST_CASE("store rendezvous: a node that dies while waiting is dropped from the open round") {
   ddp::test::TestServer server;
   Inbox inbox;
