@@ -112,16 +112,6 @@ class EnvironmentReadsTest(unittest.TestCase):
                          {"B": "3", "C": "4"})
         self.assertEqual(checks.changes({"A": "1"}, {}), {"A": None})
 
-    def test_apply_delta(self):
-        saved = dict(os.environ)
-        try:
-            base = {"A": "1", "B": "2"}
-            checks.apply_delta(base, {"B": None, "C": "3"})
-            self.assertEqual(dict(os.environ), {"A": "1", "C": "3"})
-        finally:
-            os.environ.clear()
-            os.environ.update(saved)
-
 
 class SnapshotTest(unittest.TestCase):
     def test_any_module_file_and_a_new_pth_file_are_changes(self):

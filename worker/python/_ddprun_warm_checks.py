@@ -1,16 +1,15 @@
 """What ddprun's warm template (_ddprun_template.py) checks so that a forked worker is an exec'd
-one: the rule is that the template preloads only what it can show a cold import would have made
-the same, and refuses to fork (the agent starts the worker cold, saying why) when it cannot.
+one: the rule is that the template preloads only the framework (torch, --warm_preload's), whose
+import it can show a cold one would have made the same, and refuses to fork (the agent starts
+the worker cold, saying why) when it cannot.
 
-State computed at import comes from things that may differ in a worker; each has its check here:
-- the environment the program set before its imports (os.environ["OMP_NUM_THREADS"] = "2"
-  before `import torch`): the template imports each module in the environment the workers
-  imported it in (the modules lists say it, _ddprun_modules), and stops preloading at the first
-  module the ranks imported in different environments (apply_delta);
+State computed at import comes from things that may differ in a worker; each has its check here
+(the environment the program set before `import torch` is the template's own check, against
+the workers' modules lists):
 - a rank's own variables (RANK, TORCHELASTIC_RESTART_COUNT...) read at import: every variable
   an import reads through os.environ is noted with the value it saw (EnvironmentReads); one the
-  agent says differs between workers stops the template there, and any other is compared with
-  the worker's before each fork;
+  agent says differs between workers makes the template unusable, and any other is compared
+  with the worker's before each fork;
 - what an import itself sets in os.environ (torch._dynamo's TORCHINDUCTOR_CACHE_DIR): set in
   each forked worker too (changes, apply_effects);
 - the descriptors the interpreter's start-up opened (a .pth line or sitecustomize that opens a
@@ -97,22 +96,6 @@ def _importing_module():
     if frame is None:
         return "?"
     return str(frame.f_globals.get("__name__", "?"))
-
-
-def apply_delta(base, delta):
-    """Sets os.environ (through putenv, so that C code's getenv sees it) to `base` changed by
-    `delta` (variable -> value, None for removed)."""
-    target = dict(base)
-    for key, value in delta.items():
-        if value is None:
-            target.pop(key, None)
-        else:
-            target[key] = value
-    for key in [k for k in os.environ if k not in target]:
-        del os.environ[key]
-    for key, value in target.items():
-        if os.environ.get(key) != value:
-            os.environ[key] = value
 
 
 def changes(before, after):
