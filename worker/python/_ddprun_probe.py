@@ -503,15 +503,17 @@ def _position(parameters, name):
     return parameters.index(name) if name in parameters else -1
 
 
-def _wrap_collective(probe, around, function, op, tensor_name, non_member):
+def _wrap_collective(probe, around, function, op, tensor_name, non_member, parameters=None):
     """`function` recording each call: a collective in its group's lane, finished when a
     synchronous call returns (failed if it raises), or when an asynchronous call's Work
     completes; a send or recv as a p2p wait while a thread waits for it. Arguments and results
-    pass through untouched."""
+    pass through untouched. parameters: the names of function's parameters, where Python cannot
+    read them (a C++ function)."""
     import inspect
 
     recorder, state, works = probe.recorder, probe.state, probe.works
-    parameters = list(inspect.signature(function).parameters)
+    if parameters is None:
+        parameters = list(inspect.signature(function).parameters)
     tensor_at = _position(parameters, tensor_name)
     group_at = _position(parameters, "group")
     async_at = _position(parameters, "async_op")
@@ -582,6 +584,14 @@ def _wrap_functions(probe, around, dist, c10d):
         setattr(c10d, name, wrapped)
         if getattr(dist, name, None) is original:
             setattr(dist, name, wrapped)
+    # DDP's buffer broadcast at the start of each forward (and its parameters' and buffers' at
+    # construction) calls this C++ function through torch.distributed: a rank that waits in it
+    # waits in a collective (a BatchNorm model's forward, or the hang names the wrong rank).
+    original = getattr(dist, "_broadcast_coalesced", None)
+    if original is not None:
+        dist._broadcast_coalesced = _wrap_collective(
+            probe, around, original, BROADCAST, "tensors", non_member,
+            parameters=["group", "tensors", "buffer_size", "src"])
 
 
 # --- Process groups -----------------------------------------------------------------------------

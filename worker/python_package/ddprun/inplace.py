@@ -34,7 +34,9 @@ The protocol with ddprun (every key in the workers' store, at MASTER_ADDR:MASTER
   survivors wait for it, and their watcher uses it to free a survivor that waits on a survivor.
 """
 
+import atexit
 import os
+import pickle
 import random
 import socket
 import sys
@@ -199,6 +201,75 @@ def _set_rng_states(states):
         torch.cuda.set_rng_state_all(states["cuda"])
 
 
+def _same_rng(a, b):
+    """Whether two _rng_states() are the same states."""
+    if a.keys() != b.keys() or a["python"] != b["python"]:
+        return False
+    if not torch.equal(a["torch"], b["torch"]):
+        return False
+    if "numpy" in a:
+        x, y = a["numpy"], b["numpy"]
+        if len(x) != len(y) or x[0] != y[0] or x[2:] != y[2:] or not (x[1] == y[1]).all():
+            return False
+    if "cuda" in a:
+        if len(a["cuda"]) != len(b["cuda"]):
+            return False
+        if not all(torch.equal(x, y) for x, y in zip(a["cuda"], b["cuda"])):
+            return False
+    return True
+
+
+def _copies(tensors, into=None):
+    """Copies of tensors (detached), into the tensors of `into` where their shapes allow."""
+    if into is None or len(into) != len(tensors):
+        return [t.detach().clone() for t in tensors]
+    for saved, tensor in zip(into, tensors):
+        if saved.shape != tensor.shape or saved.dtype != tensor.dtype or \
+                saved.device != tensor.device:
+            return [t.detach().clone() for t in tensors]
+    with torch.no_grad():
+        for saved, tensor in zip(into, tensors):
+            saved.copy_(tensor)
+    return into
+
+
+def _tensor_bytes(tensor):
+    tensor = tensor.detach().cpu().contiguous()
+    return (str(tensor.dtype).replace("torch.", ""), tuple(tensor.shape),
+            tensor.reshape(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+
+
+def _tensor_from(encoded, device=None):
+    dtype, shape, data = encoded
+    dtype = getattr(torch, dtype)
+    if not data:
+        return torch.empty(shape, dtype=dtype, device=device)
+    flat = torch.frombuffer(bytearray(data), dtype=torch.uint8).view(dtype)
+    return flat.reshape(shape).to(device) if device is not None else flat.reshape(shape)
+
+
+def _encode_record(step, rng, buffers):
+    """A rank's own state as of a step (what its replacement continues), as bytes."""
+    rng = dict(rng)
+    rng["torch"] = _tensor_bytes(rng["torch"])
+    if "cuda" in rng:
+        rng["cuda"] = [_tensor_bytes(t) for t in rng["cuda"]]
+    record = {"step": step, "rng": rng,
+              "buffers": None if buffers is None else [_tensor_bytes(b) for b in buffers]}
+    return pickle.dumps(record, protocol=4)
+
+
+def _decode_record(data):
+    record = pickle.loads(data)
+    rng = record["rng"]
+    rng["torch"] = _tensor_from(rng["torch"])
+    if "cuda" in rng:
+        rng["cuda"] = [_tensor_from(t) for t in rng["cuda"]]
+    if record["buffers"] is not None:
+        record["buffers"] = [_tensor_from(b) for b in record["buffers"]]
+    return record
+
+
 class _Attempt:
     def __init__(self, job):
         self._job = job
@@ -208,25 +279,45 @@ class _Attempt:
         return self._job
 
     def __exit__(self, kind, error, trace):
-        if error is None or not self._job.recovers or not isinstance(error, Exception):
+        if error is None:
+            return False
+        self._job._clean = False  # until it recovers: a step left half done
+        if not self._job.recovers or not isinstance(error, Exception):
             return False
         if not is_lost_peer(error) and not self._job._announced():
             return False
         self._job.recover(error)
+        self._job._clean = True
         return True
+
+
+class _Record:
+    """A rank's own state as of a committed step: its random number generators' states and its
+    model's buffers (BatchNorm's running statistics), which differ from rank to rank."""
+
+    __slots__ = ("rng", "buffers", "published")
+
+    def __init__(self, rng, buffers):
+        self.rng = rng
+        self.buffers = buffers
+        self.published = False
 
 
 class Job:
     """One rank of a DDP job that recovers in place (the module's docstring shows its use).
 
     backend, timeout: as init_process_group takes them. recovery_timeout: how long a survivor
-    waits for ddprun to start the next generation before it gives up (PeerLost)."""
+    waits for ddprun to start the next generation before it gives up (PeerLost).
+    checkpoint_dir, every: the job's own checkpoint, for a restart of every worker (a fallback,
+    or torchrun's restart): every `every` committed steps, and when the program ends between
+    steps, each rank writes the state under checkpoint_dir (a folder every rank reaches); a job
+    that starts again goes on from the newest checkpoint that every rank completed."""
 
     def __init__(self, backend=None, timeout=timedelta(minutes=30),
-                 recovery_timeout=timedelta(seconds=60)):
+                 recovery_timeout=timedelta(seconds=60), checkpoint_dir=None, every=100):
         self.rank = int(os.environ["RANK"])
         self.world_size = int(os.environ["WORLD_SIZE"])
-        self.step = 0  # steps committed
+        self._step = 0  # steps committed
         self.generation = generation_from_environment()
         self.recovers = self.generation is not None
         self.recoveries = 0  # recoveries this process took part in
@@ -239,28 +330,54 @@ class Job:
         self._ddp = None
         self._ddp_options = {}
         self._kept = {}
-        self._committed_rng = None
+        self._records = {}  # step -> _Record: this rank's own state as of that step
+        self._kept_states = {}  # name -> state_dict() at the last commit (optimizers aside)
+        self._has_state = False  # holds the job's state (a replacement: once it received it)
         self._layout = None  # the DDP buckets to re-make (_bucket_layout)
         self._needs_state = False  # a replacement: the state comes from a survivor
+        self._clean = True  # no step failed unrecovered: the state is that of a commit
+        self._checkpoint = _Checkpoints(checkpoint_dir, every, self.rank, self.world_size) \
+            if checkpoint_dir else None
+        self._resume_pending = self._checkpoint is not None and not self.generation
         # The group's sockets ({fd: inode}) and their generation, shared with the watcher.
         self._joined = threading.Condition()
         self._sockets = {}
         self._sockets_generation = -1
+        self._watcher = None
+        self._watcher_sockets = {}
+        self._stopping = False
+        atexit.register(self._at_exit)
         if not self.recovers:
             dist.init_process_group(backend, timeout=timeout)
             return
         restart_count = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         self._root = f"ddprun/inplace/{restart_count}/"
         self._store = self._connect()
+        before = _socket_inodes()
         self._watch_store = self._connect()
+        self._watcher_sockets = {fd: inode for fd, inode in _socket_inodes().items()
+                                 if before.get(fd) != inode}
         self._needs_state = self.generation > 0
         self._join()
         if not self._needs_state:
             self._mark_joined()
-        watcher = threading.Thread(target=self._watch, name="ddprun-inplace", daemon=True)
-        watcher.start()
+        self._watcher = threading.Thread(target=self._watch, name="ddprun-inplace", daemon=True)
+        self._watcher.start()
 
     # --- what a training loop calls ---
+
+    @property
+    def step(self):
+        """Steps committed: the step the loop runs next. A job that starts again from its
+        checkpoint (checkpoint_dir) has it from there."""
+        if self._resume_pending and self._module is not None:
+            self._resume()
+        return self._step
+
+    @step.setter
+    def step(self, value):
+        self._resume_pending = False
+        self._step = value
 
     def wrap(self, module, **ddp_options):
         """Wraps module in DistributedDataParallel (job.model, re-made after each recovery); its
@@ -293,16 +410,21 @@ class Job:
         return _Attempt(self)
 
     def commit(self):
-        """Says that the step is done on this rank: job.step grows by one, and the random
-        number generators' states are noted (a recovery restores them)."""
-        self.step += 1
+        """Says that the step is done on this rank: job.step grows by one, and this rank's state
+        as of the step is noted (a recovery goes back to it)."""
+        self._step += 1
         if self.recovers:
-            self._committed_rng = _rng_states()
+            self._note(self._step, publish=True)
+            if self._kept:
+                self._kept_states = {name: obj.state_dict() for name, obj in self._kept.items()
+                                     if not isinstance(obj, torch.optim.Optimizer)}
+        if self._checkpoint is not None and self._step % self._checkpoint.every == 0:
+            self._save_checkpoint()
 
     def recover(self, error=None):
         """Leaves the broken generation and joins the next: drops DDP, destroys the process
         group, waits for ddprun's next generation, forms it with the survivors and the
-        replacement, and takes the state from the rank with the highest committed step.
+        replacement, and goes back to the state of the highest step a rank committed.
         Raises PeerLost (from error) when this rank cannot recover in place."""
         if not self.recovers:
             raise PeerLost(f"rank {self.rank} lost a peer: {error}") from error
@@ -341,6 +463,9 @@ class Job:
     def _key(self, generation, name):
         return f"{self._root}g{generation}/{name}"
 
+    def _record_key(self, rank, step):
+        return f"{self._root}rank{rank}/s{step % 2}"
+
     def _announced(self):
         """Whether ddprun already began the generation after this one (a peer is lost)."""
         if not self.recovers:
@@ -370,20 +495,93 @@ class Job:
 
     def _ready(self):
         """Takes the state when it must come from a survivor, and makes the DDP module."""
+        if self._resume_pending and self._module is not None:
+            self._resume()
         if self._needs_state:
             self._take_state()
             self._needs_state = False
             self._mark_joined()
         if self._ddp is None and self._module is not None:
             self._ddp = _make_ddp(self._module, self._ddp_options, self._layout)
-        if self.recovers and self._committed_rng is None:
-            self._committed_rng = _rng_states()
+            if self.recovers:
+                self._ddp.register_forward_hook(self._after_forward)
+                # DDP's construction gave every rank rank 0's buffers: after a recovery,
+                # this rank's own go back (a forward would give them rank 0's again only
+                # where DDP broadcasts its buffers).
+                record = self._records.get(self._step)
+                if record is not None:
+                    with torch.no_grad():
+                        for tensor, saved in zip(self._buffers(), record.buffers):
+                            tensor.copy_(saved)
+        if not self._has_state:
+            self._has_state = True
+            if self.recovers:
+                self._note(self._step, publish=True)
+
+    # Each rank's own state as of a step: kept here for the last two steps, and published in
+    # the workers' store, where a replacement finds the state of the rank it replaces. A
+    # rank's state as of step S+1 is what it holds after the last forward of step S that
+    # precedes the step's gradient all-reduce (BatchNorm updates its statistics and Dropout
+    # draws in the forward): it is published then, before the all-reduce, because a rank may
+    # die after its part of the all-reduce but before its commit while the others commit S+1.
+    # commit() notes it again, and publishes it again where it changed since the forward.
+
+    def _buffers(self):
+        return list(self._module.buffers()) if self._module is not None else []
+
+    def _publishes_buffers(self):
+        """Whether this rank's buffers outlive the next forward: DDP broadcasts rank 0's
+        buffers at the start of each forward (broadcast_buffers, its default)."""
+        return self.rank == 0 or not self._ddp_options.get("broadcast_buffers", True)
+
+    def _after_forward(self, ddp, inputs, output):
+        if not (torch.is_grad_enabled() and ddp.training
+                and getattr(ddp, "require_backward_grad_sync", True)):
+            return None  # no all-reduce follows (evaluation, or no_sync()'s accumulation)
+        self._note(self._step + 1, publish=True)
+        return None
+
+    def _note(self, step, publish):
+        old = self._records.pop(step - 2, None)
+        previous = self._records.get(step)
+        rng = _rng_states()
+        reuse = previous.buffers if previous is not None else (old.buffers if old else None)
+        current = self._buffers()
+        if previous is not None and previous.published and _same_rng(previous.rng, rng) and \
+                all(torch.equal(a, b) for a, b in zip(previous.buffers, current)):
+            return  # the forward's note holds: nothing changed since
+        record = _Record(rng, _copies(current, reuse))
+        self._records[step] = record
+        if publish:
+            buffers = record.buffers if self._publishes_buffers() else None
+            try:
+                self._store.set(self._record_key(self.rank, step),
+                                _encode_record(step, rng, buffers))
+                record.published = True
+            except Exception:  # the store is gone: the job's end, or the failure says so
+                pass
+
+    def _published_record(self, step):
+        """The record this rank's predecessor published for step, or None."""
+        for parity in (0, 1):
+            key = f"{self._root}rank{self.rank}/s{parity}"
+            try:
+                if not _has_key(self._store, key):
+                    continue
+                record = _decode_record(self._store.get(key))
+            except Exception:
+                continue
+            if record["step"] == step:
+                return record
+        return None
 
     def _take_state(self):
         """Every rank of the new generation runs this with the same collectives: the rank with
-        the highest committed step (the lowest such rank) sends its state to all."""
-        have = self._committed_rng is not None
-        mine = torch.tensor([self.step if have else -1], dtype=torch.int64)
+        the highest committed step (the lowest such rank) sends the job's state to all; each
+        rank then goes back to its own state as of that step (its random number generators and
+        buffers), a replacement to the one its predecessor published."""
+        have = self._has_state
+        mine = torch.tensor([self._step if have else -1], dtype=torch.int64)
         device = self._device()
         steps = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(self.world_size)]
         dist.all_gather(steps, mine.to(device))
@@ -392,30 +590,120 @@ class Job:
         if best < 0:
             return  # nobody holds state: every rank starts afresh
         source = steps.index(best)
+        own = self._records.get(best) if have else None
+        published = None if own is not None else self._published_record(best)
+        buffers = self._buffers()
+        if own is not None and self._module is not None:
+            with torch.no_grad():  # what this step's forward changed goes
+                for tensor, saved in zip(buffers, own.buffers):
+                    tensor.copy_(saved)
         if self._module is not None:
             with torch.no_grad():
                 for tensor in self._module.state_dict().values():
                     if isinstance(tensor, torch.Tensor):
                         dist.broadcast(tensor, source)
+                for parameter in self._module.parameters():
+                    parameter.grad = None  # what the failed step accumulated goes too
         names = sorted(self._kept)
         message = [None]
         if self.rank == source:
-            message = [{"step": self.step, "rng": self._committed_rng, "layout": self._layout,
-                        "kept": {name: self._kept[name].state_dict() for name in names}}]
+            kept = {name: self._kept_states.get(name) or self._kept[name].state_dict()
+                    for name in names}
+            message = [{"step": self._step, "rng": own.rng if own else _rng_states(),
+                        "layout": self._layout,
+                        "kept": kept}]
         dist.broadcast_object_list(message, source, device=device)
         state = message[0]
-        self.step = state["step"]
+        self._step = state["step"]
         self._layout = state["layout"]
-        self._committed_rng = state["rng"]
-        _set_rng_states(state["rng"])
         for name in names:
-            if self.rank != source:
-                self._kept[name].load_state_dict(state["kept"][name])
+            obj = self._kept[name]
+            if self.rank != source or not isinstance(obj, torch.optim.Optimizer):
+                obj.load_state_dict(state["kept"][name])
+        if own is not None:
+            rng, saved = own.rng, own.buffers
+        elif published is not None:
+            rng, saved = published["rng"], published["buffers"]
+        else:
+            rng, saved = state["rng"], None
+            sys.stderr.write(
+                f"ddprun.inplace: rank {self.rank} continues rank {source}'s random number "
+                f"streams: its predecessor's states as of step {best} were not found\n")
+        if saved is not None and self._module is not None:
+            with torch.no_grad():
+                for tensor, value in zip(buffers, saved):
+                    tensor.copy_(value)
+        _set_rng_states(rng)
+        self._records = {best: _Record(rng, _copies(buffers))}
+        self._has_state = True
+        if own is None:
+            self._note(best, publish=True)
 
     def _device(self):
         if dist.get_backend() == "nccl":
             return torch.device("cuda", torch.cuda.current_device())
         return torch.device("cpu")
+
+    # --- the job's own checkpoint ---
+
+    def _save_checkpoint(self):
+        module = self._module.state_dict() if self._module is not None else None
+        shared = None
+        if self.rank == 0:
+            shared = {"model": module, "layout": self._layout,
+                      "kept": {name: obj.state_dict() for name, obj in self._kept.items()}}
+        record = self._records.get(self._step)  # as of the commit, not of a failed step
+        rng = record.rng if record is not None else _rng_states()
+        buffers = record.buffers if record is not None else self._buffers()
+        own = {"rng": rng, "buffers": [b.detach().cpu() for b in buffers]}
+        self._checkpoint.save(self._step, shared, own)
+
+    def _resume(self):
+        """Goes on from the newest complete checkpoint, if there is one."""
+        self._resume_pending = False
+        found = self._checkpoint.load()
+        if found is None:
+            return
+        step, shared, own = found
+        if self._module is not None and shared["model"] is not None:
+            self._module.load_state_dict(shared["model"])
+        for name, obj in self._kept.items():
+            if name in shared["kept"]:
+                obj.load_state_dict(shared["kept"][name])
+        self._layout = shared["layout"]
+        if own is not None:
+            _set_rng_states(own["rng"])
+            with torch.no_grad():
+                for tensor, value in zip(self._buffers(), own["buffers"]):
+                    tensor.copy_(value)
+        self._step = step
+        if self.rank == 0:
+            sys.stderr.write(f"ddprun.inplace: going on from the checkpoint of step {step} "
+                             f"({self._checkpoint.folder(step)})\n")
+
+    def _at_exit(self):
+        """At the program's end: a checkpoint of the last step (when the program ends between
+        steps), a word to ddprun that this rank cannot join a later generation, and the
+        watcher stopped before the interpreter finalizes (a thread that wakes in a C++ call
+        then would abort the process)."""
+        self._stopping = True
+        if self._checkpoint is not None and self._clean and self._has_state and \
+                self._step > self._checkpoint.saved:
+            try:
+                self._save_checkpoint()
+            except Exception as e:
+                sys.stderr.write(f"ddprun.inplace: rank {self.rank} could not write the "
+                                 f"checkpoint of step {self._step}: {e}\n")
+        if not self.recovers:
+            return
+        try:
+            self._store.set_timeout(timedelta(seconds=5))
+            self._store.add(f"{self._root}left", 1)
+        except Exception:
+            pass
+        _shut_down(self._watcher_sockets)
+        if self._watcher is not None:
+            self._watcher.join(5)
 
     def _watch(self):
         """Frees this rank when it waits on a survivor that waits too: once ddprun begins the
@@ -429,14 +717,96 @@ class Job:
                     self._watch_store.wait([key], timedelta(hours=1))
                     break
                 except Exception:
+                    if self._stopping:
+                        return
                     try:
                         if _has_key(self._watch_store, key):
                             break
                     except Exception:
                         return  # the store is gone: the job ends
+            if self._stopping:
+                return
             with self._joined:
                 if self._sockets_generation == watched:
                     _shut_down(self._sockets)
                     self._sockets = {}
                 watched += 1
-                self._joined.wait_for(lambda: self._sockets_generation >= watched)
+                while self._sockets_generation < watched and not self._stopping:
+                    self._joined.wait(1.0)
+            if self._stopping:
+                return
+
+
+class _Checkpoints:
+    """The job's checkpoints: <folder>/step-<S>/shared.pt (rank 0: the model, what keep()
+    registered, DDP's bucket layout) and rank-<R>.pt (each rank's random number generators'
+    states and buffers). A checkpoint is complete when all of them are there; each rank keeps
+    its files of its last two checkpoints."""
+
+    def __init__(self, folder, every, rank, world_size):
+        if every is None or int(every) < 1:
+            raise ValueError(f"every must be a positive number of steps (not {every!r})")
+        self.root = os.fspath(folder)
+        self.every = int(every)
+        self.rank = rank
+        self.world_size = world_size
+        self.saved = -1  # the last step this rank saved
+        self._mine = []  # this rank's checkpoints' steps, oldest first
+
+    def folder(self, step):
+        return os.path.join(self.root, f"step-{step}")
+
+    def _write(self, path, value):
+        temporary = f"{path}.tmp.{os.getpid()}"
+        torch.save(value, temporary)
+        os.replace(temporary, path)
+
+    def save(self, step, shared, own):
+        folder = self.folder(step)
+        os.makedirs(folder, exist_ok=True)
+        if shared is not None:
+            self._write(os.path.join(folder, "shared.pt"), dict(shared, step=step))
+        self._write(os.path.join(folder, f"rank-{self.rank}.pt"), dict(own, step=step))
+        self.saved = step
+        self._mine.append(step)
+        for old in self._mine[:-2]:
+            for name in ("shared.pt", f"rank-{self.rank}.pt"):
+                try:
+                    os.unlink(os.path.join(self.folder(old), name))
+                except OSError:
+                    pass
+            try:
+                os.rmdir(self.folder(old))
+            except OSError:
+                pass  # another rank's file is still there
+        self._mine = self._mine[-2:]
+
+    def _complete(self):
+        """The steps of complete checkpoints, newest first."""
+        try:
+            names = os.listdir(self.root)
+        except OSError:
+            return []
+        steps = []
+        for name in names:
+            if not name.startswith("step-") or not name[5:].isdigit():
+                continue
+            folder = os.path.join(self.root, name)
+            wanted = ["shared.pt"] + [f"rank-{r}.pt" for r in range(self.world_size)]
+            if all(os.path.exists(os.path.join(folder, w)) for w in wanted):
+                steps.append(int(name[5:]))
+        return sorted(steps, reverse=True)
+
+    def load(self):
+        """(step, shared, this rank's) of the newest complete checkpoint, or None."""
+        for step in self._complete():
+            folder = self.folder(step)
+            try:
+                shared = torch.load(os.path.join(folder, "shared.pt"))
+                own = torch.load(os.path.join(folder, f"rank-{self.rank}.pt"))
+            except Exception:
+                continue  # removed meanwhile, or unreadable: the one before
+            self.saved = step
+            self._mine = [step]
+            return step, shared, own
+        return None
