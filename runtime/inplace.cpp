@@ -154,6 +154,14 @@ InplaceJob::InplaceJob(InplaceOptions options) : options_(std::move(options)) {
 InplaceJob::~InplaceJob() {
   watcher_.reset();  // before the Context it may abort
   context_.reset();
+  // This rank joins no later generation: a recovery that begins (or waits) now falls back at
+  // once rather than waiting for it (docs/inplace.md, the protocol's `left`).
+  if (store_) {
+    try {
+      store_->add(root_ + "left", 1);
+    } catch (const std::exception&) {  // the store is gone: nothing waits on it
+    }
+  }
 }
 
 Context& InplaceJob::context() {

@@ -1,6 +1,9 @@
 #include "watch/inplace_generations.hpp"
 
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <stdexcept>
 
 #include "ddp/store/client.hpp"
 #include "watch/workers_store_client.hpp"
@@ -11,6 +14,9 @@ namespace {
 
 // Each request to the workers' store (a wait aside) is answered at once on a live store.
 constexpr std::chrono::milliseconds kRequestTimeout{10000};
+
+// How often a recovery that waits for its generation checks whether a rank ended meanwhile.
+constexpr std::chrono::milliseconds kLeftCheckPeriod{500};
 
 // A key as PyTorch's TCPStore client sends it: with a "/" before the program's key.
 std::string wire(const std::string& key) { return "/" + key; }
@@ -69,6 +75,14 @@ void InplaceGenerations::begin(const elastic::RoundInfo& round, int rank, Begun 
   const int world = elastic::worker_ranks(round, 0).world_size;
   auto task = [round, rank, world, prefix, done](store::Client& store) {
     const auto current = static_cast<int>(store.add(prefix + "generation", 0));
+    const auto left = store.add(prefix + "left", 0);
+    if (left > 0) {
+      return done(0, left == 1 ? "1 rank had already ended its program (its job done), so it "
+                                 "cannot join the next generation"
+                               : std::to_string(left) +
+                                     " ranks had already ended their program (their job done), "
+                                     "so they cannot join the next generation");
+    }
     if (!store.check({key(round, current, "done")})) {
       const auto joined = store.add(key(round, current, "joined"), 0);
       if (current == 0 && joined == 0) {
@@ -104,9 +118,33 @@ void InplaceGenerations::watch(const elastic::RoundInfo& round, int generation,
     if (!stopping()) answer(why);
   };
   const std::string formed = key(round, generation, "done");
-  auto task = [formed, limit, done](store::Client& store) {
-    store.wait({formed}, limit);
-    done("");
+  const std::string left = wire(inplace_prefix(round) + "left");
+  const std::string joined = key(round, generation, "joined");
+  const int world = elastic::worker_ranks(round, 0).world_size;
+  auto task = [formed, left, joined, world, limit, generation, done](store::Client& store) {
+    // In slices: a rank that ends its program meanwhile never joins (ddprun.inplace says so
+    // in `left` as its program ends), and the limit is for a rank that never comes.
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    for (;;) {
+      const auto now = std::chrono::steady_clock::now();
+      const auto slice = std::min<std::chrono::milliseconds>(
+          kLeftCheckPeriod,
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now));
+      try {
+        store.wait({formed}, std::max(slice, std::chrono::milliseconds{1}));
+        return done("");
+      } catch (const store::StoreTimeout&) {
+        if (std::chrono::steady_clock::now() >= deadline) {
+          throw std::runtime_error(std::to_string(store.add(joined, 0)) + " of " +
+                                   std::to_string(world) + " ranks joined it");
+        }
+      }
+      if (const auto ended = store.add(left, 0); ended > 0) {
+        return done(std::to_string(ended) +
+                    (ended == 1 ? " rank ended its program" : " ranks ended their program") +
+                    " while generation " + std::to_string(generation) + " formed");
+      }
+    }
   };
   const auto seconds = std::chrono::duration<double>(limit).count();
   run(std::move(task), round, [done, generation, seconds](const std::string& what) {

@@ -190,3 +190,92 @@ TEST_CASE(
   REQUIRE(pids.count(2) == 1);
   CHECK(pids.at(2).size() == 2);
 }
+
+namespace {
+
+// ddprun running examples/pytorch/inplace_cnn.py (BatchNorm, Dropout, Adam with a scheduler,
+// two micro-batches a step, a DataLoader, a random stream per rank) on 4 ranks, 30 steps.
+ProcessResult run_cnn(const std::string& policy, const std::vector<std::string>& options,
+                      const std::vector<std::string>& extra,
+                      const std::map<std::string, std::string>& env = {}) {
+  std::vector<std::string> argv = {bin_path("ddprun").string(), "--standalone",
+                                   "--nproc_per_node=4", "--restart_policy=" + policy};
+  argv.insert(argv.end(), options.begin(), options.end());
+  argv.push_back(source_path("examples/pytorch/inplace_cnn.py").string());
+  for (const char* word : {"--steps", "30", "--step_seconds", "0.02"}) argv.push_back(word);
+  argv.insert(argv.end(), extra.begin(), extra.end());
+  std::map<std::string, std::string> variables = {{"PYTHON_EXEC", torch_python()},
+                                                  {"OMP_NUM_THREADS", "1"}};
+  variables.insert(env.begin(), env.end());
+  return run_process(argv, variables, {}, kJobTimeout);
+}
+
+// rank -> the last `state <rank> ...` line it printed (its parameters, buffers, optimizer,
+// scheduler and random stream).
+std::map<int, std::string> states_of(const std::string& out) {
+  std::map<int, std::string> states;
+  std::istringstream lines(out);
+  for (std::string line; std::getline(lines, line);) {
+    std::istringstream words(line);
+    std::string word;
+    int rank = -1;
+    if (words >> word && word == "state" && words >> rank) states[rank] = line;
+  }
+  return states;
+}
+
+}  // namespace
+
+TEST_CASE("in place: an ordinary CNN ends as an uninterrupted run", "[torch]") {
+  if (!torch_available()) {
+    return skip(torch_python() + " cannot import torch.distributed with Gloo");
+  }
+  const std::string package =
+      (bin_path("ddprun").parent_path().parent_path() / "share/ddprun/python-package").string();
+  const ProcessResult clean = run_cnn("all", {}, {}, {{"PYTHONPATH", package}});
+  INFO("uninterrupted stderr:\n" << clean.err << "\nstdout:\n" << clean.out);
+  REQUIRE(clean.status == 0);
+  const auto expected = states_of(clean.out);
+  REQUIRE(expected.size() == 4);
+  // Every rank's own random stream and BatchNorm statistics differ from the others'.
+  CHECK(expected.at(0).substr(8) != expected.at(1).substr(8));
+
+  SECTION("killed in the forward, the backward, optimizer.step(), and rank 0") {
+    const ProcessResult run = run_cnn(
+        "inplace", {"--max_restarts=4"},
+        {"--kill", "2:6:forward/1:12:backward/3:18:optimizer/0:24:forward"});
+    INFO("stderr:\n" << run.err << "\nstdout:\n" << run.out);
+    CHECK(run.status == 0);
+    CHECK_THAT(run.err, Catch::Contains("ddprun: rank 2 was replaced in place: generation 1"));
+    CHECK_THAT(run.err, Catch::Contains("ddprun: rank 1 was replaced in place: generation 2"));
+    CHECK_THAT(run.err, Catch::Contains("ddprun: rank 3 was replaced in place: generation 3"));
+    CHECK_THAT(run.err, Catch::Contains("ddprun: rank 0 was replaced in place: generation 4"));
+    CHECK_THAT(run.err, !Catch::Contains("falls back"));
+    CHECK_THAT(run.err, !Catch::Contains("continues rank"));  // no random stream was lost
+    CHECK(states_of(run.out) == expected);
+  }
+  SECTION("a DataLoader with workers, and a rank that hangs") {
+    const ProcessResult run =
+        run_cnn("inplace", {"--max_restarts=2", "--hang_timeout=4", "--hang_stop_timeout=6"},
+                {"--loader_workers", "2", "--kill", "2:10:stop"});
+    INFO("stderr:\n" << run.err << "\nstdout:\n" << run.out);
+    CHECK(run.status == 0);
+    CHECK_THAT(run.err, Catch::Contains("--restart_policy=inplace: killing rank 2 (pid "));
+    CHECK_THAT(run.err, Catch::Contains("ddprun: rank 2 was replaced in place: generation 1"));
+    CHECK_THAT(run.err, !Catch::Contains("falls back"));
+    CHECK(states_of(run.out) == expected);
+  }
+  SECTION("a rank that dies as the job ends: the others had ended, the checkpoint is the net") {
+    TempDir dir;
+    const ProcessResult run =
+        run_cnn("inplace", {"--max_restarts=2"},
+                {"--kill", "2:30:end", "--checkpoint_dir", (dir.path() / "ck").string()});
+    INFO("stderr:\n" << run.err << "\nstdout:\n" << run.out);
+    CHECK(run.status == 0);
+    CHECK_THAT(run.err, Catch::Contains("falls back to restarting every worker: "));
+    CHECK_THAT(run.err, Catch::Contains("ended their program"));
+    CHECK_THAT(run.err, !Catch::Contains("SIGABRT"));
+    CHECK_THAT(run.err, Catch::Contains("ddprun.inplace: going on from the checkpoint of step 30"));
+    CHECK(states_of(run.out) == expected);
+  }
+}

@@ -39,6 +39,7 @@ import os
 import pickle
 import random
 import socket
+import struct
 import sys
 import threading
 import time
@@ -344,7 +345,7 @@ class Job:
         self._sockets = {}
         self._sockets_generation = -1
         self._watcher = None
-        self._watcher_sockets = {}
+        self._waiter = None
         self._stopping = False
         atexit.register(self._at_exit)
         if not self.recovers:
@@ -353,10 +354,7 @@ class Job:
         restart_count = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         self._root = f"ddprun/inplace/{restart_count}/"
         self._store = self._connect()
-        before = _socket_inodes()
-        self._watch_store = self._connect()
-        self._watcher_sockets = {fd: inode for fd, inode in _socket_inodes().items()
-                                 if before.get(fd) != inode}
+        self._waiter = _Waiter(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
         self._needs_state = self.generation > 0
         self._join()
         if not self._needs_state:
@@ -701,7 +699,7 @@ class Job:
             self._store.add(f"{self._root}left", 1)
         except Exception:
             pass
-        _shut_down(self._watcher_sockets)
+        self._waiter.close()
         if self._watcher is not None:
             self._watcher.join(5)
 
@@ -711,19 +709,10 @@ class Job:
         at once. Then waits for this rank to join that generation, and watches the next."""
         watched = self.generation
         while True:
-            key = self._key(watched + 1, "announced")
-            while True:
-                try:
-                    self._watch_store.wait([key], timedelta(hours=1))
-                    break
-                except Exception:
-                    if self._stopping:
-                        return
-                    try:
-                        if _has_key(self._watch_store, key):
-                            break
-                    except Exception:
-                        return  # the store is gone: the job ends
+            try:
+                self._waiter.wait(self._key(watched + 1, "announced"))
+            except OSError:
+                return  # the store is gone (the job ends), or this rank's program ends
             if self._stopping:
                 return
             with self._joined:
@@ -735,6 +724,51 @@ class Job:
                     self._joined.wait(1.0)
             if self._stopping:
                 return
+
+
+class _Waiter:
+    """The watcher's own connection to the workers' store, which waits for a key with no
+    timeout. Plain Python, so that close() ends a wait in silence (PyTorch's client prints a
+    stack when its connection closes), and so that a wait that returns as the interpreter
+    finalizes ends the thread as any Python thread's (a C++ call then aborts the process). It
+    speaks the TCPStore protocol of the PyTorch it runs with."""
+
+    _MAGIC = 0x3C85F7CE  # 2.x: the VALIDATE a connection opens with
+
+    def __init__(self, host, port):
+        self._socket = socket.create_connection((host, port))
+        self._socket.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._v2 = int(torch.__version__.split(".")[0]) >= 2
+        if self._v2:
+            self._socket.sendall(bytes([0]) + struct.pack("<I", self._MAGIC))
+        self._closed = False
+
+    def wait(self, key):
+        """Returns once key exists; OSError when the connection ends."""
+        name = ("/" + key).encode()  # as PyTorch's client writes a program's key
+        command = 6 if self._v2 else 5  # WAIT
+        self._socket.sendall(bytes([command]) + struct.pack("<QQ", 1, len(name)) + name)
+        reply = self._socket.recv(1)
+        if reply != b"\x00":
+            raise ConnectionError(f"the workers' store answered {reply!r} to a wait")
+
+    def close(self):
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self._socket.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
+def _load(path):
+    """torch.load of one of the job's own checkpoint files, which hold the random number
+    generators' states (numpy's: not weights, so PyTorch 2.6+ needs weights_only=False)."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=False)
+    except TypeError:  # a PyTorch without weights_only
+        return torch.load(path, map_location="cpu")
 
 
 class _Checkpoints:
@@ -802,10 +836,12 @@ class _Checkpoints:
         for step in self._complete():
             folder = self.folder(step)
             try:
-                shared = torch.load(os.path.join(folder, "shared.pt"))
-                own = torch.load(os.path.join(folder, f"rank-{self.rank}.pt"))
-            except Exception:
-                continue  # removed meanwhile, or unreadable: the one before
+                shared = _load(os.path.join(folder, "shared.pt"))
+                own = _load(os.path.join(folder, f"rank-{self.rank}.pt"))
+            except Exception as e:  # removed meanwhile, or unreadable: the one before
+                sys.stderr.write(f"ddprun.inplace: rank {self.rank} cannot read the checkpoint "
+                                 f"{folder} ({e}); trying an older one\n")
+                continue
             self.saved = step
             self._mine = [step]
             return step, shared, own
