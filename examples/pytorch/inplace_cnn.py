@@ -17,8 +17,11 @@ What makes it recover to the state of a run that never failed:
 Under torchrun, or another --restart_policy, it runs as plain DDP; with --checkpoint_dir a
 restarted job goes on from its last checkpoint.
 
-Each rank prints `state <rank> <digests>` last: its parameters, buffers, optimizer state,
-scheduler and random streams, for a test to compare with an uninterrupted run.
+Each rank prints `started <rank> <pid> <generation>` first and `state <rank> <digests>` last:
+its parameters, buffers, optimizer state, scheduler and random streams, for a test to compare
+with an uninterrupted run. As examples/pytorch/inplace_ddp.py, a survivor prints `lost <rank>
+<unix time>` when it recovered and every rank `resumed <rank> <unix time>` after its first step
+that follows; rank 0 prints `trained <seconds>` (its training loop's time).
 
 For tests and benchmarks:
   --step_seconds S           a pause in each step (so that a rank can be killed mid-run)
@@ -193,6 +196,10 @@ def main():
 
     net.bn.register_forward_hook(after_bn)
     net.conv.weight.register_hook(in_backward)  # the last gradient: later buckets are reduced
+    resumed = job.generation not in (None, 0) or \
+        os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0"
+    recoveries = job.recoveries
+    began = time.perf_counter()
     while job.step < args.steps:
         with job.attempt():
             step = job.step
@@ -220,7 +227,16 @@ def main():
             scheduler.step()
             job.commit()
             if rank == 0 and job.step % 10 == 0:
-                say(f"step {job.step} loss {loss.item() * 2:.4f} lr {scheduler.get_last_lr()[0]:g}")
+                say(f"step {job.step} loss {loss.item() * 2:.4f} "
+                    f"lr {scheduler.get_last_lr()[0]:g}")
+        if job.recoveries != recoveries:
+            recoveries = job.recoveries
+            say(f"lost {rank} {job.last_lost_time:.6f}")
+            resumed = True
+        elif resumed:
+            say(f"resumed {rank} {time.time():.6f}")
+            resumed = False
+    trained = time.perf_counter() - began
 
     if kills.get(args.steps) == "end":
         die()
@@ -232,6 +248,7 @@ def main():
         f"tracked {int(net.bn.num_batches_tracked)}")
     if rank == 0:
         say(f"recoveries {job.recoveries}")
+        say(f"trained {trained:.6f}")
 
 
 if __name__ == "__main__":
