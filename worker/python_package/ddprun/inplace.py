@@ -32,6 +32,10 @@ The protocol with ddprun (every key in the workers' store, at MASTER_ADDR:MASTER
   generation that is done.
 - ``g<G>/announced``: ddprun sets it (to the failed ranks) when generation G begins; the
   survivors wait for it, and their watcher uses it to free a survivor that waits on a survivor.
+- ``left`` (a counter): each rank adds one as its program ends; ddprun then begins no
+  generation (and stops waiting for one to form): that rank would never join it.
+- ``rank<R>/s<S % 2>``: rank R's own state as of step S (its random number generators' states,
+  and its buffers where they outlive the next forward), for its replacement.
 """
 
 import atexit
@@ -200,24 +204,6 @@ def _set_rng_states(states):
         numpy.random.set_state(states["numpy"])
     if "cuda" in states and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(states["cuda"])
-
-
-def _same_rng(a, b):
-    """Whether two _rng_states() are the same states."""
-    if a.keys() != b.keys() or a["python"] != b["python"]:
-        return False
-    if not torch.equal(a["torch"], b["torch"]):
-        return False
-    if "numpy" in a:
-        x, y = a["numpy"], b["numpy"]
-        if len(x) != len(y) or x[0] != y[0] or x[2:] != y[2:] or not (x[1] == y[1]).all():
-            return False
-    if "cuda" in a:
-        if len(a["cuda"]) != len(b["cuda"]):
-            return False
-        if not all(torch.equal(x, y) for x, y in zip(a["cuda"], b["cuda"])):
-            return False
-    return True
 
 
 def _copies(tensors, into=None):
@@ -412,7 +398,7 @@ class Job:
         as of the step is noted (a recovery goes back to it)."""
         self._step += 1
         if self.recovers:
-            self._note(self._step, publish=True)
+            self._note(self._step, publish=True, at_commit=True)
             if self._kept:
                 self._kept_states = {name: obj.state_dict() for name, obj in self._kept.items()
                                      if not isinstance(obj, torch.optim.Optimizer)}
@@ -539,15 +525,19 @@ class Job:
         self._note(self._step + 1, publish=True)
         return None
 
-    def _note(self, step, publish):
+    def _note(self, step, publish, at_commit=False):
         old = self._records.pop(step - 2, None)
         previous = self._records.get(step)
+        if at_commit and previous is not None and previous.published and \
+                torch.equal(previous.rng["torch"], torch.get_rng_state()) and \
+                previous.rng["python"] == random.getstate():
+            # The forward's note holds: nothing drew from torch's or Python's generator since
+            # (buffers change in a forward, which notes again; numpy's generator is taken to
+            # draw before the forward, as a data pipeline's does: docs/inplace.md).
+            return
         rng = _rng_states()
         reuse = previous.buffers if previous is not None else (old.buffers if old else None)
         current = self._buffers()
-        if previous is not None and previous.published and _same_rng(previous.rng, rng) and \
-                all(torch.equal(a, b) for a, b in zip(previous.buffers, current)):
-            return  # the forward's note holds: nothing changed since
         record = _Record(rng, _copies(current, reuse))
         self._records[step] = record
         if publish:
@@ -699,7 +689,8 @@ class Job:
             self._store.add(f"{self._root}left", 1)
         except Exception:
             pass
-        self._waiter.close()
+        if self._waiter is not None:
+            self._waiter.close()
         if self._watcher is not None:
             self._watcher.join(5)
 
