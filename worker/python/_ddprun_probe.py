@@ -64,7 +64,9 @@ What PyTorch lets us see, checked with two Gloo processes on 127.0.0.1:
 - PyTorch 1.13 has no such hooks: its Python collective functions are wrapped instead. Any
   exception from one marks it failed, the header too: an argument error looks like a broken
   communicator. As DDP's Reducer calls the backend from C++, each step's gradient reduction is
-  recorded as one collective (Op 13) from the start to the end of backward.
+  recorded as one collective (Op 13) from the start to the end of backward. DDP's broadcast of
+  the module's state (at construction, and of its buffers at each forward: BatchNorm) goes
+  through torch.distributed._broadcast_coalesced, a C++ function wrapped as one BROADCAST.
 - Both: a callback queued with the autograd engine's queue_callback from inside a final callback
   runs after DDP's own finalize callback, once the gradients are averaged: that is a step's end.
 - 2.14's HookOpName has SPLIT and NEW_WINDOW, which are no collectives: not recorded.

@@ -218,8 +218,10 @@ def expected_ops(hooks):
     # The all_reduce on the new group is in that group's lane.
     user = ["all_reduce", "all_reduce", "broadcast", "barrier", "all_reduce",
             "all_gather", "all_gather"]  # ... the last two: all_gather_object
-    if not hooks:  # DDP's own collectives are C++ calls: one gradient reduction per step
-        return user + ["gradients"] * 3
+    if not hooks:  # DDP's own collectives are C++ calls: one gradient reduction per step, and
+        # its construction's broadcast of the module's state (torch.distributed's
+        # _broadcast_coalesced, which a BatchNorm model's forward calls too)
+        return user + ["broadcast"] + ["gradients"] * 3
     # DDP's construction: verify the parameters' shapes, broadcast the module's state; step 1:
     # one bucket; step 2 (buckets rebuilt): broadcast of the new bucket order and sizes.
     ddp = ["all_gather", "broadcast", "broadcast", "all_reduce",
