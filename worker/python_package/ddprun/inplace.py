@@ -222,8 +222,11 @@ def _copies(tensors, into=None):
 
 def _tensor_bytes(tensor):
     tensor = tensor.detach().cpu().contiguous()
-    return (str(tensor.dtype).replace("torch.", ""), tuple(tensor.shape),
-            tensor.reshape(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b"")
+    try:
+        data = tensor.numpy().tobytes()
+    except TypeError:  # a dtype numpy lacks (bfloat16): its bytes as they are
+        data = tensor.reshape(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b""
+    return (str(tensor.dtype).replace("torch.", ""), tuple(tensor.shape), data)
 
 
 def _tensor_from(encoded, device=None):
@@ -235,26 +238,47 @@ def _tensor_from(encoded, device=None):
     return flat.reshape(shape).to(device) if device is not None else flat.reshape(shape)
 
 
-def _encode_record(step, rng, buffers):
-    """A rank's own state as of a step (what its replacement continues), as bytes."""
-    rng = dict(rng)
-    rng["torch"] = _tensor_bytes(rng["torch"])
-    if "cuda" in rng:
-        rng["cuda"] = [_tensor_bytes(t) for t in rng["cuda"]]
-    record = {"step": step, "rng": rng,
-              "buffers": None if buffers is None else [_tensor_bytes(b) for b in buffers]}
-    return pickle.dumps(record, protocol=4)
+class _Encoder:
+    """Encodes a rank's own state as of a step (what its replacement continues) as bytes. The
+    Python and numpy generators' states rarely change from step to step (a training loop draws
+    from torch's): their encoding is kept and used again while they are equal."""
+
+    def __init__(self):
+        self._python = (None, None)  # (state, its pickle)
+        self._numpy = (None, None)
+
+    def _cached(self, slot, state, equal):
+        held, encoded = getattr(self, slot)
+        if held is None or not equal(held, state):
+            encoded = pickle.dumps(state, protocol=4)
+            setattr(self, slot, (state, encoded))
+        return encoded
+
+    def encode(self, step, rng, buffers):
+        record = {"step": step, "torch": _tensor_bytes(rng["torch"]),
+                  "python": self._cached("_python", rng["python"], lambda a, b: a == b)}
+        if "numpy" in rng:
+            record["numpy"] = self._cached("_numpy", rng["numpy"], _same_numpy_state)
+        if "cuda" in rng:
+            record["cuda"] = [_tensor_bytes(t) for t in rng["cuda"]]
+        record["buffers"] = None if buffers is None else [_tensor_bytes(b) for b in buffers]
+        return pickle.dumps(record, protocol=4)
+
+
+def _same_numpy_state(a, b):
+    return len(a) == len(b) and a[0] == b[0] and a[2:] == b[2:] and (a[1] == b[1]).all()
 
 
 def _decode_record(data):
     record = pickle.loads(data)
-    rng = record["rng"]
-    rng["torch"] = _tensor_from(rng["torch"])
-    if "cuda" in rng:
-        rng["cuda"] = [_tensor_from(t) for t in rng["cuda"]]
-    if record["buffers"] is not None:
-        record["buffers"] = [_tensor_from(b) for b in record["buffers"]]
-    return record
+    rng = {"torch": _tensor_from(record["torch"]), "python": pickle.loads(record["python"])}
+    if "numpy" in record:
+        rng["numpy"] = pickle.loads(record["numpy"])
+    if "cuda" in record:
+        rng["cuda"] = [_tensor_from(t) for t in record["cuda"]]
+    buffers = record["buffers"]
+    return {"step": record["step"], "rng": rng,
+            "buffers": None if buffers is None else [_tensor_from(b) for b in buffers]}
 
 
 class _Attempt:
@@ -318,6 +342,8 @@ class Job:
         self._ddp_options = {}
         self._kept = {}
         self._records = {}  # step -> _Record: this rank's own state as of that step
+        self._encoder = _Encoder()
+        self._buffer_list = None  # the module's buffers, as of the current DDP's making
         self._kept_states = {}  # name -> state_dict() at the last commit (optimizers aside)
         self._has_state = False  # holds the job's state (a replacement: once it received it)
         self._layout = None  # the DDP buckets to re-make (_bucket_layout)
@@ -487,6 +513,7 @@ class Job:
             self._mark_joined()
         if self._ddp is None and self._module is not None:
             self._ddp = _make_ddp(self._module, self._ddp_options, self._layout)
+            self._buffer_list = None
             if self.recovers:
                 self._ddp.register_forward_hook(self._after_forward)
                 # DDP's construction gave every rank rank 0's buffers: after a recovery,
@@ -513,6 +540,15 @@ class Job:
     def _buffers(self):
         return list(self._module.buffers()) if self._module is not None else []
 
+    def _step_buffers(self):
+        """The module's buffers, listed once per DDP module (a step updates them in place;
+        BatchNorm does)."""
+        if self._ddp is None:
+            return self._buffers()
+        if self._buffer_list is None:
+            self._buffer_list = self._buffers()
+        return self._buffer_list
+
     def _publishes_buffers(self):
         """Whether this rank's buffers outlive the next forward: DDP broadcasts rank 0's
         buffers at the start of each forward (broadcast_buffers, its default)."""
@@ -537,14 +573,14 @@ class Job:
             return
         rng = _rng_states()
         reuse = previous.buffers if previous is not None else (old.buffers if old else None)
-        current = self._buffers()
+        current = self._step_buffers()
         record = _Record(rng, _copies(current, reuse))
         self._records[step] = record
         if publish:
             buffers = record.buffers if self._publishes_buffers() else None
             try:
                 self._store.set(self._record_key(self.rank, step),
-                                _encode_record(step, rng, buffers))
+                                self._encoder.encode(step, rng, buffers))
                 record.published = True
             except Exception:  # the store is gone: the job's end, or the failure says so
                 pass
