@@ -60,6 +60,16 @@ void InplaceGenerations::run(std::function<void(store::Client&)> task,
         if (stopping_) return;
         clients_.push_back(client);
       }
+      // Its connection closes once the task is done: the agent that serves the store waits,
+      // at the job's end, for the connections to it to close.
+      struct Forget {
+        InplaceGenerations* self;
+        std::shared_ptr<store::Client> client;
+        ~Forget() {
+          std::lock_guard lock(self->mutex_);
+          std::erase(self->clients_, client);
+        }
+      } forget{this, client};
       task(*client);
     } catch (const std::exception& e) {
       failed(e.what());

@@ -279,3 +279,31 @@ TEST_CASE("in place: an ordinary CNN ends as an uninterrupted run", "[torch]") {
     CHECK(states_of(run.out) == expected);
   }
 }
+
+TEST_CASE("in place: two static nodes end together after a replacement", "[torch]") {
+  if (!torch_available()) {
+    return skip(torch_python() + " cannot import torch.distributed with Gloo");
+  }
+  // The store's host (node 0) replaced its rank 1; its connections for that recovery close once
+  // it is done, so it does not wait for them at the job's end ("still open 5 s after").
+  const int port = reserve_port();
+  std::vector<std::unique_ptr<ChildProcess>> nodes;
+  for (int node = 0; node < 2; ++node) {
+    nodes.push_back(std::make_unique<ChildProcess>(
+        std::vector<std::string>{
+            bin_path("ddprun").string(), "--nnodes=2", "--nproc_per_node=2",
+            "--node_rank=" + std::to_string(node), "--master_addr=127.0.0.1",
+            "--master_port=" + std::to_string(port), "--restart_policy=inplace",
+            "--max_restarts=1", source_path("examples/pytorch/inplace_ddp.py").string(),
+            "--steps", "20", "--step_seconds", "0.02", "--kill", "1:8:between"},
+        std::map<std::string, std::string>{{"PYTHON_EXEC", torch_python()},
+                                           {"OMP_NUM_THREADS", "1"}}));
+  }
+  const ProcessResult host = nodes[0]->wait(kJobTimeout);
+  const ProcessResult other = nodes[1]->wait(kJobTimeout);
+  INFO("node 0 stderr:\n" << host.err << "\nnode 1 stderr:\n" << other.err);
+  CHECK(host.status == 0);
+  CHECK(other.status == 0);
+  CHECK_THAT(host.err, Catch::Contains("ddprun: rank 1 was replaced in place: generation 1"));
+  CHECK_THAT(host.err, !Catch::Contains("still open"));
+}
