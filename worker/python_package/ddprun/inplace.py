@@ -700,6 +700,8 @@ class Job:
             with torch.no_grad():
                 for tensor, value in zip(self._buffers(), own["buffers"]):
                     tensor.copy_(value)
+            # This rank's own buffers, which making DDP replaces with rank 0's, come back then.
+            self._records = {step: _Record(own["rng"], _copies(self._buffers()))}
         self._step = step
         if self.rank == 0:
             sys.stderr.write(f"ddprun.inplace: going on from the checkpoint of step {step} "
