@@ -47,6 +47,7 @@ import struct
 import sys
 import threading
 import time
+import weakref
 from datetime import timedelta
 
 import torch
@@ -558,12 +559,14 @@ class Job:
         """Notes this rank's state at the end of each of ddp's forwards that an all-reduce
         follows. Through its forward itself rather than a forward hook: a module with hooks
         takes PyTorch's slow call path (about 60 us a call on 2.14)."""
-        forward = ddp.forward
+        forward = type(ddp).forward
+        held = weakref.ref(ddp)  # no cycle: a dropped DDP (and its group) goes at once
 
         def forward_noted(*args, **kwargs):
-            output = forward(*args, **kwargs)
-            if torch.is_grad_enabled() and ddp.training and \
-                    getattr(ddp, "require_backward_grad_sync", True):
+            module = held()
+            output = forward(module, *args, **kwargs)
+            if torch.is_grad_enabled() and module.training and \
+                    getattr(module, "require_backward_grad_sync", True):
                 self._note(self._step + 1, publish=True)
             # else no all-reduce follows (evaluation, or no_sync()'s accumulation)
             return output
