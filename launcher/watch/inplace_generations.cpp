@@ -138,8 +138,7 @@ void InplaceGenerations::watch(const elastic::RoundInfo& round, int generation,
     for (;;) {
       const auto now = std::chrono::steady_clock::now();
       const auto slice = std::min<std::chrono::milliseconds>(
-          kLeftCheckPeriod,
-          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now));
+          kLeftCheckPeriod, std::chrono::duration_cast<std::chrono::milliseconds>(deadline - now));
       try {
         store.wait({formed}, std::max(slice, std::chrono::milliseconds{1}));
         return done("");

@@ -241,9 +241,9 @@ TEST_CASE("in place: an ordinary CNN ends as an uninterrupted run", "[torch]") {
   CHECK(expected.at(0).substr(8) != expected.at(1).substr(8));
 
   SECTION("killed in the forward, the backward, optimizer.step(), and rank 0") {
-    const ProcessResult run = run_cnn(
-        "inplace", {"--max_restarts=4"},
-        {"--kill", "2:6:forward/1:12:backward/3:18:optimizer/0:24:forward"});
+    const ProcessResult run =
+        run_cnn("inplace", {"--max_restarts=4"},
+                {"--kill", "2:6:forward/1:12:backward/3:18:optimizer/0:24:forward"});
     INFO("stderr:\n" << run.err << "\nstdout:\n" << run.out);
     CHECK(run.status == 0);
     CHECK_THAT(run.err, Catch::Contains("ddprun: rank 2 was replaced in place: generation 1"));
@@ -290,12 +290,12 @@ TEST_CASE("in place: two static nodes end together after a replacement", "[torch
   std::vector<std::unique_ptr<ChildProcess>> nodes;
   for (int node = 0; node < 2; ++node) {
     nodes.push_back(std::make_unique<ChildProcess>(
-        std::vector<std::string>{
-            bin_path("ddprun").string(), "--nnodes=2", "--nproc_per_node=2",
-            "--node_rank=" + std::to_string(node), "--master_addr=127.0.0.1",
-            "--master_port=" + std::to_string(port), "--restart_policy=inplace",
-            "--max_restarts=1", source_path("examples/pytorch/inplace_ddp.py").string(),
-            "--steps", "20", "--step_seconds", "0.02", "--kill", "1:8:between"},
+        std::vector<std::string>{bin_path("ddprun").string(), "--nnodes=2", "--nproc_per_node=2",
+                                 "--node_rank=" + std::to_string(node), "--master_addr=127.0.0.1",
+                                 "--master_port=" + std::to_string(port),
+                                 "--restart_policy=inplace", "--max_restarts=1",
+                                 source_path("examples/pytorch/inplace_ddp.py").string(), "--steps",
+                                 "20", "--step_seconds", "0.02", "--kill", "1:8:between"},
         std::map<std::string, std::string>{{"PYTHON_EXEC", torch_python()},
                                            {"OMP_NUM_THREADS", "1"}}));
   }
