@@ -222,7 +222,8 @@ def _copies(tensors, into=None):
 
 
 def _tensor_bytes(tensor):
-    tensor = tensor.detach().cpu().contiguous()
+    if tensor.device.type != "cpu" or tensor.requires_grad or not tensor.is_contiguous():
+        tensor = tensor.detach().cpu().contiguous()
     try:
         data = tensor.numpy().tobytes()
     except TypeError:  # a dtype numpy lacks (bfloat16): its bytes as they are
