@@ -208,6 +208,25 @@ class ModulesListsTest(unittest.TestCase):
             os.environ.clear()
             os.environ.update(saved)
 
+    def test_what_the_framework_set_itself_is_no_change(self):
+        # A survivor imported the framework's compiler itself (which set its cache folder) and
+        # then a lazy module; a replacement forked from a template that held the compiler starts
+        # with the folder set, so its list has no change before the same lazy module.
+        with TempDir() as d:
+            survivor, replacement = os.path.join(d, "s.txt"), os.path.join(d, "r.txt")
+            mark = _ddprun_modules.ENV_MARK
+            write(survivor, "torch\tt.py\n" + mark + '{"CACHE": "/tmp/c"}\n' + "lazy\tl.py\n")
+            write(replacement, "torch\tt.py\nlazy\tl.py\n")
+            lists = [survivor, replacement]
+            triples = {name: delta for name, _, delta in _ddprun_modules.read_lists(lists)}
+            self.assertEqual(triples["lazy"], _ddprun_modules.DIVERGENT)
+            triples = {name: delta for name, _, delta in
+                       _ddprun_modules.read_lists(lists, {"CACHE": "/tmp/c"})}
+            self.assertEqual(triples["lazy"], {})
+            triples = {name: delta for name, _, delta in
+                       _ddprun_modules.read_lists(lists, {"CACHE": "/elsewhere"})}
+            self.assertEqual(triples["lazy"], _ddprun_modules.DIVERGENT)
+
 
 class ProcessStringsTest(unittest.TestCase):
     def test_cmdline_and_environ_are_exactly_the_workers(self):

@@ -146,13 +146,33 @@ def _json_line(delta):
 DIVERGENT = "divergent"
 
 
-def read_lists(paths):
+def read_lists(paths, unchanged=None):
     """The (name, file, delta) triples of the lists at `paths`, each name once, in first-seen
     order (the first list's order, then what the others add). delta is the environment
     change the module was imported in (a dict: variable -> value, None for removed), or
-    DIVERGENT when two lists (two ranks) imported it in different ones. Missing or unreadable
-    lists are skipped."""
+    DIVERGENT when two lists (two ranks) imported it in different ones. A change to a value
+    in `unchanged` (variable -> value: what the framework's own imports set, in every process
+    that imports it) is no change: a worker forked after those imports starts with it, one
+    that imported them itself set it on the way. Missing or unreadable lists are skipped."""
     import json
+
+    normal = {}  # a list's delta line -> the same without `unchanged`'s entries
+
+    def normalized(line):
+        if not unchanged or line == "{}":
+            return line
+        if line not in normal:
+            try:
+                delta = json.loads(line)
+                if isinstance(delta, dict):
+                    delta = {k: v for k, v in delta.items()
+                             if k not in unchanged or unchanged[k] != v}
+                    normal[line] = json.dumps(delta, sort_keys=True, ensure_ascii=True)
+                else:
+                    normal[line] = line
+            except ValueError:
+                normal[line] = line
+        return normal[line]
 
     seen = {}
     for path in paths:
@@ -162,7 +182,7 @@ def read_lists(paths):
                 for line in text:
                     line = line.rstrip("\n")
                     if line.startswith(ENV_MARK):
-                        delta = line[len(ENV_MARK):]
+                        delta = normalized(line[len(ENV_MARK):])
                         continue
                     name, tab, file = line.partition("\t")
                     if not tab or not name:

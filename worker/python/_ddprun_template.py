@@ -283,10 +283,10 @@ class _Preloaded:
         if self.problem is None:
             self.problem = self._environment_problem(lists)
         if self.problem is None:
-            for name, file, delta in _ddprun_modules.read_lists(lists):
+            for name, file, delta in _ddprun_modules.read_lists(lists, self.effects):
                 if self.problem or not self._framework_submodule(name):
                     continue
-                if delta == _ddprun_modules.DIVERGENT or _changed_from_template(delta):
+                if delta == _ddprun_modules.DIVERGENT or _changed_from_template(delta, self.effects):
                     break  # this one and those after it are the workers' own to import
                 self._preload(name, file, roots, own, counts)
         self.snapshot.add_modules()
@@ -333,14 +333,14 @@ class _Preloaded:
         the workers first imported each module preloaded by name (a change the program made
         before importing another of the framework's modules, numpy say, is still there then);
         the framework's own imports change it only after that."""
-        for name, _, delta in _ddprun_modules.read_lists(lists):
+        for name, _, delta in _ddprun_modules.read_lists(lists, self.effects):
             if name not in self.files:
                 continue
             if delta == _ddprun_modules.DIVERGENT:
                 return ("the ranks imported %s after setting their environments differently (a "
                         "variable per rank before the import), which the template imported once "
                         "in the node's" % name)
-            key = _changed_from_template(delta)
+            key = _changed_from_template(delta, self.effects)
             if key:
                 return ("the program sets %s (to %s) before it imports %s, which the template "
                         "imported with %s %s" % (key, _shown(delta[key]), name, key,
@@ -426,11 +426,12 @@ class _Preloaded:
 FILES_FRESH = 1.0
 
 
-def _changed_from_template(delta):
+def _changed_from_template(delta, effects):
     """The first variable of a worker's environment change (a list's delta) whose value the
-    template's imports did not see, or None."""
+    template's imports did not see (neither the node's nor what those imports set, `effects`),
+    or None."""
     for key, value in sorted(delta.items()):
-        if _STARTUP_ENV.get(key) != value:
+        if (effects[key] if key in effects else _STARTUP_ENV.get(key)) != value:
             return key
     return None
 
