@@ -18,6 +18,9 @@ constexpr std::chrono::milliseconds kRequestTimeout{10000};
 // How often a recovery that waits for its generation checks whether a rank ended meanwhile.
 constexpr std::chrono::milliseconds kLeftCheckPeriod{500};
 
+// The most of a worker's `stuck` line that the fallback's line shows.
+constexpr std::size_t kStuckTextMax = 400;
+
 // A key as PyTorch's TCPStore client sends it: with a "/" before the program's key.
 std::string wire(const std::string& key) { return "/" + key; }
 
@@ -130,10 +133,12 @@ void InplaceGenerations::watch(const elastic::RoundInfo& round, int generation,
   const std::string formed = key(round, generation, "done");
   const std::string left = wire(inplace_prefix(round) + "left");
   const std::string joined = key(round, generation, "joined");
+  const std::string stuck = key(round, generation, "stuck");
   const int world = elastic::worker_ranks(round, 0).world_size;
-  auto task = [formed, left, joined, world, limit, generation, done](store::Client& store) {
+  auto task = [formed, left, joined, stuck, world, limit, generation, done](store::Client& store) {
     // In slices: a rank that ends its program meanwhile never joins (ddprun.inplace says so
-    // in `left` as its program ends), and the limit is for a rank that never comes.
+    // in `left` as its program ends), nor one that its watcher finds stuck in the old group
+    // (it says why in `stuck`); the limit is for a rank that never comes.
     const auto deadline = std::chrono::steady_clock::now() + limit;
     for (;;) {
       const auto now = std::chrono::steady_clock::now();
@@ -152,6 +157,13 @@ void InplaceGenerations::watch(const elastic::RoundInfo& round, int generation,
         return done(std::to_string(ended) +
                     (ended == 1 ? " rank ended its program" : " ranks ended their program") +
                     " while generation " + std::to_string(generation) + " formed");
+      }
+      if (store.check({stuck})) {
+        std::string why = store.get(stuck);  // the worker's one line, shown as text
+        if (why.size() > kStuckTextMax) why.resize(kStuckTextMax);
+        std::replace_if(
+            why.begin(), why.end(), [](unsigned char c) { return c < 0x20; }, ' ');
+        return done(why);
       }
     }
   };

@@ -1059,6 +1059,22 @@ def _write_error_file():
         pass
 
 
+_probe = None  # this process's, once install() made it
+
+
+def unfinished_collectives():
+    """The collectives this process issued and has not seen finish ((lane, number) pairs);
+    empty where nothing is recorded. For ddprun.inplace's watcher: a collective still
+    unfinished seconds after its group's connections were shut will not end."""
+    probe = _probe
+    if probe is None:
+        return frozenset()
+    try:
+        return probe.recorder.unfinished()
+    except Exception:
+        return frozenset()
+
+
 def install():
     """Registers the stack signal and waits for torch.distributed. Does nothing without the
     agent's page; raises if the page or the variables are broken."""
@@ -1071,7 +1087,8 @@ def install():
     if sys.argv[:1] == ["-m"]:  # python -m, before runpy: ddprun's own error file for it
         atexit.register(_write_error_file)
     _register_stack_signal(words)
-    probe = _Probe(Recorder(words))
+    global _probe
+    probe = _probe = _Probe(Recorder(words))
     modules_file = os.environ.get(_contract.MODULES_FILE)
     # A worker forked from the warm template: the variable came after this module's import,
     # but the template imported the module for itself.

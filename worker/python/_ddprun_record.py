@@ -323,6 +323,18 @@ class Recorder:
         finally:
             self._leave()
 
+    def unfinished(self):
+        """The collectives issued here that have not finished, as (lane index, number) pairs;
+        empty when not recording (or when this thread is recording: a signal handler)."""
+        if not self.writing or not self._enter():
+            return frozenset()
+        try:
+            return frozenset((lane.index, seq) for lane in self._lanes.values()
+                             for seq in range(lane.finished + 1, lane.queued + 1)
+                             if seq not in lane.ahead)
+        finally:
+            self._leave()
+
     # Point-to-point: not numbered (a send meets a recv on one other rank, and ranks send and
     # receive unevenly), but a thread blocked in one's wait is: the lane's p2p words.
 

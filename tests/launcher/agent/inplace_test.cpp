@@ -226,6 +226,24 @@ std::map<int, std::string> states_of(const std::string& out) {
 
 }  // namespace
 
+TEST_CASE("in place: a survivor stuck in the old group makes it fall back at once", "[torch]") {
+  if (!torch_available()) {
+    return skip(torch_python() + " cannot import torch.distributed with Gloo");
+  }
+  const ProcessResult run = run_process(
+      {bin_path("ddprun").string(), "--standalone", "--nproc_per_node=4", "--max_restarts=2",
+       "--restart_policy=inplace", source_path("tests/launcher/agent/python/inplace_stuck.py")},
+      {{"PYTHON_EXEC", torch_python()}, {"OMP_NUM_THREADS", "1"}}, {}, kJobTimeout);
+  INFO("stderr:\n" << run.err << "\nstdout:\n" << run.out);
+  CHECK(run.status == 0);
+  // Its watcher's line, not the 60 s limit's ("did not form within").
+  CHECK_THAT(run.err, Catch::Contains("the in-place recovery of rank 3 falls back to restarting "
+                                      "every worker: rank 1 is still in a collective of "
+                                      "generation 0 3 s after that group's connections were shut"));
+  CHECK_THAT(run.err, !Catch::Contains("did not form within"));
+  CHECK_THAT(run.out, Catch::Contains("done"));
+}
+
 TEST_CASE("in place: an ordinary CNN ends as an uninterrupted run", "[torch]") {
   if (!torch_available()) {
     return skip(torch_python() + " cannot import torch.distributed with Gloo");
@@ -246,6 +264,15 @@ TEST_CASE("in place: an ordinary CNN ends as an uninterrupted run", "[torch]") {
                 {"--kill", "2:6:forward/1:12:backward/3:18:optimizer/0:24:forward"});
     INFO("stderr:\n" << run.err << "\nstdout:\n" << run.out);
     CHECK(run.status == 0);
+    if (run.err.find("is still in a collective of generation") != std::string::npos) {
+      // About once in ten such runs on 2.14 (Gloo), a survivor's send or all-reduce does not
+      // end on its shut sockets (docs/inplace.md): the recovery falls back at once, the
+      // restarted job runs from step 0, and it still ends as the uninterrupted run.
+      WARN("a survivor stayed in the old group's collective: the recovery fell back at once");
+      CHECK_THAT(run.err, !Catch::Contains("did not form within"));
+      CHECK(states_of(run.out) == expected);
+      return;
+    }
     CHECK_THAT(run.err, Catch::Contains("ddprun: rank 2 was replaced in place: generation 1"));
     CHECK_THAT(run.err, Catch::Contains("ddprun: rank 1 was replaced in place: generation 2"));
     CHECK_THAT(run.err, Catch::Contains("ddprun: rank 3 was replaced in place: generation 3"));

@@ -34,6 +34,8 @@ The protocol with ddprun (every key in the workers' store, at MASTER_ADDR:MASTER
   survivors wait for it, and their watcher uses it to free a survivor that waits on a survivor.
 - ``left`` (a counter): each rank adds one as its program ends; ddprun then begins no
   generation (and stops waiting for one to form): that rank would never join it.
+- ``g<G>/stuck``: a rank's watcher sets it (to a line saying why) when the rank cannot leave
+  generation G-1's group; ddprun then falls back at once.
 - ``rank<R>/s<S % 2>``: rank R's own state as of step S (its random number generators' states,
   and its buffers where they outlive the next forward), for its replacement.
 """
@@ -138,6 +140,18 @@ def _shut_down(descriptors):
             sock.detach()
 
 
+# How long a collective that was running when its group's connections were shut may take to
+# end before the watcher says this rank is stuck (such a collective fails within milliseconds).
+_STUCK_SECONDS = 3.0
+
+
+def _unfinished_collectives():
+    """The collectives ddprun's probe saw this process issue and not finish; empty without it."""
+    probe = sys.modules.get("_ddprun_probe")
+    unfinished = getattr(probe, "unfinished_collectives", None)
+    return unfinished() if unfinished is not None else frozenset()
+
+
 def _has_key(store, key):
     """store.check([key]) where the store has it (PyTorch 2.x); else a wait that gives up at
     once (1.13's TCPStore has no check)."""
@@ -187,11 +201,119 @@ def _make_ddp(module, options, layout):
         dist._compute_bucket_assignment_by_size = original
 
 
+class _Generators:
+    """Reads the random number generators' states at each step, cheaply where they did not
+    change: a training loop draws from torch's generator, rarely from Python's or numpy's, and
+    their states cost more to read (tens of microseconds each) than to see unchanged. read()
+    returns the states (a dict) and their signature (equal signatures: equal states); a state
+    that did not change since the last read is the same object as then."""
+
+    _SIZE = 4 + 624 * 4  # an MT19937 state: 624 words and an index
+
+    def __init__(self):
+        self._last = {}  # name -> (signature part, state)
+        self._python = (None, None)  # (random's generator, a view of its words)
+        self._numpy = (None, None, None)  # (numpy's global RandomState, its BitGenerator, a view)
+
+    def _python_view(self):
+        """A function that returns the raw words of `random`'s generator (CPython's
+        RandomObject: an index, then the 624 words, after the object's header), or None where
+        that layout does not hold here (it is checked against getstate()). The generator is
+        held here, so that the words read are always a live object's."""
+        generator = random._inst
+        if generator is self._python[0]:
+            return self._python[1]
+        view = None
+        try:
+            import ctypes
+
+            at = id(generator) + object.__basicsize__
+            words = struct.unpack("<i624I", ctypes.string_at(at, self._SIZE))
+            if generator.getstate()[1] == words[1:] + (words[0],):
+                view = lambda: ctypes.string_at(at, self._SIZE)  # noqa: E731
+        except Exception:
+            view = None
+        self._python = (generator, view)
+        return view
+
+    def _numpy_view(self, numpy):
+        """A function that returns the raw words of numpy's global MT19937 generator (through
+        its BitGenerator's ctypes interface; checked against its state), or None. Both are
+        held here, and a generator or BitGenerator set since gets a view of its own."""
+        generator = getattr(numpy.random.mtrand, "_rand", None)
+        bits = getattr(generator, "_bit_generator", None)
+        if generator is self._numpy[0] and bits is self._numpy[1]:
+            return self._numpy[2]
+        view = None
+        try:
+            import ctypes
+
+            at = bits.ctypes.state_address
+            state = bits.state["state"]
+            words = struct.unpack("<624Ii", ctypes.string_at(at, self._SIZE))
+            if type(bits).__name__ == "MT19937" and \
+                    tuple(int(k) for k in state["key"]) == words[:624] and state["pos"] == words[624]:
+                view = lambda: ctypes.string_at(at, self._SIZE)  # noqa: E731
+        except Exception:
+            view = None
+        self._numpy = (generator, bits, view)
+        return view
+
+    def _part(self, name, signature, read):
+        """(signature, state) of one generator: the last read's where `signature` (its raw
+        words) is that read's; else read now. Without raw words, a new object: equal to none."""
+        held = self._last.get(name)
+        if signature is not None and held is not None and held[0] == signature:
+            return held
+        held = (signature if signature is not None else object(), read())
+        self._last[name] = held
+        return held
+
+    def read(self):
+        torch_state = torch.get_rng_state()
+        states = {"torch": torch_state}
+        signature = [_tensor_bytes(torch_state)[2]]
+        view = self._python_view()
+        raw = view() if view is not None else None
+        # gauss_next: the second of a pair of gauss() draws, kept on the Python object.
+        words, states["python"] = self._part(
+            "python", None if raw is None else (raw, random._inst.gauss_next), random.getstate)
+        signature.append(words)
+        numpy = sys.modules.get("numpy")
+        if numpy is not None and hasattr(numpy, "random"):
+            view = self._numpy_view(numpy)
+            raw = view() if view is not None else None
+            held = self._last.get("numpy")
+            # numpy keeps the second of a pair of gaussians beside the words: a state that
+            # holds one changes when it is drawn, the words unchanged.
+            if held is not None and (not isinstance(held[1], tuple) or held[1][3]):
+                raw = None
+            words, states["numpy"] = self._part("numpy", raw, lambda: _numpy_state(numpy))
+            signature.append(words)
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            states["cuda"] = torch.cuda.get_rng_state_all()
+            signature.append(object())  # read each time: equal to none
+        return states, tuple(signature)
+
+    def unchanged(self, signature):
+        """Whether the generators' states are those of the read that returned `signature`."""
+        return signature is not None and self.read()[1] == signature
+
+
+def _numpy_state(numpy):
+    """numpy's global generator's state: the legacy tuple for MT19937 (its default), else
+    its BitGenerator's dict (get_state would warn in the program's output)."""
+    bits = getattr(getattr(numpy.random.mtrand, "_rand", None), "_bit_generator", None)
+    if bits is None or type(bits).__name__ == "MT19937":
+        return numpy.random.get_state()
+    return numpy.random.get_state(legacy=False)
+
+
 def _rng_states():
     states = {"torch": torch.get_rng_state(), "python": random.getstate()}
     numpy = sys.modules.get("numpy")
     if numpy is not None:
-        states["numpy"] = numpy.random.get_state()
+        states["numpy"] = _numpy_state(numpy)
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         states["cuda"] = torch.cuda.get_rng_state_all()
     return states
@@ -216,8 +338,11 @@ def _copies(tensors, into=None):
                 saved.device != tensor.device:
             return [t.detach().clone() for t in tensors]
     with torch.no_grad():
-        for saved, tensor in zip(into, tensors):
-            saved.copy_(tensor)
+        if into and hasattr(torch, "_foreach_copy_"):  # 2.x: one call (3 per BatchNorm)
+            torch._foreach_copy_(into, tensors)
+        else:
+            for saved, tensor in zip(into, tensors):
+                saved.copy_(tensor)
     return into
 
 
@@ -243,32 +368,28 @@ def _tensor_from(encoded, device=None):
 class _Encoder:
     """Encodes a rank's own state as of a step (what its replacement continues) as bytes. The
     Python and numpy generators' states rarely change from step to step (a training loop draws
-    from torch's): their encoding is kept and used again while they are equal."""
+    from torch's): _Generators gives the same object while one is unchanged, and its encoding
+    is kept and used again."""
 
     def __init__(self):
-        self._python = (None, None)  # (state, its pickle)
-        self._numpy = (None, None)
+        self._held = {}  # name -> (state, its pickle)
 
-    def _cached(self, slot, state, equal):
-        held, encoded = getattr(self, slot)
-        if held is None or not equal(held, state):
-            encoded = pickle.dumps(state, protocol=4)
-            setattr(self, slot, (state, encoded))
-        return encoded
+    def _cached(self, name, state):
+        held = self._held.get(name)
+        if held is None or held[0] is not state:
+            held = (state, pickle.dumps(state, protocol=4))
+            self._held[name] = held
+        return held[1]
 
     def encode(self, step, rng, buffers):
         record = {"step": step, "torch": _tensor_bytes(rng["torch"]),
-                  "python": self._cached("_python", rng["python"], lambda a, b: a == b)}
+                  "python": self._cached("python", rng["python"])}
         if "numpy" in rng:
-            record["numpy"] = self._cached("_numpy", rng["numpy"], _same_numpy_state)
+            record["numpy"] = self._cached("numpy", rng["numpy"])
         if "cuda" in rng:
             record["cuda"] = [_tensor_bytes(t) for t in rng["cuda"]]
         record["buffers"] = None if buffers is None else [_tensor_bytes(b) for b in buffers]
         return pickle.dumps(record, protocol=4)
-
-
-def _same_numpy_state(a, b):
-    return len(a) == len(b) and a[0] == b[0] and a[2:] == b[2:] and (a[1] == b[1]).all()
 
 
 def _decode_record(data):
@@ -308,10 +429,11 @@ class _Record:
     """A rank's own state as of a committed step: its random number generators' states and its
     model's buffers (BatchNorm's running statistics), which differ from rank to rank."""
 
-    __slots__ = ("rng", "buffers", "published")
+    __slots__ = ("rng", "signature", "buffers", "published")
 
-    def __init__(self, rng, buffers):
+    def __init__(self, rng, signature, buffers):
         self.rng = rng
+        self.signature = signature  # _Generators.read()'s: equal while rng is unchanged
         self.buffers = buffers
         self.published = False
 
@@ -345,6 +467,7 @@ class Job:
         self._kept = {}
         self._records = {}  # step -> _Record: this rank's own state as of that step
         self._encoder = _Encoder()
+        self._generators = _Generators()
         self._buffer_list = None  # the module's buffers, as of the current DDP's making
         self._kept_states = {}  # name -> state_dict() at the last commit (optimizers aside)
         self._has_state = False  # holds the job's state (a replacement: once it received it)
@@ -358,6 +481,7 @@ class Job:
         self._joined = threading.Condition()
         self._sockets = {}
         self._sockets_generation = -1
+        self._left_generation = -1  # the last generation whose group this rank destroyed
         self._watcher = None
         self._waiter = None
         self._stopping = False
@@ -447,11 +571,16 @@ class Job:
             self._layout = _bucket_layout(self._ddp) or self._layout
         self._ddp = None
         with self._joined:
+            # Shut first: destroying a group waits for its queued collectives, which then
+            # fail at once (the watcher may not have woken yet).
+            _shut_down(self._sockets)
             self._sockets = {}
-            try:
-                dist.destroy_process_group()
-            except Exception:  # a group broken beyond destroying is left to the collector
-                pass
+        try:
+            dist.destroy_process_group()
+        except Exception:  # a group broken beyond destroying is left to the collector
+            pass
+        with self._joined:
+            self._left_generation = self.generation
         try:
             self._store.wait([self._key(next_generation, "announced")], self._recovery_timeout)
         except Exception as waited:
@@ -507,6 +636,9 @@ class Job:
 
     def _ready(self):
         """Takes the state when it must come from a survivor, and makes the DDP module."""
+        if self._ddp is not None and self._has_state and not self._needs_state and \
+                not self._resume_pending:
+            return  # each step's case: nothing to do
         if self._resume_pending and self._module is not None:
             self._resume()
         if self._needs_state:
@@ -578,16 +710,14 @@ class Job:
         old = self._records.pop(step - 2, None)
         previous = self._records.get(step)
         if at_commit and previous is not None and previous.published and \
-                torch.equal(previous.rng["torch"], torch.get_rng_state()) and \
-                previous.rng["python"] == random.getstate():
-            # The forward's note holds: nothing drew from torch's or Python's generator since
-            # (buffers change in a forward, which notes again; numpy's generator is taken to
-            # draw before the forward, as a data pipeline's does: docs/inplace.md).
+                self._generators.unchanged(previous.signature):
+            # The forward's note holds: nothing drew from a generator since (buffers change
+            # in a forward, which notes again).
             return
-        rng = _rng_states()
+        rng, signature = self._generators.read()
         reuse = previous.buffers if previous is not None else (old.buffers if old else None)
         current = self._step_buffers()
-        record = _Record(rng, _copies(current, reuse))
+        record = _Record(rng, signature, _copies(current, reuse))
         self._records[step] = record
         if publish:
             buffers = record.buffers if self._publishes_buffers() else None
@@ -671,7 +801,7 @@ class Job:
                 for tensor, value in zip(buffers, saved):
                     tensor.copy_(value)
         _set_rng_states(rng)
-        self._records = {best: _Record(rng, _copies(buffers))}
+        self._records = {best: _Record(rng, None, _copies(buffers))}
         self._has_state = True
         if own is None:
             self._note(best, publish=True)
@@ -714,7 +844,7 @@ class Job:
                 for tensor, value in zip(self._buffers(), own["buffers"]):
                     tensor.copy_(value)
             # This rank's own buffers, which making DDP replaces with rank 0's, come back then.
-            self._records = {step: _Record(own["rng"], _copies(self._buffers()))}
+            self._records = {step: _Record(own["rng"], None, _copies(self._buffers()))}
         self._step = step
         if self.rank == 0:
             sys.stderr.write(f"ddprun.inplace: going on from the checkpoint of step {step} "
@@ -758,14 +888,37 @@ class Job:
             if self._stopping:
                 return
             with self._joined:
+                stuck_check = None
                 if self._sockets_generation == watched:
                     _shut_down(self._sockets)
                     self._sockets = {}
+                    if self._left_generation < watched:
+                        pending = _unfinished_collectives()
+                        if pending:
+                            stuck_check = (time.monotonic() + _STUCK_SECONDS, pending)
                 watched += 1
                 while self._sockets_generation < watched and not self._stopping:
-                    self._joined.wait(1.0)
+                    self._joined.wait(0.25 if stuck_check else 1.0)
+                    if stuck_check and time.monotonic() >= stuck_check[0]:
+                        if self._left_generation < watched - 1 and \
+                                stuck_check[1] & _unfinished_collectives():
+                            self._say_stuck(watched)
+                        stuck_check = None
             if self._stopping:
                 return
+
+    def _say_stuck(self, generation):
+        """Tells ddprun that this rank cannot leave generation-1's group: a collective it was
+        in when that group's connections were shut has not ended (one that does not wait on
+        those connections, or a backend that does not notice). ddprun falls back at once,
+        rather than wait for generation to form until its limit."""
+        try:
+            self._waiter.set(self._key(generation, "stuck"),
+                             f"rank {self.rank} is still in a collective of generation "
+                             f"{generation - 1} {_STUCK_SECONDS:g} s after that group's "
+                             f"connections were shut (a collective that does not end on them)")
+        except OSError:
+            pass
 
 
 class _Waiter:
@@ -793,6 +946,13 @@ class _Waiter:
         reply = self._socket.recv(1)
         if reply != b"\x00":
             raise ConnectionError(f"the workers' store answered {reply!r} to a wait")
+
+    def set(self, key, value):
+        """Sets key to value (a str); no reply comes."""
+        name, data = ("/" + key).encode(), value.encode()
+        command = 1 if self._v2 else 0  # SET
+        self._socket.sendall(bytes([command]) + struct.pack("<Q", len(name)) + name +
+                             struct.pack("<Q", len(data)) + data)
 
     def close(self):
         if self._closed:
