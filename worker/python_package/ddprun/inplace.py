@@ -201,105 +201,6 @@ def _make_ddp(module, options, layout):
         dist._compute_bucket_assignment_by_size = original
 
 
-class _Generators:
-    """Reads the random number generators' states at each step, cheaply where they did not
-    change: a training loop draws from torch's generator, rarely from Python's or numpy's, and
-    their states cost more to read (tens of microseconds each) than to see unchanged. read()
-    returns the states (a dict) and their signature (equal signatures: equal states); a state
-    that did not change since the last read is the same object as then."""
-
-    _SIZE = 4 + 624 * 4  # an MT19937 state: 624 words and an index
-
-    def __init__(self):
-        self._last = {}  # name -> (signature part, state)
-        self._python = (None, None)  # (random's generator, a view of its words)
-        self._numpy = (None, None, None)  # (numpy's global RandomState, its BitGenerator, a view)
-
-    def _python_view(self):
-        """A function that returns the raw words of `random`'s generator (CPython's
-        RandomObject: an index, then the 624 words, after the object's header), or None where
-        that layout does not hold here (it is checked against getstate()). The generator is
-        held here, so that the words read are always a live object's."""
-        generator = random._inst
-        if generator is self._python[0]:
-            return self._python[1]
-        view = None
-        try:
-            import ctypes
-
-            at = id(generator) + object.__basicsize__
-            words = struct.unpack("<i624I", ctypes.string_at(at, self._SIZE))
-            if generator.getstate()[1] == words[1:] + (words[0],):
-                view = lambda: ctypes.string_at(at, self._SIZE)  # noqa: E731
-        except Exception:
-            view = None
-        self._python = (generator, view)
-        return view
-
-    def _numpy_view(self, numpy):
-        """A function that returns the raw words of numpy's global MT19937 generator (through
-        its BitGenerator's ctypes interface; checked against its state), or None. Both are
-        held here, and a generator or BitGenerator set since gets a view of its own."""
-        generator = getattr(numpy.random.mtrand, "_rand", None)
-        bits = getattr(generator, "_bit_generator", None)
-        if generator is self._numpy[0] and bits is self._numpy[1]:
-            return self._numpy[2]
-        view = None
-        try:
-            import ctypes
-
-            at = bits.ctypes.state_address
-            state = bits.state["state"]
-            words = struct.unpack("<624Ii", ctypes.string_at(at, self._SIZE))
-            if type(bits).__name__ == "MT19937" and \
-                    tuple(int(k) for k in state["key"]) == words[:624] and state["pos"] == words[624]:
-                view = lambda: ctypes.string_at(at, self._SIZE)  # noqa: E731
-        except Exception:
-            view = None
-        self._numpy = (generator, bits, view)
-        return view
-
-    def _part(self, name, signature, read):
-        """(signature, state) of one generator: the last read's where `signature` (its raw
-        words) is that read's; else read now. Without raw words, a new object: equal to none."""
-        held = self._last.get(name)
-        if signature is not None and held is not None and held[0] == signature:
-            return held
-        held = (signature if signature is not None else object(), read())
-        self._last[name] = held
-        return held
-
-    def read(self):
-        torch_state = torch.get_rng_state()
-        states = {"torch": torch_state}
-        signature = [_tensor_bytes(torch_state)[2]]
-        view = self._python_view()
-        raw = view() if view is not None else None
-        # gauss_next: the second of a pair of gauss() draws, kept on the Python object.
-        words, states["python"] = self._part(
-            "python", None if raw is None else (raw, random._inst.gauss_next), random.getstate)
-        signature.append(words)
-        numpy = sys.modules.get("numpy")
-        if numpy is not None and hasattr(numpy, "random"):
-            view = self._numpy_view(numpy)
-            raw = view() if view is not None else None
-            held = self._last.get("numpy")
-            # numpy keeps the second of a pair of gaussians beside the words: a state that
-            # holds one changes when it is drawn, the words unchanged.
-            if held is not None and (not isinstance(held[1], tuple) or held[1][3]):
-                raw = None
-            words, states["numpy"] = self._part("numpy", raw, lambda: _numpy_state(numpy))
-            signature.append(words)
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            states["cuda"] = torch.cuda.get_rng_state_all()
-            signature.append(object())  # read each time: equal to none
-        return states, tuple(signature)
-
-    def unchanged(self, signature):
-        """Whether the generators' states are those of the read that returned `signature`."""
-        return signature is not None and self.read()[1] == signature
-
-
 def _numpy_state(numpy):
     """numpy's global generator's state: the legacy tuple for MT19937 (its default), else
     its BitGenerator's dict (get_state would warn in the program's output)."""
@@ -368,28 +269,36 @@ def _tensor_from(encoded, device=None):
 class _Encoder:
     """Encodes a rank's own state as of a step (what its replacement continues) as bytes. The
     Python and numpy generators' states rarely change from step to step (a training loop draws
-    from torch's): _Generators gives the same object while one is unchanged, and its encoding
-    is kept and used again."""
+    from torch's): their encoding is kept and used again while they are equal."""
 
     def __init__(self):
-        self._held = {}  # name -> (state, its pickle)
+        self._python = (None, None)  # (state, its pickle)
+        self._numpy = (None, None)
 
-    def _cached(self, name, state):
-        held = self._held.get(name)
-        if held is None or held[0] is not state:
-            held = (state, pickle.dumps(state, protocol=4))
-            self._held[name] = held
-        return held[1]
+    def _cached(self, slot, state, equal):
+        held, encoded = getattr(self, slot)
+        if held is None or not equal(held, state):
+            encoded = pickle.dumps(state, protocol=4)
+            setattr(self, slot, (state, encoded))
+        return encoded
 
     def encode(self, step, rng, buffers):
         record = {"step": step, "torch": _tensor_bytes(rng["torch"]),
-                  "python": self._cached("python", rng["python"])}
+                  "python": self._cached("_python", rng["python"], lambda a, b: a == b)}
         if "numpy" in rng:
-            record["numpy"] = self._cached("numpy", rng["numpy"])
+            record["numpy"] = self._cached("_numpy", rng["numpy"], _same_numpy_state)
         if "cuda" in rng:
             record["cuda"] = [_tensor_bytes(t) for t in rng["cuda"]]
         record["buffers"] = None if buffers is None else [_tensor_bytes(b) for b in buffers]
         return pickle.dumps(record, protocol=4)
+
+
+def _same_numpy_state(a, b):
+    """Whether two of _numpy_state's states are equal: MT19937's legacy tuples (an array in
+    them), or another generator's dicts (plain values)."""
+    if isinstance(a, tuple) and isinstance(b, tuple):
+        return len(a) == len(b) and a[0] == b[0] and a[2:] == b[2:] and (a[1] == b[1]).all()
+    return type(a) is type(b) and a == b
 
 
 def _decode_record(data):
@@ -429,11 +338,10 @@ class _Record:
     """A rank's own state as of a committed step: its random number generators' states and its
     model's buffers (BatchNorm's running statistics), which differ from rank to rank."""
 
-    __slots__ = ("rng", "signature", "buffers", "published")
+    __slots__ = ("rng", "buffers", "published")
 
-    def __init__(self, rng, signature, buffers):
+    def __init__(self, rng, buffers):
         self.rng = rng
-        self.signature = signature  # _Generators.read()'s: equal while rng is unchanged
         self.buffers = buffers
         self.published = False
 
@@ -467,7 +375,6 @@ class Job:
         self._kept = {}
         self._records = {}  # step -> _Record: this rank's own state as of that step
         self._encoder = _Encoder()
-        self._generators = _Generators()
         self._buffer_list = None  # the module's buffers, as of the current DDP's making
         self._kept_states = {}  # name -> state_dict() at the last commit (optimizers aside)
         self._has_state = False  # holds the job's state (a replacement: once it received it)
@@ -483,7 +390,7 @@ class Job:
         self._sockets_generation = -1
         self._left_generation = -1  # the last generation whose group this rank destroyed
         self._watcher = None
-        self._waiter = None
+        self._waiter = None  # the watcher's connection to the store
         self._stopping = False
         atexit.register(self._at_exit)
         if not self.recovers:
@@ -492,7 +399,7 @@ class Job:
         restart_count = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
         self._root = f"ddprun/inplace/{restart_count}/"
         self._store = self._connect()
-        self._waiter = _Waiter(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
+        self._waiter = _Connection(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]))
         self._needs_state = self.generation > 0
         self._join()
         if not self._needs_state:
@@ -710,14 +617,16 @@ class Job:
         old = self._records.pop(step - 2, None)
         previous = self._records.get(step)
         if at_commit and previous is not None and previous.published and \
-                self._generators.unchanged(previous.signature):
-            # The forward's note holds: nothing drew from a generator since (buffers change
-            # in a forward, which notes again).
+                torch.equal(previous.rng["torch"], torch.get_rng_state()) and \
+                previous.rng["python"] == random.getstate():
+            # The forward's note holds: nothing drew from torch's or Python's generator since
+            # (buffers change in a forward, which notes again; numpy's generator is taken to
+            # draw before the forward, as a data pipeline's does: docs/inplace.md).
             return
-        rng, signature = self._generators.read()
+        rng = _rng_states()
         reuse = previous.buffers if previous is not None else (old.buffers if old else None)
         current = self._step_buffers()
-        record = _Record(rng, signature, _copies(current, reuse))
+        record = _Record(rng, _copies(current, reuse))
         self._records[step] = record
         if publish:
             buffers = record.buffers if self._publishes_buffers() else None
@@ -801,7 +710,7 @@ class Job:
                 for tensor, value in zip(buffers, saved):
                     tensor.copy_(value)
         _set_rng_states(rng)
-        self._records = {best: _Record(rng, None, _copies(buffers))}
+        self._records = {best: _Record(rng, _copies(buffers))}
         self._has_state = True
         if own is None:
             self._note(best, publish=True)
@@ -844,7 +753,7 @@ class Job:
                 for tensor, value in zip(self._buffers(), own["buffers"]):
                     tensor.copy_(value)
             # This rank's own buffers, which making DDP replaces with rank 0's, come back then.
-            self._records = {step: _Record(own["rng"], None, _copies(self._buffers()))}
+            self._records = {step: _Record(own["rng"], _copies(self._buffers()))}
         self._step = step
         if self.rank == 0:
             sys.stderr.write(f"ddprun.inplace: going on from the checkpoint of step {step} "
@@ -921,12 +830,12 @@ class Job:
             pass
 
 
-class _Waiter:
-    """The watcher's own connection to the workers' store, which waits for a key with no
-    timeout. Plain Python, so that close() ends a wait in silence (PyTorch's client prints a
-    stack when its connection closes), and so that a wait that returns as the interpreter
-    finalizes ends the thread as any Python thread's (a C++ call then aborts the process). It
-    speaks the TCPStore protocol of the PyTorch it runs with."""
+class _Connection:
+    """A plain-Python connection to the workers' store, speaking the TCPStore protocol of the
+    PyTorch it runs with. The watcher waits through one for a key with no timeout: close()
+    then ends its wait in silence (PyTorch's client prints a stack when its connection
+    closes), and a wait that returns as the interpreter finalizes ends the thread as any
+    Python thread's (a C++ call then aborts the process)."""
 
     _MAGIC = 0x3C85F7CE  # 2.x: the VALIDATE a connection opens with
 
@@ -936,6 +845,7 @@ class _Waiter:
         self._v2 = int(torch.__version__.split(".")[0]) >= 2
         if self._v2:
             self._socket.sendall(bytes([0]) + struct.pack("<I", self._MAGIC))
+        self._set = bytes([1 if self._v2 else 0])  # SET
         self._closed = False
 
     def wait(self, key):
@@ -948,11 +858,11 @@ class _Waiter:
             raise ConnectionError(f"the workers' store answered {reply!r} to a wait")
 
     def set(self, key, value):
-        """Sets key to value (a str); no reply comes."""
-        name, data = ("/" + key).encode(), value.encode()
-        command = 1 if self._v2 else 0  # SET
-        self._socket.sendall(bytes([command]) + struct.pack("<Q", len(name)) + name +
-                             struct.pack("<Q", len(data)) + data)
+        """Sets key to value (bytes, or a str); no reply comes."""
+        name = ("/" + key).encode()
+        data = value.encode() if isinstance(value, str) else value
+        self._socket.sendall(b"".join((self._set, struct.pack("<Q", len(name)), name,
+                                       struct.pack("<Q", len(data)), data)))
 
     def close(self):
         if self._closed:
