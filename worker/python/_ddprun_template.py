@@ -280,10 +280,11 @@ class _Preloaded:
             self._preload(name, "", roots, own, counts)
             if name in self.files:
                 _PRELOADED_NAMES.add(name)
+        triples = _ddprun_modules.read_lists(lists, self.effects)
         if self.problem is None:
-            self.problem = self._environment_problem(lists)
+            self.problem = self._environment_problem(triples)
         if self.problem is None:
-            for name, file, delta in _ddprun_modules.read_lists(lists, self.effects):
+            for name, file, delta in triples:
                 if self.problem or not self._framework_submodule(name):
                     continue
                 if delta == _ddprun_modules.DIVERGENT or _changed_from_template(delta, self.effects):
@@ -325,15 +326,16 @@ class _Preloaded:
         else:
             counts[1] += 1
 
-    def _environment_problem(self, lists):
+    def _environment_problem(self, triples):
         """Why a worker forked from this template would not import what it preloaded as the
         workers did, or None: a program that changed its environment before `import torch`
         (OMP_NUM_THREADS set at its top, per rank, from the restart count) had that import read
         the changed value; the template's read the node's. What counts is the environment when
         the workers first imported each module preloaded by name (a change the program made
         before importing another of the framework's modules, numpy say, is still there then);
-        the framework's own imports change it only after that."""
-        for name, _, delta in _ddprun_modules.read_lists(lists, self.effects):
+        the framework's own imports change it only after that. `triples`: read_lists' of the
+        workers' modules lists."""
+        for name, _, delta in triples:
             if name not in self.files:
                 continue
             if delta == _ddprun_modules.DIVERGENT:

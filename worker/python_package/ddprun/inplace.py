@@ -845,7 +845,6 @@ class _Connection:
         self._v2 = int(torch.__version__.split(".")[0]) >= 2
         if self._v2:
             self._socket.sendall(bytes([0]) + struct.pack("<I", self._MAGIC))
-        self._set = bytes([1 if self._v2 else 0])  # SET
         self._closed = False
 
     def wait(self, key):
@@ -861,8 +860,9 @@ class _Connection:
         """Sets key to value (bytes, or a str); no reply comes."""
         name = ("/" + key).encode()
         data = value.encode() if isinstance(value, str) else value
-        self._socket.sendall(b"".join((self._set, struct.pack("<Q", len(name)), name,
-                                       struct.pack("<Q", len(data)), data)))
+        command = 1 if self._v2 else 0  # SET
+        self._socket.sendall(bytes([command]) + struct.pack("<Q", len(name)) + name +
+                             struct.pack("<Q", len(data)) + data)
 
     def close(self):
         if self._closed:
